@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Build every kernel of the catalogue into prebuilt/ and write prebuilt/manifest.json.
+
+    catalogue -> emit source -> compile / assemble -> check the code object -> manifest
+
+The manifest is the single source of truth the runtime loads from: per kernel its
+variant, file, sha256, symbol, block size, shared memory, kernel-argument layout
+(checked here against what the compiler recorded in the code object) and grid rule.
+Builds are incremental (a kernel is rebuilt only when its source or compiler
+changed), parallel (--jobs), selectable (--arch, --only) and reproducible: two clean
+builds produce byte-identical prebuilt/ (no timestamps, no temp paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from generator import codeobject, kernel_source, toolchain  # noqa: E402
+from zyfa_runtime import __version__  # noqa: E402
+from zyfa_runtime.cache import atomic_write  # noqa: E402
+from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, Variant, all_variants, buildable,  # noqa: E402
+                                    grid_rule, iter_select, kernarg_size, kernargs)
+
+MANIFEST_FORMAT = 1
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def inspect(v: Variant, image: bytes) -> dict:
+    """What the code object says about itself, checked against the catalogue."""
+    expected = [(a.offset, a.size) for a in kernargs(v)]
+    if v.vendor == "hip":
+        meta = codeobject.amdgpu_kernels(image).get(v.symbol)
+        if meta is None:
+            raise BuildError(f"{v.name}: symbol {v.symbol} missing from the code object metadata")
+        got = [(a["offset"], a["size"]) for a in meta["args"]][:len(expected)]
+        hidden = meta["args"][len(expected):]
+        if got != expected or any(not a["value_kind"].startswith("hidden_") for a in hidden):
+            raise BuildError(f"{v.name}: kernarg layout {got} in the code object differs from the "
+                             f"catalogue's {expected}")
+        if meta["wavefront_size"] != 64 or meta["max_flat_workgroup_size"] != v.tile.threads:
+            raise BuildError(f"{v.name}: wavefront/workgroup size differ from the catalogue")
+        return {"kernarg_size": meta["kernarg_segment_size"],
+                "static_shared": meta["group_segment_fixed_size"],
+                "registers": {"vgpr": meta["vgpr_count"], "sgpr": meta["sgpr_count"],
+                              "agpr": meta.get("agpr_count", 0)},
+                "scratch": meta["private_segment_fixed_size"]}
+    meta = codeobject.cubin_kernels(image).get(v.symbol)
+    if meta is None:
+        raise BuildError(f"{v.name}: symbol {v.symbol} missing from the cubin")
+    got = [(p["offset"], p["size"]) for p in meta["params"]]
+    if got != expected:
+        raise BuildError(f"{v.name}: parameter layout {got} in the cubin differs from the "
+                         f"catalogue's {expected}")
+    return {"kernarg_size": kernarg_size(kernargs(v)),
+            "static_shared": meta.get("shared_static", 0),
+            "registers": {"reg": meta["registers"]},
+            "scratch": meta.get("local_bytes", 0)}
+
+
+def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
+    info = inspect(v, image)
+    return {
+        "name": v.name,
+        "variant": v.to_json(),
+        "built": True,
+        "file": v.filename,
+        "sha256": sha256(image),
+        "source_hash": source_hash,
+        "compiler": tc.name,
+        "symbol": v.symbol,
+        "block_size": v.tile.threads,
+        "tile": {"block_m": v.tile.block_m, "block_n": v.tile.block_n},
+        "dynamic_smem": v.tile.dynamic_smem,
+        "shared_bytes": v.tile.dynamic_smem + info["static_shared"],
+        "kernarg_size": info["kernarg_size"],
+        "kernargs": [a.to_json() for a in kernargs(v)],
+        "grid": grid_rule(v),
+        "registers": info["registers"],
+        "scratch_bytes": info["scratch"],
+    }
+
+
+def unbuilt_entry(v: Variant, reason: str) -> dict:
+    return {"name": v.name, "variant": v.to_json(), "built": False, "reason": reason,
+            "file": v.filename, "symbol": v.symbol}
+
+
+def build_one(v: Variant, tc, out_dir: Path, old: dict | None) -> tuple[dict, bool]:
+    """Build variant v (or reuse the existing file); returns (manifest entry, cache hit)."""
+    source = kernel_source.emit(v)
+    source_hash = sha256((tc.identity() + "\n" + source).encode())
+    path = out_dir / v.filename
+    if old and old.get("built") and old.get("source_hash") == source_hash and path.exists():
+        image = path.read_bytes()
+        if sha256(image) == old["sha256"]:
+            return entry_for(v, tc, source_hash, image), True
+    tmp = out_dir / (v.filename + ".build")
+    try:
+        tc.compile_cxx(source, tmp)
+        image = tmp.read_bytes()
+    finally:
+        tmp.unlink(missing_ok=True)
+    entry = entry_for(v, tc, source_hash, image)   # checks the layout before the file lands
+    atomic_write(path, image)
+    return entry, False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", choices=ARCHES, help="build only this arch")
+    ap.add_argument("--only", help="build only variants whose name contains one of these "
+                                   "comma-separated substrings")
+    ap.add_argument("--jobs", "-j", type=int, default=0, help="parallel compiles (default: CPUs)")
+    ap.add_argument("--out", type=Path, default=ROOT / "prebuilt", help="output directory")
+    args = ap.parse_args(argv)
+
+    out_dir = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = out_dir / "manifest.json"
+    old_entries = {}
+    if manifest_path.exists():
+        try:
+            old = json.loads(manifest_path.read_text())
+            if old.get("package_version") == __version__:
+                old_entries = {e["name"]: e for e in old.get("kernels", [])}
+        except (ValueError, KeyError):
+            old_entries = {}
+
+    variants = all_variants()
+    selected = [v for v in iter_select(variants, args.arch, args.only) if buildable(v)]
+    archs = sorted({v.arch for v in selected})
+    toolchains = {}
+    for arch in archs:
+        try:
+            toolchains[arch] = toolchain.find_toolchain(arch)
+        except toolchain.ToolchainError as e:
+            print(f"build.py: {e}", file=sys.stderr)
+            return 2
+
+    entries: dict[str, dict] = {}
+    for v in variants:   # what is not selected keeps its previous entry if its file is intact
+        e = old_entries.get(v.name)
+        path = out_dir / v.filename
+        if not buildable(v):
+            entries[v.name] = unbuilt_entry(
+                v, "gfx950 FP8 kernels come from the assembly generator, not yet available")
+        elif e and e.get("built") and path.exists() and sha256(path.read_bytes()) == e["sha256"]:
+            entries[v.name] = e
+        else:
+            entries[v.name] = unbuilt_entry(v, "not built: run build.py (see --arch / --only)")
+
+    n, t0, hits = len(selected), time.monotonic(), 0
+    jobs = args.jobs if args.jobs > 0 else max(1, len(__import__("os").sched_getaffinity(0)))
+    print(f"building {n} kernels with {jobs} job(s) into {out_dir.name}/ "
+          + ", ".join(f"{a}: {tc.name} {tc.version}" for a, tc in toolchains.items()), flush=True)
+    failed = []
+    with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(build_one, v, toolchains[v.arch], out_dir, old_entries.get(v.name)): v
+                   for v in selected}
+        for i, fut in enumerate(cf.as_completed(futures), 1):
+            v = futures[fut]
+            try:
+                entry, hit = fut.result()
+            except Exception as e:  # report every failure, then fail the build
+                failed.append((v, e))
+                print(f"[{i:2d}/{n}] {v.name:<44} FAILED: {e}", flush=True)
+                continue
+            hits += hit
+            entries[v.name] = entry
+            regs = entry["registers"]
+            print(f"[{i:2d}/{n}] {v.name:<44} {'cached' if hit else 'built ':6} "
+                  f"{time.monotonic() - t0:6.1f}s  regs {regs}  smem {entry['shared_bytes']}", flush=True)
+
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "package_version": __version__,
+        "toolkits": {a: TOOLKIT[a] for a in ARCHES},
+        "compilers": {a: {"name": tc.name, "version": tc.version} for a, tc in sorted(toolchains.items())},
+        "kernels": [entries[v.name] for v in variants],
+    }
+    if old_entries and manifest_path.exists():   # keep the record of compilers not rerun now
+        prev = json.loads(manifest_path.read_text()).get("compilers", {})
+        for a, c in prev.items():
+            manifest["compilers"].setdefault(a, c)
+    manifest["compilers"] = dict(sorted(manifest["compilers"].items()))
+    atomic_write(manifest_path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    built = sum(e["built"] for e in manifest["kernels"])
+    print(f"done in {time.monotonic() - t0:.1f}s: {n - hits} built, {hits} cached, "
+          f"{len(failed)} failed; manifest lists {len(variants)} kernels, {built} built", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

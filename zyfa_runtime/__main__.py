@@ -1,0 +1,163 @@
+"""Command line: ``python -m zyfa_runtime info | check | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+from . import __version__
+
+
+def _driver():
+    from .driver import get_driver
+    return get_driver()
+
+
+def cmd_info(args) -> int:
+    from . import cache
+    from .api import kernel_table
+    print(f"zyfa {__version__}")
+    prebuilt = cache.prebuilt_dir()
+    print(f"prebuilt     {prebuilt}")
+    print(f"user cache   {cache.user_cache_dir()}")
+    manifest = cache.load_manifest(prebuilt)
+    for arch, tk in manifest["toolkits"].items():
+        comp = manifest["compilers"].get(arch, {})
+        print(f"toolkit      {arch}: {tk} (built with {comp.get('name', '-')} {comp.get('version', '')})")
+    try:
+        driver = _driver()
+    except Exception as e:
+        print(f"backend      none ({e})")
+        return 0
+    print(f"backend      {driver.name}")
+    for key, val in driver.versions().items():
+        print(f"{key:<12} {val}")
+    table = kernel_table(driver)
+    for dev in range(driver.device_count()):
+        arch = driver.arch(dev)
+        avail = table.available(arch)
+        print(f"device {dev}     {driver.device_name(dev)} ({arch}), {len(avail)} kernels available")
+        for v in avail:
+            print(f"  {v.name}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .api import kernel_table
+    from .selfcheck import LSE_BOUND, O_BOUND, check_variant
+    driver = _driver()
+    dev = args.device
+    arch = driver.arch(dev)
+    variants = [v for v in kernel_table(driver).available(arch)
+                if not args.only or any(p in v.name for p in args.only.split(","))]
+    if not variants:
+        print(f"no kernels available for {arch}", file=sys.stderr)
+        return 1
+    print(f"zyfa {__version__} check on {driver.device_name(dev)} ({arch}), backend {driver.name}; "
+          f"bounds: O rel. error <= {O_BOUND:g}, LSE abs. error <= {LSE_BOUND:g}")
+    print(f"{'variant':<40} {'case':<22} {'O rel err':>10} {'LSE err':>10}  result")
+    failures = 0
+    for v in variants:
+        for r in check_variant(driver, dev, v, seed=args.seed):
+            failures += not r.ok
+            print(f"{v.name:<40} {r.case:<22} {r.o_error:10.2e} {r.lse_error:10.2e}  "
+                  f"{'ok' if r.ok else 'FAIL'}", flush=True)
+    total = len(variants) * 4
+    print(f"{total - failures}/{total} cases passed over {len(variants)} variants")
+    return 1 if failures else 0
+
+
+def support_matrix(manifest: dict) -> str:
+    """The README's support matrix: one row per (arch, dtype), one column per head-dim pair."""
+    from .catalogue import ARCHES, DTYPES, HEAD_DIMS, Variant
+    entries = {Variant.from_json(e["variant"]): e for e in manifest["kernels"]}
+    head = "| arch | dtype | " + " | ".join(f"{dq}/{dv}" for dq, dv in HEAD_DIMS) + " |"
+    rows = [head, "|" + "---|" * (2 + len(HEAD_DIMS))]
+    for arch in ARCHES:
+        for dtype in DTYPES:
+            cells = []
+            for dq, dv in HEAD_DIMS:
+                built = [entries[Variant(arch, dtype, dq, dv, c)].get("built") for c in (False, True)]
+                cells.append("full + causal" if all(built) else "not built" if not any(built)
+                             else "partly built")
+            toolkit = manifest["toolkits"][arch]
+            rows.append(f"| {arch} ({toolkit}) | {dtype} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def cmd_matrix(args) -> int:
+    from . import cache
+    print(support_matrix(cache.load_manifest(cache.prebuilt_dir())))
+    return 0
+
+
+def flops(b, hq, sq, sk, d_qk, d_v, causal) -> float:
+    f = 2.0 * b * hq * sq * sk * (d_qk + d_v)
+    return f / 2 if causal else f
+
+
+def cmd_bench(args) -> int:
+    from .api import flash_attn_func
+    from .memory import DeviceArray, host_dtype, to_device
+    driver = _driver()
+    dev = args.device
+    rng = np.random.default_rng(0)
+    b, hq, hkv, s, dq, dv = args.batch, args.hq, args.hkv or args.hq, args.seqlen, args.d_qk, \
+        args.d_v or args.d_qk
+    def rand(shape):
+        x = rng.standard_normal(shape).astype(np.float32)
+        if args.dtype == "fp8_e4m3":
+            x = x / (np.abs(x).max() / 448.0)
+        return to_device(driver, dev, x.astype(host_dtype(args.dtype)), args.dtype)
+    q, k, v = rand((b, s, hq, dq)), rand((b, s, hkv, dq)), rand((b, s, hkv, dv))
+    out = DeviceArray(driver, dev, (b, s, hq, dv), "bf16")
+    call = lambda: flash_attn_func(q, k, v, causal=args.causal, out=out)  # noqa: E731
+    for _ in range(args.warmup):
+        call()
+    driver.synchronize(dev)
+    start, end = driver.event_create(), driver.event_create()
+    times = []
+    for _ in range(args.repeat):
+        driver.event_record(start, 0)
+        call()
+        driver.event_record(end, 0)
+        driver.event_synchronize(end)
+        times.append(driver.event_elapsed_ms(start, end))
+    med = statistics.median(times)
+    tf = flops(b, hq, s, s, dq, dv, args.causal) / (med * 1e-3) / 1e12
+    print(f"{args.dtype} b{b} hq{hq} hkv{hkv} s{s} d{dq}x{dv} {'causal' if args.causal else 'full'}: "
+          f"median {med:.3f} ms over {args.repeat} runs -> {tf:.1f} TFLOP/s")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zyfa_runtime", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="backend, devices, versions, kernels available, cache location")
+    sub.add_parser("matrix", help="the support matrix of the manifest, as a markdown table")
+    c = sub.add_parser("check", help="every available variant against the fp64 reference")
+    c.add_argument("--device", type=int, default=0)
+    c.add_argument("--only", help="comma-separated substrings of variant names")
+    c.add_argument("--seed", type=int, default=None, help="default: fresh random inputs")
+    bn = sub.add_parser("bench", help="TFLOP/s for one shape (self-attention, Sq = Sk)")
+    bn.add_argument("--device", type=int, default=0)
+    bn.add_argument("--dtype", choices=("bf16", "fp8_e4m3"), default="bf16")
+    bn.add_argument("--batch", type=int, default=1)
+    bn.add_argument("--hq", type=int, default=32)
+    bn.add_argument("--hkv", type=int, default=0, help="default: hq")
+    bn.add_argument("--seqlen", type=int, default=8192)
+    bn.add_argument("--d-qk", type=int, default=128)
+    bn.add_argument("--d-v", type=int, default=0, help="default: d_qk")
+    bn.add_argument("--causal", action="store_true")
+    bn.add_argument("--warmup", type=int, default=5)
+    bn.add_argument("--repeat", type=int, default=30)
+    args = ap.parse_args(argv)
+    return {"info": cmd_info, "matrix": cmd_matrix, "check": cmd_check,
+            "bench": cmd_bench}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Public API, with FlashAttention's names and layouts.
+
+The flow of one call: inputs -> TensorRefs (tensors.py) -> every rule checked
+(validate.py) -> variant chosen from the device's arch -> kernel loaded once
+(kernels.py) -> argument buffer packed from the manifest layout and launched
+(launch.py).  Nothing reaches the GPU before validation has passed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+import threading
+
+import numpy as np
+
+from . import launch as _launch
+from . import validate
+from .catalogue import Variant
+from .driver import get_driver
+from .errors import ZyfaError
+from .kernels import KernelTable
+from .memory import DeviceArray, device_kind
+from .tensors import TensorRef, as_tensor, stream_handle
+
+_lock = threading.Lock()
+_tables: dict[str, KernelTable] = {}
+_ones: dict[tuple[str, int], DeviceArray] = {}
+
+
+def kernel_table(driver) -> KernelTable:
+    """The kernel table of the installed manifest for this driver (built once)."""
+    from . import cache
+    with _lock:
+        table = _tables.get(driver.name)
+        if table is None:
+            prebuilt = cache.prebuilt_dir()
+            table = KernelTable(driver, cache.load_manifest(prebuilt), cache.search_dirs(prebuilt))
+            _tables[driver.name] = table
+        return table
+
+
+def _one(driver, device: int) -> int:
+    """A device float32 holding 1.0: the descale used when the caller passes none."""
+    key = (driver.name, device)
+    with _lock:
+        buf = _ones.get(key)
+        if buf is None:
+            buf = DeviceArray(driver, device, (1,), "float32")
+            driver.copy_htod(buf.ptr, memoryview(np.ones(1, np.float32).view(np.uint8)))
+            _ones[key] = buf
+        return buf.ptr
+
+
+def _ref(driver, x, stream: int) -> TensorRef | None:
+    """Any accepted input as a TensorRef.  ``__cuda_array_interface__`` does not say which
+    device holds the memory (ordinal -1): the driver is asked."""
+    if x is None:
+        return None
+    if isinstance(x, DeviceArray):
+        return x.ref
+    ref = as_tensor(x, stream=stream or None)
+    if ref.device[1] == -1:
+        info = driver.pointer_info(ref.ptr)
+        if info is not None and info[0] == ref.device[0]:
+            ref = dataclasses.replace(ref, device=info)
+    return ref
+
+
+def _cu_values(driver, ref: TensorRef | None) -> np.ndarray | None:
+    """A host copy of cu_seqlens, so that its values are validated before launch.
+
+    None when it cannot be read as int32[n]; validation then reports the dtype, shape or
+    host-memory problem itself.
+    """
+    if ref is None or ref.dtype != "int32" or len(ref.shape) != 1:
+        return None
+    if ref.shape[0] > 1 and ref.strides != (1,):
+        return None
+    host = np.empty(ref.shape, np.int32)
+    if host.size == 0:
+        return host
+    if ref.device[0] == "cpu":
+        if not driver.host_memory_is_device:
+            return None
+        ctypes.memmove(host.ctypes.data, ref.ptr, host.nbytes)
+    else:
+        driver.copy_dtoh(memoryview(host.view(np.uint8)), ref.ptr)
+    return host
+
+
+def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: int,
+         driver, lse_shape, lse_strides):
+    kind, device = problem.device
+    arch = driver.arch(device)
+    variant = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
+    kernel = kernel_table(driver).get(device, variant)
+
+    out_arr = None
+    if out is None:
+        shape = q.shape[:-1] + (problem.d_v,)
+        out_arr = DeviceArray(driver, device, shape, "bf16")
+        out = out_arr.ref
+    lse_arr = DeviceArray(driver, device, lse_shape, "float32") if problem.return_lse else None
+
+    b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
+    def strides(t: TensorRef):
+        return (t.strides[0] if not problem.varlen else 0, t.strides[b_], t.strides[b_ + 1])
+
+    values = {
+        "q": q.ptr, "k": k.ptr, "v": v.ptr, "o": out.ptr,
+        "lse": lse_arr.ptr if lse_arr is not None else None,
+        "cu_seqlens_q": cu_q.ptr if cu_q is not None else None,
+        "cu_seqlens_k": cu_k.ptr if cu_k is not None else None,
+        "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1],
+        "batch": problem.batch, "hq": problem.hq, "hkv": problem.hkv,
+        "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
+        "softmax_scale": problem.softmax_scale,
+    }
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(t)
+    if problem.dtype == "fp8_e4m3":
+        for name, d in zip(("descale_q", "descale_k", "descale_v"), descales):
+            values[name] = d.ptr if d is not None else _one(driver, device)
+
+    driver.make_current(device)
+    _launch.launch(driver, kernel, values, stream)
+    return out_arr, lse_arr
+
+
+def _result(out_given, out_arr, lse_arr, return_lse: bool):
+    o = out_given if out_given is not None else out_arr
+    return (o, lse_arr) if return_lse else o
+
+
+def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+                    descale_q=None, descale_k=None, descale_v=None, out=None,
+                    return_lse: bool = False, stream=None):
+    """Attention forward over a batch of equal-length sequences.
+
+    q (B, Sq, Hq, Dqk), k (B, Sk, Hkv, Dqk), v (B, Sk, Hkv, Dv); returns out (B, Sq, Hq, Dv)
+    in bf16 -- ``out`` itself when given, else a :class:`DeviceArray` -- and, with
+    ``return_lse``, also the fp32 natural-log LSE (B, Hq, Sq).  FP8 inputs (e4m3) take
+    optional fp32 per-tensor descales (device tensors of one element).
+    """
+    driver = get_driver()
+    s = stream_handle(stream)
+    qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
+    outr = _ref(driver, out, s)
+    dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
+    problem = validate.check_dense(qr, kr, vr, outr, causal=causal, softmax_scale=softmax_scale,
+                                   descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
+                                   host_ok=driver.host_memory_is_device)
+    _check_backend(driver, problem)
+    lse_shape = (problem.batch, problem.hq, problem.seqlen_q)
+    lse_strides = (problem.hq * problem.seqlen_q, problem.seqlen_q)
+    out_arr, lse = _run(problem, qr, kr, vr, outr, (dq, dk, dv), None, None, s, driver,
+                       lse_shape, lse_strides)
+    return _result(out, out_arr, lse, return_lse)
+
+
+def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                           max_seqlen_k: int, causal: bool = False,
+                           softmax_scale: float | None = None, descale_q=None, descale_k=None,
+                           descale_v=None, out=None, return_lse: bool = False, stream=None):
+    """Attention forward over packed sequences of different lengths.
+
+    q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv); sequence b owns rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (int32 device tensors of length B+1).  Returns
+    out (Tq, Hq, Dv) and, with ``return_lse``, the LSE (Hq, Tq).  The cu_seqlens values
+    are read back and checked before launch (a small synchronising copy).
+    """
+    driver = get_driver()
+    s = stream_handle(stream)
+    qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
+    outr = _ref(driver, out, s)
+    cq, ck = _ref(driver, cu_seqlens_q, s), _ref(driver, cu_seqlens_k, s)
+    dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
+    problem = validate.check_varlen(
+        qr, kr, vr, outr, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+        descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
+        cu_values_q=_cu_values(driver, cq), cu_values_k=_cu_values(driver, ck),
+        host_ok=driver.host_memory_is_device)
+    _check_backend(driver, problem)
+    lse_shape = (problem.hq, problem.total_q)
+    lse_strides = (0, problem.total_q)
+    out_arr, lse = _run(problem, qr, kr, vr, outr, (dq, dk, dv), cq, ck, s, driver,
+                       lse_shape, lse_strides)
+    return _result(out, out_arr, lse, return_lse)
+
+
+def _check_backend(driver, problem: validate.Problem) -> None:
+    kind, device = problem.device
+    if kind != device_kind(driver):
+        raise ValueError(f"the inputs are on a {kind!r} device but the active backend is "
+                         f"{driver.name!r} (set ZYFA_BACKEND to choose another)")
+    n = driver.device_count()
+    if not 0 <= device < n:
+        raise ValueError(f"the inputs are on device {device}, but the {driver.name} backend sees {n}")
+
+
+def default_softmax_scale(d_qk: int) -> float:
+    return 1.0 / math.sqrt(d_qk)
+
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "TensorRef", "as_tensor", "DeviceArray",
+           "ZyfaError"]

@@ -1,0 +1,223 @@
+"""The kernel catalogue: every variant zyfa ships, as data.
+
+A :class:`Variant` names one kernel (arch, dtype, head dims, causal). Everything
+else about it -- the kernel arguments, their C layout, the launch grid, the
+tile shape -- is derived here from that description, and is what the generator
+emits, what ``build.py`` records in the manifest, and what the runtime packs
+from.  The argument layout is written down in exactly one place: ``kernargs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Iterator
+
+ARCHES = ("sm_90a", "gfx950")
+DTYPES = ("bf16", "fp8_e4m3")
+HEAD_DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
+
+#: Vendor of each arch, i.e. the driver backend that can run it.
+VENDOR = {"sm_90a": "cuda", "gfx950": "hip"}
+
+#: Toolkit each arch's code objects are built for and pinned to.
+TOOLKIT = {"sm_90a": "CUDA 13.0", "gfx950": "ROCm 7.2.3"}
+
+#: Code-object file suffix per arch.
+SUFFIX = {"sm_90a": ".cubin", "gfx950": ".hsaco"}
+
+#: Bytes per element of the Q/K/V inputs.
+ELEMENT_BYTES = {"bf16": 2, "fp8_e4m3": 1}
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Variant:
+    arch: str
+    dtype: str
+    d_qk: int
+    d_v: int
+    causal: bool
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHES:
+            raise ValueError(f"unknown arch {self.arch!r}; known: {ARCHES}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; known: {DTYPES}")
+        if (self.d_qk, self.d_v) not in HEAD_DIMS:
+            raise ValueError(f"unsupported head dims ({self.d_qk}, {self.d_v}); supported: {HEAD_DIMS}")
+
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}"
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's entry-point symbol in its code object (extern "C")."""
+        return "zyfa_" + self.name
+
+    @property
+    def vendor(self) -> str:
+        return VENDOR[self.arch]
+
+    @property
+    def filename(self) -> str:
+        return self.name + SUFFIX[self.arch]
+
+    @property
+    def tile(self) -> "Tile":
+        return tile_for(self)
+
+    @property
+    def built_from(self) -> str:
+        """How the code object is produced: HIP/CUDA C++, or the FP8 assembly generator."""
+        if self.arch == "gfx950" and self.dtype == "fp8_e4m3":
+            return "asm-generator"
+        return "hip" if self.vendor == "hip" else "cuda"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Variant":
+        return cls(arch=d["arch"], dtype=d["dtype"], d_qk=int(d["d_qk"]), d_v=int(d["d_v"]),
+                   causal=bool(d["causal"]))
+
+
+def all_variants() -> list[Variant]:
+    """The 32 variants of the catalogue, in a fixed order."""
+    return [Variant(a, t, dq, dv, c)
+            for a, t, (dq, dv), c in itertools.product(ARCHES, DTYPES, HEAD_DIMS, (False, True))]
+
+
+def buildable(v: Variant) -> bool:
+    """Whether build.py can produce this variant yet.
+
+    The gfx950 FP8 kernels come from the hand-scheduled assembly generator, which
+    does not exist yet; the manifest lists them as not built.
+    """
+    return v.built_from != "asm-generator"
+
+
+# --------------------------------------------------------------------------------------
+# Tiles: the work decomposition each kernel is compiled for.
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    block_m: int        # query rows per workgroup / CTA
+    block_n: int        # keys per inner iteration
+    threads: int        # threads per workgroup / CTA
+    dynamic_smem: int   # dynamic shared memory bytes (CUDA); 0 where LDS is static (HIP)
+
+
+def tile_for(v: Variant) -> Tile:
+    if v.vendor == "cuda":
+        # 4 warps x 16 query rows; Q, K and V tiles staged in shared memory as bf16
+        # (FP8 inputs are widened exactly on the way in).  Rows are padded by 16 bytes
+        # so that fragment loads and ldmatrix rows fall in distinct banks.
+        block_m = 64
+        block_n = 64 if v.d_qk <= 128 else 32
+        pad = 8
+        smem = 2 * (block_m + block_n) * (v.d_qk + pad) + 2 * block_n * (v.d_v + pad)
+        return Tile(block_m=block_m, block_n=block_n, threads=128, dynamic_smem=smem)
+    # gfx950: 4 waves of 64 lanes x 16 query rows; LDS is static in the HIP source.
+    return Tile(block_m=64, block_n=64 if v.d_qk <= 128 else 32, threads=256, dynamic_smem=0)
+
+
+# --------------------------------------------------------------------------------------
+# Kernel arguments: the single definition of every kernel's argument list.
+
+#: C type, size and alignment of each argument kind.
+ARG_TYPES = {
+    "ptr": ("const void*", 8),
+    "i64": ("long long", 8),
+    "i32": ("int", 4),
+    "f32": ("float", 4),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernArg:
+    name: str
+    type: str       # one of ARG_TYPES
+    offset: int
+    size: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _arg_names(v: Variant) -> list[tuple[str, str]]:
+    args = [
+        # Tensors.  Strides are in elements; the head dim has unit stride.
+        ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"),
+        ("lse", "ptr"),              # fp32, may be null (no LSE requested)
+        ("cu_seqlens_q", "ptr"),     # int32[batch + 1], null for fixed-length batches
+        ("cu_seqlens_k", "ptr"),
+    ]
+    if v.dtype == "fp8_e4m3":
+        # Per-tensor fp32 dequantisation factors (device pointers to one float each).
+        args += [("descale_q", "ptr"), ("descale_k", "ptr"), ("descale_v", "ptr")]
+    for t in ("q", "k", "v", "o"):
+        args += [(f"{t}_stride_b", "i64"), (f"{t}_stride_s", "i64"), (f"{t}_stride_h", "i64")]
+    args += [
+        ("lse_stride_b", "i64"),     # LSE is (B, Hq, Sq) or (Hq, T): the row stride is 1
+        ("lse_stride_h", "i64"),
+        ("batch", "i32"),
+        ("hq", "i32"),
+        ("hkv", "i32"),
+        ("seqlen_q", "i32"),         # per-sequence length, or max_seqlen_q for varlen
+        ("seqlen_k", "i32"),
+        ("softmax_scale", "f32"),
+    ]
+    return args
+
+
+def kernargs(v: Variant) -> list[KernArg]:
+    """The argument list of variant ``v`` with its C ABI layout (natural alignment)."""
+    out, offset = [], 0
+    for name, ty in _arg_names(v):
+        size = ARG_TYPES[ty][1]
+        offset = (offset + size - 1) // size * size
+        out.append(KernArg(name, ty, offset, size))
+        offset += size
+    return out
+
+
+def kernarg_size(args: list[KernArg]) -> int:
+    end = max(a.offset + a.size for a in args)
+    return (end + 7) // 8 * 8
+
+
+# --------------------------------------------------------------------------------------
+# Launch grid, as data the manifest carries and the runtime evaluates.
+
+def grid_rule(v: Variant) -> dict:
+    """x: query blocks; y: query heads; z: sequences.  Values name kernel arguments."""
+    return {"x": {"cdiv": ["seqlen_q", v.tile.block_m]}, "y": "hq", "z": "batch"}
+
+
+def eval_grid(rule: dict, values: dict) -> tuple[int, int, int]:
+    """Evaluate a manifest grid rule against the kernel-argument values of one launch."""
+    def ev(term) -> int:
+        if isinstance(term, int):
+            return term
+        if isinstance(term, str):
+            return int(values[term])
+        if isinstance(term, dict) and set(term) == {"cdiv"}:
+            a, b = (ev(t) for t in term["cdiv"])
+            return -(-a // b)
+        raise ValueError(f"malformed grid term {term!r}")
+    return tuple(max(ev(rule[axis]), 0) for axis in ("x", "y", "z"))
+
+
+def iter_select(variants: list[Variant], arch: str | None = None, only: str | None = None
+                ) -> Iterator[Variant]:
+    """Variants matching ``--arch`` and an ``--only`` substring filter (comma-separated)."""
+    pats = [p for p in (only or "").split(",") if p]
+    for v in variants:
+        if arch and v.arch != arch:
+            continue
+        if pats and not any(p in v.name for p in pats):
+            continue
+        yield v

@@ -1,0 +1,196 @@
+"""The driver interface every backend implements, and helpers shared by the cffi backends.
+
+A driver is a thin, stateless-looking wrapper over one vendor API (CUDA driver API,
+HIP) or a stand-in (``fake``, the emulator).  Device pointers, streams and events
+cross this interface as plain integers; modules and functions as the small
+records below.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import threading
+from typing import Any
+
+from ..errors import ZyfaError
+
+#: Device attributes ``Driver.attribute`` understands.
+ATTRIBUTES = (
+    "multiprocessor_count",
+    "max_shared_memory_per_block_optin",
+    "compute_capability_major",
+    "compute_capability_minor",
+    "max_threads_per_block",
+    "warp_size",
+)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Module:
+    """A code object loaded onto one device."""
+    handle: Any
+    device: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Function:
+    """One kernel entry point of a loaded module."""
+    handle: Any
+    module: Module
+    symbol: str
+
+
+class Driver(abc.ABC):
+    name: str = ""
+    #: True where kernels read host memory directly (fake, emulator): inputs stay on the host.
+    host_memory_is_device: bool = False
+
+    # -- devices ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def device_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def arch(self, device: int) -> str:
+        """Target name of the device: ``sm_90a``, ``gfx950``."""
+
+    @abc.abstractmethod
+    def device_name(self, device: int) -> str: ...
+
+    @abc.abstractmethod
+    def versions(self) -> dict:
+        """Driver (and runtime, where there is one) versions, raw and as text."""
+
+    @abc.abstractmethod
+    def attribute(self, device: int, name: str) -> int:
+        """One of :data:`ATTRIBUTES`."""
+
+    @abc.abstractmethod
+    def make_current(self, device: int) -> None:
+        """Make ``device`` current on the calling thread (CUDA: its primary context)."""
+
+    @abc.abstractmethod
+    def pointer_info(self, ptr: int) -> tuple[str, int] | None:
+        """``("cuda"|"rocm", ordinal)`` for device memory, ``("cpu", 0)`` for host memory."""
+
+    # -- code ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def load_module(self, device: int, image: bytes) -> Module: ...
+
+    @abc.abstractmethod
+    def get_function(self, module: Module, symbol: str) -> Function: ...
+
+    @abc.abstractmethod
+    def set_max_dynamic_shared(self, function: Function, nbytes: int) -> None: ...
+
+    @abc.abstractmethod
+    def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
+               shared_bytes: int, stream: int, args: bytes) -> None:
+        """Launch with ``args`` as the one packed kernel-argument buffer."""
+
+    def param_info(self, function: Function) -> list[tuple[int, int]] | None:
+        """(offset, size) of each kernel parameter as the driver sees it, or None if unknown."""
+        return None
+
+    # -- memory ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def alloc(self, device: int, nbytes: int) -> int: ...
+
+    @abc.abstractmethod
+    def free(self, ptr: int) -> None: ...
+
+    @abc.abstractmethod
+    def copy_htod(self, ptr: int, host) -> None:
+        """Copy the whole of the bytes-like ``host`` to device address ``ptr``."""
+
+    @abc.abstractmethod
+    def copy_dtoh(self, host, ptr: int) -> None:
+        """Fill the whole of the writable buffer ``host`` from device address ``ptr``."""
+
+    @abc.abstractmethod
+    def memset_d8(self, ptr: int, value: int, nbytes: int) -> None: ...
+
+    @abc.abstractmethod
+    def synchronize(self, device: int) -> None: ...
+
+    # -- events ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def event_create(self, device: int = 0) -> int: ...
+
+    @abc.abstractmethod
+    def event_record(self, event: int, stream: int = 0) -> None: ...
+
+    @abc.abstractmethod
+    def event_synchronize(self, event: int) -> None: ...
+
+    @abc.abstractmethod
+    def event_elapsed_ms(self, start: int, end: int) -> float: ...
+
+    @abc.abstractmethod
+    def event_destroy(self, event: int) -> None: ...
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+# --------------------------------------------------------------------------------------
+# Helpers for the cffi backends.
+
+class LazyLibrary:
+    """A shared library opened with ``ffi.dlopen`` on first use, by the first soname that loads."""
+
+    def __init__(self, ffi, sonames: tuple[str, ...], what: str, install_hint: str) -> None:
+        self.ffi = ffi
+        self.sonames = sonames
+        self.what = what
+        self.install_hint = install_hint
+        self._lib = None
+        self._lock = threading.Lock()
+
+    def get(self):
+        if self._lib is None:
+            with self._lock:
+                if self._lib is None:
+                    self._lib = self._open()
+        return self._lib
+
+    def _open(self):
+        failures = []
+        for soname in self.sonames:
+            try:
+                return self.ffi.dlopen(soname)
+            except OSError as e:
+                failures.append(f"{soname}: {e}")
+        raise ZyfaError(f"cannot load the {self.what} library; tried {', '.join(self.sonames)} "
+                        f"({'; '.join(failures)}). {self.install_hint}")
+
+
+def first_symbol(lib, *names: str):
+    """The first of ``names`` that ``lib`` exports, or None."""
+    for n in names:
+        try:
+            return getattr(lib, n)
+        except AttributeError:
+            continue
+    return None
+
+
+def extra_array(ffi, args: bytes, markers: tuple[int, int, int]):
+    """The ``extra`` launch array for one packed argument buffer.
+
+    ``markers`` is the vendor's ``(BUFFER_POINTER, BUFFER_SIZE, END)``.  Returns the
+    ``void*[5]`` array and the list of cffi objects it points into; the caller keeps
+    that list alive until the launch call has returned.
+    """
+    buf_ptr, buf_size, end = markers
+    buf = ffi.new("char[]", max(len(args), 1))
+    ffi.memmove(buf, args, len(args))
+    size = ffi.new("size_t *", len(args))
+    extra = ffi.new("void *[5]", [ffi.cast("void *", buf_ptr), buf,
+                                  ffi.cast("void *", buf_size), size,
+                                  ffi.cast("void *", end)])
+    return extra, [buf, size, extra]
+
+
+def handle_int(ffi, cdata) -> int:
+    return int(ffi.cast("uintptr_t", cdata))

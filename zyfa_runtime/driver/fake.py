@@ -1,0 +1,174 @@
+"""A GPU-less backend that records what it is asked to do, for tests.
+
+Host memory is device memory: allocations are numpy buffers, copies and memsets
+are real, and a launch does not run anything -- it appends a :class:`Launch` to
+``launches``.  A module's handle is the image bytes it was loaded from.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import itertools
+import threading
+import time
+
+import numpy as np
+
+from ..errors import ZyfaError
+from .base import ATTRIBUTES, Driver, Function, Module
+
+#: Attribute values the fake reports per arch (an H200 and an MI355X).
+_ARCH_ATTRIBUTES = {
+    "sm_90a": {"multiprocessor_count": 132, "max_shared_memory_per_block_optin": 232448,
+               "compute_capability_major": 9, "compute_capability_minor": 0,
+               "max_threads_per_block": 1024, "warp_size": 32},
+    "gfx950": {"multiprocessor_count": 256, "max_shared_memory_per_block_optin": 163840,
+               "compute_capability_major": 9, "compute_capability_minor": 5,
+               "max_threads_per_block": 1024, "warp_size": 64},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    symbol: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    stream: int
+    args: bytes
+    device: int
+
+
+def _address(buf, writable: bool = False) -> tuple[int, int]:
+    """Address and size in bytes of a contiguous bytes-like object."""
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    if writable and not arr.flags.writeable:
+        raise ZyfaError("destination buffer is read-only")
+    return arr.ctypes.data, arr.nbytes
+
+
+class FakeDriver(Driver):
+    name = "fake"
+    host_memory_is_device = True
+
+    def __init__(self, arch: str = "sm_90a", devices: int = 1) -> None:
+        self._arch = arch
+        self._devices = devices
+        self._lock = threading.Lock()
+        self._buffers: dict[int, np.ndarray] = {}
+        self._events: dict[int, float | None] = {}
+        self._ids = itertools.count(1)
+        self.modules: list[Module] = []
+        self.launches: list[Launch] = []
+        self.current: int | None = None
+        self.max_dynamic_shared: dict[str, int] = {}
+
+    def _valid(self, device: int) -> None:
+        if not 0 <= device < self._devices:
+            raise ZyfaError(f"invalid device ordinal {device}; the fake has {self._devices}")
+
+    # -- devices -----------------------------------------------------------------------
+    def device_count(self) -> int:
+        return self._devices
+
+    def arch(self, device: int) -> str:
+        self._valid(device)
+        return self._arch
+
+    def device_name(self, device: int) -> str:
+        self._valid(device)
+        return f"zyfa fake device ({self._arch})"
+
+    def versions(self) -> dict:
+        return {"driver_version": 0, "driver": "fake"}
+
+    def attribute(self, device: int, name: str) -> int:
+        self._valid(device)
+        if name not in ATTRIBUTES:
+            raise ZyfaError(f"unknown device attribute {name!r}; known: {sorted(ATTRIBUTES)}")
+        return _ARCH_ATTRIBUTES.get(self._arch, _ARCH_ATTRIBUTES["sm_90a"])[name]
+
+    def make_current(self, device: int) -> None:
+        self._valid(device)
+        self.current = device
+
+    def pointer_info(self, ptr: int) -> tuple[str, int] | None:
+        return ("cpu", 0) if ptr else None
+
+    # -- code --------------------------------------------------------------------------
+    def load_module(self, device: int, image: bytes) -> Module:
+        self._valid(device)
+        module = Module(handle=bytes(image), device=device)
+        with self._lock:
+            self.modules.append(module)
+        return module
+
+    def get_function(self, module: Module, symbol: str) -> Function:
+        return Function(handle=symbol, module=module, symbol=symbol)
+
+    def set_max_dynamic_shared(self, function: Function, nbytes: int) -> None:
+        self.max_dynamic_shared[function.symbol] = int(nbytes)
+
+    def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
+               shared_bytes: int, stream: int, args: bytes) -> None:
+        record = Launch(symbol=function.symbol, grid=tuple(int(g) for g in grid),
+                        block=tuple(int(b) for b in block), shared=int(shared_bytes),
+                        stream=int(stream), args=bytes(args), device=function.module.device)
+        with self._lock:
+            self.launches.append(record)
+
+    # -- memory ------------------------------------------------------------------------
+    def alloc(self, device: int, nbytes: int) -> int:
+        self._valid(device)
+        buf = np.zeros(max(int(nbytes), 1), dtype=np.uint8)
+        ptr = buf.ctypes.data
+        with self._lock:
+            self._buffers[ptr] = buf
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        with self._lock:
+            if self._buffers.pop(ptr, None) is None:
+                raise ZyfaError(f"free of 0x{ptr:x}, which the fake driver did not allocate")
+
+    def buffer(self, ptr: int) -> np.ndarray:
+        """The numpy buffer behind an allocation (tests inspect outputs through it)."""
+        return self._buffers[ptr]
+
+    def copy_htod(self, ptr: int, host) -> None:
+        src, n = _address(host)
+        ctypes.memmove(ptr, src, n)
+
+    def copy_dtoh(self, host, ptr: int) -> None:
+        dst, n = _address(host, writable=True)
+        ctypes.memmove(dst, ptr, n)
+
+    def memset_d8(self, ptr: int, value: int, nbytes: int) -> None:
+        ctypes.memset(ptr, value & 0xFF, nbytes)
+
+    def synchronize(self, device: int) -> None:
+        self._valid(device)
+
+    # -- events ------------------------------------------------------------------------
+    def event_create(self, device: int = 0) -> int:
+        with self._lock:
+            handle = next(self._ids)
+            self._events[handle] = None
+        return handle
+
+    def event_record(self, event: int, stream: int = 0) -> None:
+        self._events[event] = time.perf_counter()
+
+    def event_synchronize(self, event: int) -> None:
+        if event not in self._events:
+            raise ZyfaError(f"unknown event {event}")
+
+    def event_elapsed_ms(self, start: int, end: int) -> float:
+        t0, t1 = self._events[start], self._events[end]
+        if t0 is None or t1 is None:
+            raise ZyfaError("event_elapsed_ms on an event that was never recorded")
+        return (t1 - t0) * 1e3
+
+    def event_destroy(self, event: int) -> None:
+        self._events.pop(event, None)

@@ -1,0 +1,66 @@
+"""Load stage: manifest entry -> verified code object -> module -> function, once per device."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from . import cache
+from .catalogue import KernArg, Variant
+from .errors import ZyfaError
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One loaded kernel: its manifest entry and the driver's function handle."""
+    variant: Variant
+    entry: dict
+    function: object
+
+    @property
+    def kernargs(self) -> list[KernArg]:
+        return [KernArg(**a) for a in self.entry["kernargs"]]
+
+
+class KernelTable:
+    """The kernels of one manifest, loaded lazily per (device, variant); thread-safe."""
+
+    def __init__(self, driver, manifest: dict, search_dirs: list):
+        self.driver = driver
+        self.manifest = manifest
+        self.search_dirs = search_dirs
+        self._entries = {Variant.from_json(e["variant"]): e for e in manifest["kernels"]}
+        self._loaded: dict[tuple[int, Variant], Kernel] = {}
+        self._lock = threading.Lock()
+
+    def entry(self, variant: Variant) -> dict | None:
+        return self._entries.get(variant)
+
+    def available(self, arch: str) -> list[Variant]:
+        return sorted(v for v, e in self._entries.items() if v.arch == arch and e.get("built"))
+
+    def get(self, device: int, variant: Variant) -> Kernel:
+        key = (device, variant)
+        kernel = self._loaded.get(key)
+        if kernel is not None:
+            return kernel
+        with self._lock:
+            kernel = self._loaded.get(key)
+            if kernel is None:
+                kernel = self._load(device, variant)
+                self._loaded[key] = kernel
+        return kernel
+
+    def _load(self, device: int, variant: Variant) -> Kernel:
+        entry = self._entries.get(variant)
+        if entry is None:
+            raise ZyfaError(f"no kernel {variant.name} in the manifest")
+        if not entry.get("built"):
+            raise ZyfaError(f"kernel {variant.name} is listed but not built: {entry.get('reason', '')}")
+        image = cache.read_code_object(entry, self.search_dirs)   # sha256-verified bytes
+        self.driver.make_current(device)
+        module = self.driver.load_module(device, image)
+        function = self.driver.get_function(module, entry["symbol"])
+        if entry["dynamic_smem"] > 0:
+            self.driver.set_max_dynamic_shared(function, entry["dynamic_smem"])
+        return Kernel(variant, entry, function)

@@ -1,0 +1,74 @@
+"""The fp64 reference every kernel is checked against.
+
+Plain numpy in float64, written for clarity: one (sequence, head) at a time, the
+softmax of the full score matrix.  Semantics (shared by every kernel):
+
+* q (B, Sq, Hq, Dqk), k (B, Sk, Hkv, Dqk), v (B, Sk, Hkv, Dv) -> out (B, Sq, Hq, Dv);
+  varlen: packed (T, H, D) with ``cu_seqlens`` offsets.
+* grouped-query attention: query head h reads key/value head h // (Hq // Hkv).
+* causal is bottom-right aligned: row i sees key j iff j <= i + (Sk - Sq).
+* a row that sees no key outputs zeros, and its LSE is -inf.
+* LSE is the natural-log logsumexp of the scaled scores, fp32 in the API, (B, Hq, Sq)
+  or (Hq, Tq) for varlen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _one_sequence(q, k, v, causal: bool, scale: float):
+    """q (Sq, Hq, D), k (Sk, Hkv, D), v (Sk, Hkv, Dv) in float64 -> out (Sq, Hq, Dv), lse (Hq, Sq)."""
+    sq, hq, _ = q.shape
+    sk, hkv, _ = k.shape
+    group = hq // hkv
+    out = np.zeros((sq, hq, v.shape[2]), dtype=np.float64)
+    lse = np.full((hq, sq), -np.inf, dtype=np.float64)
+    if sq == 0 or sk == 0:
+        return out, lse
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+    for h in range(hq):
+        s = (q[:, h, :] @ k[:, h // group, :].T) * scale
+        s = np.where(visible, s, -np.inf)
+        m = s.max(axis=1, keepdims=True)
+        live = np.isfinite(m[:, 0])
+        m = np.where(np.isfinite(m), m, 0.0)
+        p = np.exp(s - m)
+        l = p.sum(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[:, h, :] = np.where(live[:, None], (p @ v[:, h // group, :]) / l, 0.0)
+            lse[h] = np.where(live, m[:, 0] + np.log(l[:, 0]), -np.inf)
+    return out, lse
+
+
+def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None):
+    """Dense reference: returns (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) in float64."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    outs, lses = zip(*(_one_sequence(q[b], k[b], v[b], causal, scale) for b in range(q.shape[0])))
+    return np.stack(outs), np.stack(lses)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False,
+                     softmax_scale: float | None = None):
+    """Packed reference: returns (out (Tq, Hq, Dv), lse (Hq, Tq)) in float64."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float64)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=np.float64)
+    for b in range(len(cq) - 1):
+        qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+        o, l = _one_sequence(q[qs:qe], k[ks:ke], v[ks:ke], causal, scale)
+        out[qs:qe], lse[:, qs:qe] = o, l
+    return out, lse
+
+
+def relative_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere gives NaN (which no bound passes)."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    den = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / den) if den > 0 else float(np.linalg.norm(out))

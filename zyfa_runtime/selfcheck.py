@@ -1,0 +1,137 @@
+"""Check kernels on the active device against the fp64 reference, at small shapes.
+
+Every case draws fresh random inputs (never zeros), poisons the output with NaN
+before the launch, and compares O and LSE with ``reference``.  Error bound: the
+kernels round P to bf16 before the PV product and round O to bf16 at the end, two
+roundings of unit roundoff u = 2^-9 each; the QK^T and PV sums are fp32 over exact
+bf16 products (FP8 inputs widen to bf16 exactly, and the reference is computed on
+the dequantised FP8 values).  ||out-ref||/||ref|| is therefore about 2u ~ 3.9e-3 in
+the worst case of aligned rounding errors; the bound is 8e-3 (2u plus margin for
+the fp32 accumulation and cancellation in small outputs).  LSE is fp32 from fp32 row
+sums: absolute error bound 1e-3.  NaN anywhere fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import reference
+from .api import flash_attn_func, flash_attn_varlen_func
+from .catalogue import Variant
+from .memory import DeviceArray, host_dtype, to_device, view
+
+O_BOUND = 8e-3
+LSE_BOUND = 1e-3
+
+
+@dataclasses.dataclass
+class CaseResult:
+    variant: Variant
+    case: str
+    o_error: float
+    lse_error: float
+    ok: bool
+    note: str = ""
+
+
+def _quantise(x: np.ndarray, dtype: str):
+    """Host input in the kernel's dtype and its exact float64 value, with descale (fp8)."""
+    if dtype == "bf16":
+        xq = x.astype(host_dtype("bf16"))
+        return xq, xq.astype(np.float64), None
+    scale = float(np.abs(x).max()) / 448.0
+    xq = (x / scale).astype(host_dtype("fp8_e4m3"))
+    return xq, xq.astype(np.float64) * np.float32(scale), np.float32(scale)
+
+
+def _poisoned_out(driver, device, shape):
+    out = DeviceArray(driver, device, shape, "bf16")
+    driver.memset_d8(out.ptr, 0xFF, out.nbytes)  # 0xFFFF is a bf16 NaN
+    return out
+
+
+def _errors(out: DeviceArray, lse: DeviceArray, ref_o, ref_lse):
+    o = out.numpy().astype(np.float64)
+    l = lse.numpy().astype(np.float64)
+    o_err = reference.relative_error(o, ref_o) if not np.isnan(o).any() else float("nan")
+    both_inf = np.isneginf(l) & np.isneginf(ref_lse)
+    finite = np.isfinite(ref_lse)
+    bad_inf = (np.isneginf(l) != np.isneginf(ref_lse)).any() or np.isnan(l).any()
+    lse_err = float(np.abs(l[finite] - ref_lse[finite]).max()) if finite.any() else 0.0
+    if bad_inf or not (both_inf | finite).all():
+        lse_err = float("nan")
+    return o_err, lse_err
+
+
+def _descales(driver, device, scales):
+    if scales[0] is None:
+        return {}
+    return {name: to_device(driver, device, np.array([s], np.float32), "float32")
+            for name, s in zip(("descale_q", "descale_k", "descale_v"), scales)}
+
+
+def dense_case(driver, device: int, v: Variant, rng, *, b, sq, sk, hq, hkv, strided=False):
+    """One dense call; returns (o_error, lse_error)."""
+    def make(s, h, d):
+        x = rng.standard_normal((b, s, h, d)).astype(np.float32)
+        return _quantise(x, v.dtype)
+    (q, q64, dq), (k, k64, dk), (vv, v64, dv) = make(sq, hq, v.d_qk), make(sk, hkv, v.d_qk), \
+        make(sk, hkv, v.d_v)
+    refs = []
+    for host in (q, k, vv):
+        if strided:   # a view into a larger buffer: padded rows, heads and sequences
+            big = np.zeros((host.shape[0], host.shape[1] + 3, host.shape[2] + 1, host.shape[3] + 16),
+                           dtype=host.dtype)
+            sub = big[:, 1:1 + host.shape[1], 1:, :host.shape[3]]
+            sub[...] = host
+            refs.append(view(to_device(driver, device, big, v.dtype), sub, big))
+        else:
+            refs.append(to_device(driver, device, host, v.dtype))
+    out = _poisoned_out(driver, device, (b, sq, hq, v.d_v))
+    _, lse = flash_attn_func(*refs, causal=v.causal, out=out, return_lse=True,
+                             **_descales(driver, device, (dq, dk, dv)))
+    ref_o, ref_lse = reference.attention(q64, k64, v64, causal=v.causal)
+    return _errors(out, lse, ref_o, ref_lse)
+
+
+def varlen_case(driver, device: int, v: Variant, rng, *, seq_q, seq_k, hq, hkv):
+    cu_q = np.concatenate([[0], np.cumsum(seq_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(seq_k)]).astype(np.int32)
+    def make(t, h, d):
+        return _quantise(rng.standard_normal((t, h, d)).astype(np.float32), v.dtype)
+    (q, q64, dq), (k, k64, dk), (vv, v64, dv) = make(cu_q[-1], hq, v.d_qk), \
+        make(cu_k[-1], hkv, v.d_qk), make(cu_k[-1], hkv, v.d_v)
+    qd, kd, vd = (to_device(driver, device, x, v.dtype) for x in (q, k, vv))
+    cqd, ckd = (to_device(driver, device, c, "int32") for c in (cu_q, cu_k))
+    out = _poisoned_out(driver, device, (cu_q[-1], hq, v.d_v))
+    _, lse = flash_attn_varlen_func(qd, kd, vd, cu_seqlens_q=cqd, cu_seqlens_k=ckd,
+                                    max_seqlen_q=int(max(seq_q)), max_seqlen_k=int(max(seq_k)),
+                                    causal=v.causal, out=out, return_lse=True,
+                                    **_descales(driver, device, (dq, dk, dv)))
+    ref_o, ref_lse = reference.attention_varlen(q64, k64, v64, cu_q, cu_k, causal=v.causal)
+    return _errors(out, lse, ref_o, ref_lse)
+
+
+#: The cases every variant must pass: GQA with a ratio that is not a power of two,
+#: lengths that are not multiples of any tile, Sq < Sk and Sq > Sk (bottom-right causal
+#: then leaves rows with no key), strided views, and varlen with an empty sequence.
+CASES = {
+    "gqa3 b2 sq77 sk131": lambda d, dev, v, r: dense_case(d, dev, v, r, b=2, sq=77, sk=131, hq=6, hkv=2),
+    "mha b1 sq130 sk45": lambda d, dev, v, r: dense_case(d, dev, v, r, b=1, sq=130, sk=45, hq=2, hkv=2),
+    "strided gqa2 b2 s96": lambda d, dev, v, r: dense_case(d, dev, v, r, b=2, sq=96, sk=96, hq=4, hkv=2,
+                                                           strided=True),
+    "varlen gqa5 4 seqs": lambda d, dev, v, r: varlen_case(d, dev, v, r, seq_q=[17, 0, 113, 65],
+                                                           seq_k=[40, 33, 67, 160], hq=5, hkv=1),
+}
+
+
+def check_variant(driver, device: int, v: Variant, seed: int | None = None) -> list[CaseResult]:
+    rng = np.random.default_rng(seed)
+    results = []
+    for name, case in CASES.items():
+        o_err, lse_err = case(driver, device, v, rng)
+        ok = bool(o_err <= O_BOUND and lse_err <= LSE_BOUND)  # NaN compares False
+        results.append(CaseResult(v, name, o_err, lse_err, ok))
+    return results

@@ -1,0 +1,319 @@
+"""Every rule of the public attention API, checked before anything reaches a GPU.
+
+:func:`check_dense` and :func:`check_varlen` take :class:`~zyfa_runtime.tensors.TensorRef`
+views of the caller's arguments and either return the :class:`Problem` the launcher
+needs or raise ``TypeError`` (wrong kind or dtype of argument) or ``ValueError`` (wrong
+shape, layout, placement or value); each message names the offending argument.
+
+Choices made here:
+
+* Output is always bf16, for bf16 and fp8_e4m3 inputs alike.
+* Dense problems need at least one sequence, one query and one key (``batch``,
+  ``seqlen_q``, ``seqlen_k`` >= 1).  Varlen segments may be empty; ``max_seqlen_*``
+  must still be integers >= 1.
+* ``descale_q/k/v`` are optional and only accepted with fp8_e4m3 inputs; a missing
+  descale means 1.0 (the caller supplies it).
+* Strides of size-1 dimensions are never dereferenced and are not checked.
+* The kernels use 16-byte vector loads: q, k, v and out need 16-byte aligned pointers
+  and non-head strides that are multiples of 16 bytes.  Scalars read one element at a
+  time (cu_seqlens, descales) need natural alignment only.
+* Device ordinal -1 (``__cuda_array_interface__`` does not carry one) matches any
+  ordinal of the same device kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+
+from . import catalogue
+from .tensors import TensorRef
+
+__all__ = ["Problem", "check_dense", "check_varlen"]
+
+INPUT_DTYPES = catalogue.DTYPES
+OUTPUT_DTYPE = "bf16"
+GPU_DEVICES = ("cuda", "rocm")
+VECTOR_BYTES = 16
+INT32_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Everything the launcher needs to know about one call, once it is known valid."""
+
+    dtype: str
+    d_qk: int
+    d_v: int
+    causal: bool
+    batch: int
+    hq: int
+    hkv: int
+    seqlen_q: int           # per sequence; max_seqlen_q for varlen
+    seqlen_k: int           # per sequence; max_seqlen_k for varlen
+    varlen: bool
+    total_q: int            # rows of q: batch * seqlen_q, or the packed length
+    total_k: int
+    softmax_scale: float
+    return_lse: bool
+    device: tuple[str, int]
+
+
+# --------------------------------------------------------------------------------------
+# Public entry points.
+
+def check_dense(q, k, v, out, *, causal=False, softmax_scale=None, descale_q=None,
+                descale_k=None, descale_v=None, return_lse=False, host_ok=False) -> Problem:
+    """Validate a fixed-length batch: q (B, Sq, Hq, Dqk), k (B, Sk, Hkv, Dqk),
+    v (B, Sk, Hkv, Dv), out (B, Sq, Hq, Dv) or None."""
+    qkv = _common_start(q, k, v, out, causal, return_lse, ndim=4,
+                        layout="(batch, seqlen, heads, head_dim)")
+    (b, sq, hq, dqk), (bk, sk, hkv, _), (bv, skv, _, dv) = (t.shape for t in (q, k, v))
+    if bk != b:
+        raise ValueError(f"k batch size {bk} does not match q batch size {b}")
+    if bv != b:
+        raise ValueError(f"v batch size {bv} does not match q batch size {b}")
+    if skv != sk:
+        raise ValueError(f"v seqlen {skv} does not match k seqlen {sk}")
+    for name, n in (("q batch size", b), ("q seqlen", sq), ("k seqlen", sk)):
+        if n < 1:
+            raise ValueError(f"{name} must be >= 1, got {n}")
+    _check_heads(q, k, v, head_axis=2)
+    if out is not None and out.shape != (b, sq, hq, dv):
+        raise ValueError(f"out shape {out.shape} must be (batch, seqlen_q, heads_q, head_dim_v)"
+                         f" = {(b, sq, hq, dv)}")
+    _check_int32(batch=b, seqlen_q=sq, seqlen_k=sk)
+    device = _common_end(qkv, out, (), descale_q, descale_k, descale_v, host_ok)
+    return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=bool(causal), batch=b, hq=hq,
+                   hkv=hkv, seqlen_q=sq, seqlen_k=sk, varlen=False, total_q=b * sq,
+                   total_k=b * sk, softmax_scale=_check_scale(softmax_scale, dqk),
+                   return_lse=bool(return_lse), device=device)
+
+
+def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 causal=False, softmax_scale=None, descale_q=None, descale_k=None,
+                 descale_v=None, return_lse=False, cu_values_q=None, cu_values_k=None,
+                 host_ok=False) -> Problem:
+    """Validate a packed batch: q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv),
+    out (Tq, Hq, Dv) or None; sequence i spans rows cu_seqlens[i]:cu_seqlens[i + 1].
+
+    ``cu_values_q/k`` are host copies of the cu_seqlens values when the caller can read
+    them; given, they are checked too.
+    """
+    qkv = _common_start(q, k, v, out, causal, return_lse, ndim=3,
+                        layout="(total, heads, head_dim)")
+    (tq, hq, dqk), (tk, hkv, _), (tkv, _, dv) = (t.shape for t in (q, k, v))
+    if tkv != tk:
+        raise ValueError(f"v packed length {tkv} does not match k packed length {tk}")
+    _check_heads(q, k, v, head_axis=1)
+    if out is not None and out.shape != (tq, hq, dv):
+        raise ValueError(f"out shape {out.shape} must be (total_q, heads_q, head_dim_v)"
+                         f" = {(tq, hq, dv)}")
+
+    cu = {"cu_seqlens_q": _check_tensor("cu_seqlens_q", cu_seqlens_q),
+          "cu_seqlens_k": _check_tensor("cu_seqlens_k", cu_seqlens_k)}
+    for name, t in cu.items():
+        if t.dtype != "int32":
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+        if t.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {t.shape}")
+        if t.shape[0] < 2:
+            raise ValueError(f"{name} must have batch + 1 >= 2 entries, got {t.shape[0]}")
+        if t.shape[0] > 1 and t.strides[0] != 1:
+            raise ValueError(f"{name} must be contiguous, got stride {t.strides[0]}")
+    batch = cu["cu_seqlens_q"].shape[0] - 1
+    if cu["cu_seqlens_k"].shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_k has {cu['cu_seqlens_k'].shape[0]} entries but "
+                         f"cu_seqlens_q has {batch + 1}; both must have batch + 1")
+
+    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    for suffix, values, total, maxlen in (("q", cu_values_q, tq, max_q),
+                                          ("k", cu_values_k, tk, max_k)):
+        if values is not None:
+            _check_cu_values(suffix, values, batch + 1, total, maxlen)
+    _check_int32(batch=batch, max_seqlen_q=max_q, max_seqlen_k=max_k)
+
+    device = _common_end(qkv, out, tuple(cu.items()), descale_q, descale_k, descale_v, host_ok)
+    return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=bool(causal), batch=batch, hq=hq,
+                   hkv=hkv, seqlen_q=max_q, seqlen_k=max_k, varlen=True, total_q=tq,
+                   total_k=tk, softmax_scale=_check_scale(softmax_scale, dqk),
+                   return_lse=bool(return_lse), device=device)
+
+
+# --------------------------------------------------------------------------------------
+# Rules shared by both layouts.
+
+def _common_start(q, k, v, out, causal, return_lse, *, ndim, layout):
+    """Argument kinds, flags, dtypes and ranks of q, k, v and out."""
+    qkv = {"q": _check_tensor("q", q), "k": _check_tensor("k", k), "v": _check_tensor("v", v)}
+    if out is not None:
+        _check_tensor("out", out)
+    _check_bool("causal", causal)
+    _check_bool("return_lse", return_lse)
+    for name, t in qkv.items():
+        if t.dtype not in INPUT_DTYPES:
+            raise TypeError(f"{name} dtype must be one of {INPUT_DTYPES}, got {t.dtype}")
+    for name in ("k", "v"):
+        if qkv[name].dtype != q.dtype:
+            raise TypeError(f"{name} dtype {qkv[name].dtype} does not match q dtype {q.dtype}")
+    if out is not None and out.dtype != OUTPUT_DTYPE:
+        raise TypeError(f"out dtype must be {OUTPUT_DTYPE} (the output of every variant), "
+                        f"got {out.dtype}")
+    for name, t in (*qkv.items(), ("out", out)):
+        if t is not None and t.ndim != ndim:
+            raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {t.shape}")
+    return qkv
+
+
+def _check_heads(q, k, v, *, head_axis):
+    hq, dqk = q.shape[head_axis], q.shape[-1]
+    hkv = k.shape[head_axis]
+    if k.shape[-1] != dqk:
+        raise ValueError(f"k head dim {k.shape[-1]} does not match q head dim {dqk}")
+    if v.shape[head_axis] != hkv:
+        raise ValueError(f"v heads {v.shape[head_axis]} does not match k heads {hkv}")
+    if hkv < 1 or hq < 1:
+        raise ValueError(f"q and k/v need at least one head, got q heads {hq}, k heads {hkv}")
+    if hq % hkv:
+        raise ValueError(f"q heads {hq} must be a multiple of k/v heads {hkv}")
+    if (dqk, v.shape[-1]) not in catalogue.HEAD_DIMS:
+        raise ValueError(f"head dims (q/k {dqk}, v {v.shape[-1]}) are not supported; "
+                         f"supported (q/k, v): {catalogue.HEAD_DIMS}")
+    _check_int32(heads_q=hq)
+
+
+def _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok):
+    """Layout, placement, descales and aliasing; returns the common device."""
+    big = dict(qkv)
+    if out is not None:
+        big["out"] = out
+        if out.readonly:
+            raise ValueError("out is read-only")
+    for name, t in big.items():
+        _check_layout(name, t)
+
+    descales = {n: _check_tensor(n, d) for n, d in
+                (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v))
+                if d is not None}
+    dtype = qkv["q"].dtype
+    for name, d in descales.items():
+        if dtype != "fp8_e4m3":
+            raise ValueError(f"{name} is only accepted with fp8_e4m3 inputs; q is {dtype}")
+        if d.dtype != "float32":
+            raise TypeError(f"{name} must be float32, got {d.dtype}")
+        if d.shape not in ((), (1,)):
+            raise ValueError(f"{name} must hold one value (shape () or (1,)), got {d.shape}")
+
+    for name, t in (*scalars, *descales.items()):
+        if t.ptr % t.itemsize:
+            raise ValueError(f"{name} data pointer {t.ptr:#x} is not {t.itemsize}-byte aligned")
+
+    device = _check_devices((*big.items(), *scalars, *descales.items()), host_ok)
+    if out is not None:
+        lo, hi = out.extent()
+        for name, t in qkv.items():
+            tlo, thi = t.extent()
+            if lo < thi and tlo < hi:
+                raise ValueError(f"out overlaps {name} in memory; out must not alias an input")
+    return device
+
+
+def _check_tensor(name, t) -> TensorRef:
+    if not isinstance(t, TensorRef):
+        raise TypeError(f"{name} must be a TensorRef, got {type(t).__name__}")
+    return t
+
+
+def _check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _check_int32(**values):
+    for name, n in values.items():
+        if n > INT32_MAX:
+            raise ValueError(f"{name} = {n} does not fit the kernels' 32-bit arguments")
+
+
+def _check_layout(name, t: TensorRef):
+    """Unit head stride, non-negative strides, 16-byte aligned pointer and row strides."""
+    if t.strides[-1] != 1:
+        raise ValueError(f"{name} must have unit stride in the head dim (last dim), "
+                         f"got stride {t.strides[-1]}")
+    for dim, (n, s) in enumerate(zip(t.shape, t.strides)):
+        if n > 1 and s < 0:
+            raise ValueError(f"{name} has a negative stride ({s}) in dim {dim}")
+    if t.ptr % VECTOR_BYTES:
+        raise ValueError(f"{name} data pointer {t.ptr:#x} is not {VECTOR_BYTES}-byte aligned")
+    for dim, (n, s) in enumerate(zip(t.shape[:-1], t.strides[:-1])):
+        if n > 1 and (s * t.itemsize) % VECTOR_BYTES:
+            raise ValueError(f"{name} stride of dim {dim} is {s * t.itemsize} bytes, "
+                             f"not a multiple of {VECTOR_BYTES}")
+
+
+def _check_devices(named, host_ok) -> tuple[str, int]:
+    (first, ref), *rest = named
+    kind, ordinal = ref.device
+    for name, t in named:
+        if t.device[0] == "cpu" and not host_ok:
+            raise ValueError(f"{name} is in host memory ({t.device[0]}:{t.device[1]}); "
+                             "pass device memory")
+        if t.device[0] not in (*GPU_DEVICES, "cpu"):
+            raise ValueError(f"{name} is on unsupported device {t.device[0]!r}")
+    for name, t in rest:
+        k, o = t.device
+        if k != kind or (o != ordinal and -1 not in (o, ordinal)):
+            raise ValueError(f"{name} is on {k}:{o} but {first} is on {kind}:{ordinal}; "
+                             "all tensors must be on one device")
+        if ordinal == -1:
+            ordinal = o
+    return kind, ordinal
+
+
+def _check_max_seqlen(name, value) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def _check_cu_values(suffix, values, length, total, maxlen):
+    name, src = f"cu_seqlens_{suffix}", f"cu_values_{suffix}"
+    values = np.asarray(values)
+    if values.shape != (length,):
+        raise ValueError(f"{src} has shape {values.shape} but {name} has {length} entries")
+    values = values.astype(np.int64)
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {values[0]}")
+    seg = np.diff(values)
+    if (seg < 0).any():
+        i = int(np.argmax(seg < 0))
+        raise ValueError(f"{name} is not non-decreasing: entry {i + 1} ({values[i + 1]}) "
+                         f"< entry {i} ({values[i]})")
+    if values[-1] > total:
+        raise ValueError(f"{name} ends at {values[-1]}, beyond the packed length {total} "
+                         f"of {suffix}")
+    if values[-1] < total:
+        raise ValueError(f"{name} ends at {values[-1]}, short of the packed length {total} "
+                         f"of {suffix}; it must cover every row")
+    longest = int(seg.max())
+    if maxlen < longest:
+        raise ValueError(f"max_seqlen_{suffix} = {maxlen} is less than the longest sequence "
+                         f"({longest}) in {name}")
+
+
+def _check_scale(scale, d_qk) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d_qk)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(scale).__name__}")
+    with np.errstate(over="ignore", under="ignore"):
+        as_f32 = np.float32(scale)
+    if not (np.isfinite(as_f32) and as_f32 > 0):
+        raise ValueError(f"softmax_scale must be finite and positive in float32, got {scale}")
+    return float(scale)
