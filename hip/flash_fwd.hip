@@ -28,9 +28,15 @@
 
 static_assert(!zyfa_cfg::kFp8, "the HIP body implements the BF16 kernels only");
 
+#ifndef __global__
 #define __global__ __attribute__((global))
+#endif
+#ifndef __device__
 #define __device__ __attribute__((device))
+#endif
+#ifndef __shared__
 #define __shared__ __attribute__((shared))
+#endif
 
 namespace zyfa {
 
@@ -94,8 +100,9 @@ __device__ inline void sync_workgroup() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
-// Global accesses need only element (2-byte) alignment: amdhsa runs with unaligned
-// global access enabled, and LLVM turns these copies into dwordx4 / dwordx2 accesses.
+// Global accesses need only element (2-byte) alignment: code for amdhsa runs in
+// unaligned access mode (LLVM assumes it for that OS), so these copies still become
+// single dwordx4 / dwordx2 accesses.
 
 // 8 bf16 (16 bytes) from global memory.
 __device__ inline u32x4 load8(const u16* src) {
@@ -162,16 +169,16 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   const int n_tiles = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
 
   // ---- Q^T operand, kept in registers -------------------------------------------
-  // B of S^T = K . Q^T: lane holds query `row`, d = 32s + 8g + t in item t.
+  // B of S^T = K . Q^T: lane holds query `row`, d = 32st + 8g + t in item t.
   const int row = m0 + 16 * wave + c;
   bf16x8 qf[kQkSteps];
   {
     const bool in = row < sq;
     const u16* src = q + (in ? row : 0) * p.q_stride_s + 8 * g;
 #pragma unroll
-    for (int s = 0; s < kQkSteps; ++s) {
-      const u32x4 bits = in ? load8(src + 32 * s) : u32x4{0, 0, 0, 0};
-      qf[s] = __builtin_bit_cast(bf16x8, bits);
+    for (int st = 0; st < kQkSteps; ++st) {
+      const u32x4 bits = in ? load8(src + 32 * st) : u32x4{0, 0, 0, 0};
+      qf[st] = __builtin_bit_cast(bf16x8, bits);
     }
   }
 

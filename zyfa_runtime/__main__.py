@@ -22,7 +22,7 @@ def cmd_info(args) -> int:
     print(f"zyfa {__version__}")
     prebuilt = cache.prebuilt_dir()
     print(f"prebuilt     {prebuilt}")
-    print(f"user cache   {cache.user_cache_dir()}")
+    print(f"user cache   {cache.cache_root()} (ZYFA_CACHE_DIR overrides)")
     manifest = cache.load_manifest(prebuilt)
     for arch, tk in manifest["toolkits"].items():
         comp = manifest["compilers"].get(arch, {})

@@ -36,7 +36,7 @@ def kernel_table(driver) -> KernelTable:
         table = _tables.get(driver.name)
         if table is None:
             prebuilt = cache.prebuilt_dir()
-            table = KernelTable(driver, cache.load_manifest(prebuilt), cache.search_dirs(prebuilt))
+            table = KernelTable(driver, cache.load_manifest(prebuilt), prebuilt)
             _tables[driver.name] = table
         return table
 

@@ -73,8 +73,6 @@ def user_cache_dir(package_version: str, toolkit: str, arch: str) -> Path:
 def toolkit_of(manifest: dict, arch: str) -> str:
     """The toolkit ``arch``'s code objects were built with, from ``manifest["toolkits"]``."""
     value = manifest.get("toolkits", {}).get(arch, TOOLKIT.get(arch))
-    if isinstance(value, dict):
-        value = value.get("name")
     if not isinstance(value, str):
         raise CodeObjectError(f"the manifest names no toolkit for arch {arch!r}")
     return value

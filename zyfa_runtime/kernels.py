@@ -25,10 +25,10 @@ class Kernel:
 class KernelTable:
     """The kernels of one manifest, loaded lazily per (device, variant); thread-safe."""
 
-    def __init__(self, driver, manifest: dict, search_dirs: list):
+    def __init__(self, driver, manifest: dict, prebuilt):
         self.driver = driver
         self.manifest = manifest
-        self.search_dirs = search_dirs
+        self.prebuilt = prebuilt
         self._entries = {Variant.from_json(e["variant"]): e for e in manifest["kernels"]}
         self._loaded: dict[tuple[int, Variant], Kernel] = {}
         self._lock = threading.Lock()
@@ -57,7 +57,8 @@ class KernelTable:
             raise ZyfaError(f"no kernel {variant.name} in the manifest")
         if not entry.get("built"):
             raise ZyfaError(f"kernel {variant.name} is listed but not built: {entry.get('reason', '')}")
-        image = cache.read_code_object(entry, self.search_dirs)   # sha256-verified bytes
+        dirs = cache.search_dirs(self.manifest, variant.arch, self.prebuilt)
+        image = cache.read_code_object(entry, dirs)   # sha256-verified bytes
         self.driver.make_current(device)
         module = self.driver.load_module(device, image)
         function = self.driver.get_function(module, entry["symbol"])

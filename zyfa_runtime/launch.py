@@ -40,3 +40,9 @@ def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int,
     block = (kernel.entry["block_size"], 1, 1)
     driver.launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], stream, args)
     return grid
+
+
+def unpack_args(entry: dict, buf: bytes) -> dict:
+    """The inverse of :func:`pack_args`: argument values by name, read at the manifest offsets."""
+    return {a["name"]: struct.unpack_from(_FORMAT[a["type"]], buf, a["offset"])[0]
+            for a in entry["kernargs"]}

@@ -186,16 +186,16 @@ class CudaDriver(Driver):
         return {"driver_version": v[0], "driver": f"{v[0] // 1000}.{v[0] % 1000 // 10}"}
 
     def make_current(self, device: int) -> None:
-        ctx = self._contexts.get(device)
+        lib, ctx = self.lib, self._contexts.get(device)
         if ctx is None:
+            dev = self._device(device)
             with self._lock:
                 ctx = self._contexts.get(device)
                 if ctx is None:
                     out = ffi.new("CUcontext *")
-                    self._check("cuDevicePrimaryCtxRetain",
-                                self.lib.cuDevicePrimaryCtxRetain(out, self._device(device)))
+                    self._check("cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(out, dev))
                     ctx = self._contexts[device] = out[0]
-        self._check("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctx))
+        self._check("cuCtxSetCurrent", lib.cuCtxSetCurrent(ctx))
 
     def pointer_info(self, ptr: int) -> tuple[str, int] | None:
         if not ptr:

@@ -156,8 +156,15 @@ class HipDriver(Driver):
 
     # -- devices -----------------------------------------------------------------------
     def device_count(self) -> int:
+        lib = _library.get()
+        if not self._initialised:
+            res = lib.hipInit(0)
+            if res == HIP_ERROR_NO_DEVICE:
+                return 0
+            self._check("hipInit", res, lib)
+            self._initialised = True
         n = ffi.new("int *")
-        res = self.lib.hipGetDeviceCount(n)
+        res = lib.hipGetDeviceCount(n)
         if res == HIP_ERROR_NO_DEVICE:
             return 0
         self._check("hipGetDeviceCount", res)

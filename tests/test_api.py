@@ -1,0 +1,152 @@
+"""The whole spine on the fake backend: API -> validation -> manifest -> verified code object
+-> module -> packed arguments -> launch.  The fake driver records instead of running, so
+these tests read back exactly what a GPU would have been given."""
+
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+
+import build
+from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func
+from zyfa_runtime import driver as drivers
+from zyfa_runtime.catalogue import Variant
+from zyfa_runtime.errors import CodeObjectError
+from zyfa_runtime.launch import unpack_args
+from zyfa_runtime.memory import host_dtype
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prebuilt")
+    assert build.main(["--arch", "sm_90a", "--only", "bf16_d128x128,fp8_e4m3_d64x64_full",
+                       "--out", str(out), "--jobs", "2"]) == 0
+    return out
+
+
+@pytest.fixture
+def fake(prebuilt, monkeypatch):
+    monkeypatch.setenv("ZYFA_BACKEND", "fake")
+    monkeypatch.setenv("ZYFA_PREBUILT_DIR", str(prebuilt))
+    drivers._reset()
+    api._tables.clear()
+    api._ones.clear()
+    yield drivers.get_driver()
+    drivers._reset()
+    api._tables.clear()
+    api._ones.clear()
+
+
+def arrays(shape_q, shape_k, shape_v, dtype="bf16"):
+    rng = np.random.default_rng()
+    return [rng.standard_normal(s).astype(host_dtype(dtype)) for s in (shape_q, shape_k, shape_v)]
+
+
+def entry_of(v: Variant) -> dict:
+    return api.kernel_table(drivers.get_driver()).entry(v)
+
+
+def test_dense_call_launches_the_right_kernel_with_the_manifest_layout(fake):
+    q, k, v = arrays((2, 100, 6, 128), (2, 130, 2, 128), (2, 130, 2, 128))
+    out = np.empty((2, 100, 6, 128), host_dtype("bf16"))
+    _, lse = flash_attn_func(q, k, v, causal=True, out=out, return_lse=True)
+    (launch,) = fake.launches
+    variant = Variant("sm_90a", "bf16", 128, 128, True)
+    entry = entry_of(variant)
+    assert launch.symbol == variant.symbol
+    assert launch.grid == (2, 6, 2) and launch.block == (128, 1, 1)
+    assert launch.shared == entry["dynamic_smem"] == fake.max_dynamic_shared[variant.symbol]
+    args = unpack_args(entry, launch.args)
+    assert args["q"] == q.ctypes.data and args["k"] == k.ctypes.data and args["v"] == v.ctypes.data
+    assert args["o"] == out.ctypes.data and args["lse"] == lse.ptr
+    assert (args["q_stride_b"], args["q_stride_s"], args["q_stride_h"]) == (100 * 6 * 128, 6 * 128, 128)
+    assert (args["k_stride_b"], args["k_stride_s"], args["k_stride_h"]) == (130 * 2 * 128, 2 * 128, 128)
+    assert (args["batch"], args["hq"], args["hkv"], args["seqlen_q"], args["seqlen_k"]) == (2, 6, 2, 100, 130)
+    assert args["cu_seqlens_q"] == 0 and args["cu_seqlens_k"] == 0
+    assert (args["lse_stride_b"], args["lse_stride_h"]) == (6 * 100, 100) and lse.shape == (2, 6, 100)
+    assert args["softmax_scale"] == pytest.approx(1 / np.sqrt(128), rel=1e-7)
+
+
+def test_strided_views_pass_their_strides(fake):
+    big = np.random.default_rng().standard_normal((2, 50, 3, 4, 128)).astype(host_dtype("bf16"))
+    q, k, v = big[:, :, 0], big[:, :, 1], big[:, :, 2]     # a packed qkv tensor
+    flash_attn_func(q, k, v, softmax_scale=0.25)
+    args = unpack_args(entry_of(Variant("sm_90a", "bf16", 128, 128, False)), fake.launches[-1].args)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        assert args[f"{name}_stride_s"] == 3 * 4 * 128 and args[f"{name}_stride_h"] == 128
+        assert args[name] == t.ctypes.data
+    assert args["softmax_scale"] == 0.25
+
+
+def test_varlen_call_passes_offsets_and_packed_lse_layout(fake):
+    cu_q = np.array([0, 5, 5, 70], np.int32)
+    cu_k = np.array([0, 9, 30, 100], np.int32)
+    q, k, v = arrays((70, 4, 128), (100, 4, 128), (100, 4, 128))
+    out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=65,
+                                      max_seqlen_k=70, return_lse=True)
+    (launch,) = fake.launches
+    args = unpack_args(entry_of(Variant("sm_90a", "bf16", 128, 128, False)), launch.args)
+    assert launch.grid == (2, 4, 3)
+    assert args["cu_seqlens_q"] == cu_q.ctypes.data and args["cu_seqlens_k"] == cu_k.ctypes.data
+    assert (args["batch"], args["seqlen_q"], args["seqlen_k"]) == (3, 65, 70)
+    assert args["q_stride_b"] == 0 and args["q_stride_s"] == 4 * 128
+    assert (args["lse_stride_b"], args["lse_stride_h"]) == (0, 70) and lse.shape == (4, 70)
+    assert out.shape == (70, 4, 128) and args["o"] == out.ptr
+
+
+def test_fp8_without_descales_reads_ones(fake):
+    q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64), dtype="fp8_e4m3")
+    flash_attn_func(q, k, v)
+    args = unpack_args(entry_of(Variant("sm_90a", "fp8_e4m3", 64, 64, False)), fake.launches[-1].args)
+    for name in ("descale_q", "descale_k", "descale_v"):
+        assert np.frombuffer(ctypes.string_at(args[name], 4), np.float32)[0] == 1.0
+
+
+def test_bad_input_reaches_no_driver_call(fake):
+    q, k, v = arrays((1, 64, 6, 128), (1, 64, 4, 128), (1, 64, 4, 128))   # 6 % 4 != 0
+    with pytest.raises(ValueError, match="hkv|Hkv|heads"):
+        flash_attn_func(q, k, v)
+    assert fake.launches == [] and fake.modules == []
+
+
+def test_tampered_code_object_is_never_loaded(fake, prebuilt, tmp_path, monkeypatch):
+    import shutil
+    copy = tmp_path / "prebuilt"
+    shutil.copytree(prebuilt, copy)
+    name = Variant("sm_90a", "bf16", 128, 128, False).filename
+    data = bytearray((copy / name).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (copy / name).write_bytes(bytes(data))
+    monkeypatch.setenv("ZYFA_PREBUILT_DIR", str(copy))
+    monkeypatch.setenv("ZYFA_CACHE_DIR", str(tmp_path / "cache"))
+    api._tables.clear()
+    q, k, v = arrays((1, 64, 2, 128), (1, 64, 2, 128), (1, 64, 2, 128))
+    with pytest.raises(CodeObjectError, match="sha256"):
+        flash_attn_func(q, k, v)
+    assert fake.modules == [] and fake.launches == []
+
+
+def test_module_loads_once_under_concurrent_calls(fake):
+    q, k, v = arrays((1, 64, 2, 128), (1, 64, 2, 128), (1, 64, 2, 128))
+    errors = []
+
+    def call():
+        try:
+            for _ in range(5):
+                flash_attn_func(q, k, v)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(fake.modules) == 1 and len(fake.launches) == 40
+
+
+def test_unbuilt_variant_is_a_clear_error(fake):
+    q, k, v = arrays((1, 64, 2, 256), (1, 64, 2, 256), (1, 64, 2, 256))
+    with pytest.raises(Exception, match="not built"):
+        flash_attn_func(q, k, v)

@@ -1,0 +1,109 @@
+"""build.py: every kernel into prebuilt/, a manifest that is the single source of truth,
+checked against what the compilers recorded, incremental and reproducible."""
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import build
+from generator import codeobject
+from zyfa_runtime.__main__ import support_matrix
+from zyfa_runtime.catalogue import TOOLKIT, Variant, all_variants, buildable, grid_rule, kernargs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def clean_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("build1")
+    assert build.main(["--out", str(out), "--jobs", "2"]) == 0
+    return out
+
+
+def manifest(d: Path) -> dict:
+    return json.loads((d / "manifest.json").read_text())
+
+
+def test_manifest_lists_every_variant_and_builds_all_but_the_gfx950_fp8_set(clean_build):
+    m = manifest(clean_build)
+    assert m["package_version"] and m["toolkits"] == TOOLKIT
+    assert set(m["compilers"]) == {"sm_90a", "gfx950"}
+    assert all(c["name"] and c["version"] for c in m["compilers"].values())
+    kernels = {e["name"]: e for e in m["kernels"]}
+    assert set(kernels) == {v.name for v in all_variants()}
+    built = {n for n, e in kernels.items() if e["built"]}
+    assert built == {v.name for v in all_variants() if buildable(v)}
+    assert len([n for n in built if "sm_90a" in n]) == 16 and len([n for n in built if "gfx950" in n]) == 8
+    for v in all_variants():
+        if not buildable(v):
+            assert "assembly generator" in kernels[v.name]["reason"]
+
+
+@pytest.mark.parametrize("v", [v for v in all_variants() if buildable(v)], ids=lambda v: v.name)
+def test_manifest_entry_agrees_with_its_code_object(clean_build, v):
+    e = {x["name"]: x for x in manifest(clean_build)["kernels"]}[v.name]
+    image = (clean_build / e["file"]).read_bytes()
+    assert hashlib.sha256(image).hexdigest() == e["sha256"]
+    assert e["symbol"] == v.symbol and e["grid"] == grid_rule(v)
+    assert e["kernargs"] == [a.to_json() for a in kernargs(v)]
+    assert e["block_size"] == v.tile.threads
+    layout = [(a["offset"], a["size"]) for a in e["kernargs"]]
+    if v.arch == "gfx950":
+        meta = codeobject.amdgpu_kernels(image)[v.symbol]
+        assert codeobject.amdgpu_target(image).endswith("gfx950")
+        assert [(a["offset"], a["size"]) for a in meta["args"]][:len(layout)] == layout
+        assert meta["kernarg_segment_size"] == e["kernarg_size"] >= layout[-1][0] + layout[-1][1]
+        assert meta["group_segment_fixed_size"] == e["shared_bytes"] <= 160 * 1024
+        assert meta["vgpr_count"] == e["registers"]["vgpr"] and meta["sgpr_count"] == e["registers"]["sgpr"]
+        assert meta["private_segment_fixed_size"] == e["scratch_bytes"] == 0
+        assert meta["wavefront_size"] == 64 and meta["max_flat_workgroup_size"] == e["block_size"]
+    else:
+        meta = codeobject.cubin_kernels(image)[v.symbol]
+        assert [(p["offset"], p["size"]) for p in meta["params"]] == layout
+        assert meta["registers"] == e["registers"]["reg"] <= 255
+        assert e["shared_bytes"] == e["dynamic_smem"] + meta.get("shared_static", 0) <= 227 * 1024
+
+
+def test_two_clean_builds_are_byte_identical(clean_build, tmp_path):
+    assert build.main(["--out", str(tmp_path), "--jobs", "1"]) == 0
+    files1 = sorted(p.name for p in clean_build.iterdir())
+    files2 = sorted(p.name for p in tmp_path.iterdir())
+    assert files1 == files2
+    for name in files1:
+        assert (clean_build / name).read_bytes() == (tmp_path / name).read_bytes(), name
+
+
+def test_rebuild_is_incremental(clean_build, capsys):
+    before = (clean_build / "manifest.json").read_bytes()
+    assert build.main(["--out", str(clean_build)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"0 built, 24 cached", out)
+    assert (clean_build / "manifest.json").read_bytes() == before
+
+
+def test_selective_build_keeps_the_rest_listed(tmp_path, capsys):
+    assert build.main(["--out", str(tmp_path), "--arch", "sm_90a", "--only", "bf16_d64x64_full"]) == 0
+    assert "[ 1/1]" in capsys.readouterr().out
+    kernels = manifest(tmp_path)["kernels"]
+    assert len(kernels) == 32
+    assert [e["name"] for e in kernels if e["built"]] == ["fwd_sm_90a_bf16_d64x64_full"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fwd_sm_90a_bf16_d64x64_full.cubin",
+                                                         "manifest.json"]
+
+
+def test_a_tampered_output_is_rebuilt(tmp_path):
+    assert build.main(["--out", str(tmp_path), "--arch", "sm_90a", "--only", "fp8_e4m3_d64x64_full"]) == 0
+    name = Variant("sm_90a", "fp8_e4m3", 64, 64, False).filename
+    good = (tmp_path / name).read_bytes()
+    (tmp_path / name).write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    assert build.main(["--out", str(tmp_path), "--arch", "sm_90a", "--only", "fp8_e4m3_d64x64_full"]) == 0
+    assert (tmp_path / name).read_bytes() == good
+
+
+def test_readme_support_matrix_is_generated_from_the_manifest(clean_build):
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- matrix:begin -->\n")[1].split("<!-- matrix:end -->")[0]
+    assert block.strip() == support_matrix(manifest(clean_build)).strip()

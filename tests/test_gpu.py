@@ -1,0 +1,122 @@
+"""Real kernels on a real GPU, against the fp64 reference.
+
+Skipped (and reported as skipped, with the reason) where no GPU backend is present.
+Small shapes with every feature at once live in ``zyfa_runtime.selfcheck``; this file
+adds the interop paths (PyTorch via DLPack, CuPy via __cuda_array_interface__) and the
+driver's own view of the argument layout.
+"""
+
+import numpy as np
+import pytest
+
+from zyfa_runtime import reference
+from zyfa_runtime.catalogue import Variant, all_variants, buildable
+
+
+def _gpu():
+    try:
+        from zyfa_runtime.driver import get_driver
+        d = get_driver()
+    except Exception as e:  # no library, no device
+        return None, f"no GPU backend: {e}"
+    if d.host_memory_is_device:
+        return None, f"backend {d.name} is not a GPU"
+    if d.device_count() < 1:
+        return None, "no GPU device"
+    return d, ""
+
+
+DRIVER, WHY = _gpu()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DRIVER is None, reason=WHY)]
+ARCH = DRIVER.arch(0) if DRIVER is not None else None
+
+
+@pytest.mark.parametrize("v", [v for v in all_variants() if buildable(v)], ids=lambda v: v.name)
+def test_variant_matches_reference(v):
+    from zyfa_runtime.selfcheck import check_variant
+    if v.arch != ARCH:
+        pytest.skip(f"{v.arch} kernel; this device is {ARCH}")
+    results = check_variant(DRIVER, 0, v)
+    bad = [(r.case, r.o_error, r.lse_error) for r in results if not r.ok]
+    assert not bad, bad
+
+
+def test_driver_sees_the_manifest_layout():
+    from zyfa_runtime.api import kernel_table
+    table = kernel_table(DRIVER)
+    for v in table.available(ARCH):
+        kernel = table.get(0, v)
+        info = DRIVER.param_info(kernel.function)
+        if info is None:
+            pytest.skip("the driver cannot report parameter layouts")
+        assert info == [(a.offset, a.size) for a in kernel.kernargs], v.name
+
+
+def test_torch_tensors_via_dlpack_on_a_stream():
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import flash_attn_func
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    q = torch.randn(2, 200, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 333, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(2, 333, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    out = torch.full_like(q, float("nan"))
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _, lse = flash_attn_func(q, k, v, causal=True, out=out, return_lse=True, stream=s)
+    s.synchronize()
+    ref_o, ref_lse = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=True)
+    assert reference.relative_error(out.double().cpu().numpy(), ref_o) < 8e-3
+    assert np.abs(lse.numpy() - ref_lse).max() < 1e-3
+
+
+def test_torch_fp8_as_uint8_with_descales():
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import as_tensor, flash_attn_func
+    x = [torch.randn(1, 150, 4, 64, device="cuda") for _ in range(3)]
+    scales = [t.abs().max() / 448 for t in x]
+    q8, k8, v8 = ((t / s).to(torch.float8_e4m3fn) for t, s in zip(x, scales))
+    out = torch.empty(1, 150, 4, 64, device="cuda", dtype=torch.bfloat16)
+    flash_attn_func(*(as_tensor(t.view(torch.uint8), dtype="fp8_e4m3") for t in (q8, k8, v8)),
+                    descale_q=scales[0].reshape(1), descale_k=scales[1].reshape(1),
+                    descale_v=scales[2].reshape(1), out=out)
+    torch.cuda.synchronize()
+    deq = [(t.double() * s.double()).cpu().numpy() for t, s in zip((q8, k8, v8), scales)]
+    ref_o, _ = reference.attention(*deq)
+    assert reference.relative_error(out.double().cpu().numpy(), ref_o) < 8e-3
+
+
+def test_cupy_arrays_via_cuda_array_interface():
+    cp = pytest.importorskip("cupy")
+    import ml_dtypes
+    from zyfa_runtime import as_tensor, flash_attn_varlen_func
+    rng = np.random.default_rng()
+    seqs = [33, 0, 190]
+    cu = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
+    host = [rng.standard_normal((cu[-1], h, 64)).astype(ml_dtypes.bfloat16) for h in (6, 3, 3)]
+    q, k, v = (as_tensor(cp.asarray(x.view(np.uint16)), dtype="bf16") for x in host)
+    out = cp.empty((cu[-1], 6, 64), dtype=cp.uint16)
+    cu_d = cp.asarray(cu)
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_d, cu_seqlens_k=cu_d, max_seqlen_q=190,
+                           max_seqlen_k=190, out=as_tensor(out, dtype="bf16"))
+    got = out.get().view(ml_dtypes.bfloat16).astype(np.float64)
+    ref_o, _ = reference.attention_varlen(*(x.astype(np.float64) for x in host), cu, cu)
+    assert reference.relative_error(got, ref_o) < 8e-3
+
+
+def test_output_allocated_when_not_given():
+    from zyfa_runtime import flash_attn_func
+    from zyfa_runtime.memory import host_dtype, to_device
+    rng = np.random.default_rng()
+    host = [rng.standard_normal((1, 70, 2, 64)).astype(host_dtype("bf16")) for _ in range(3)]
+    q, k, v = (to_device(DRIVER, 0, x, "bf16") for x in host)
+    out = flash_attn_func(q, k, v)
+    assert out.shape == (1, 70, 2, 64) and out.dtype == "bf16"
+    ref_o, _ = reference.attention(*(x.astype(np.float64) for x in host))
+    assert reference.relative_error(out.numpy().astype(np.float64), ref_o) < 8e-3
+
+
+def test_unbuilt_variant_is_a_clear_error():
+    from zyfa_runtime.api import kernel_table
+    from zyfa_runtime.errors import ZyfaError
+    with pytest.raises(ZyfaError, match="not built"):
+        kernel_table(DRIVER).get(0, Variant("gfx950", "fp8_e4m3", 128, 128, False))
