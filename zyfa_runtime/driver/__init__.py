@@ -68,7 +68,7 @@ def get_driver(name: str | None = None) -> Driver:
         if count > 0:
             return driver
         tried.append(f"{candidate}: the driver loads but sees no device")
-    raise ZyfaError("no GPU backend is usable. " + " | ".join(tried)
+    raise ZyfaError("no GPU backend is usable. " + " | ".join(t.rstrip(".") for t in tried)
                     + f". Set {BACKEND_ENV}=fake (or emulator) to run without a GPU.")
 
 

@@ -160,9 +160,11 @@ class LazyLibrary:
             try:
                 return self.ffi.dlopen(soname)
             except OSError as e:
-                failures.append(f"{soname}: {e}")
-        raise ZyfaError(f"cannot load the {self.what} library; tried {', '.join(self.sonames)} "
-                        f"({'; '.join(failures)}). {self.install_hint}")
+                # cffi appends a long find_library() note; the loader's own reason is the first line.
+                reason = str(e).split(".  Additionally")[0].rsplit(": ", 1)[-1]
+                failures.append(f"{soname} ({reason})")
+        raise ZyfaError(f"cannot load the {self.what} library: tried {', '.join(failures)}. "
+                        f"{self.install_hint}")
 
 
 def first_symbol(lib, *names: str):
