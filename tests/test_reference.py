@@ -33,7 +33,7 @@ def test_dense_gqa_matches_naive(causal, sq, sk):
     q = rng.standard_normal((b, sq, hq, d))
     k = rng.standard_normal((b, sk, hkv, d))
     v = rng.standard_normal((b, sk, hkv, dv))
-    out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=0.3)
+    out, lse = reference.attention(q, k, v, causal=causal, softmax_scale=0.3, return_lse=True)
     assert out.shape == (b, sq, hq, dv) and lse.shape == (b, hq, sq)
     for bi in range(b):
         for h in range(hq):
@@ -48,7 +48,7 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
     rng = np.random.default_rng()
     q, k, v = rng.standard_normal((1, 6, 1, 4)), rng.standard_normal((1, 2, 1, 4)), \
         rng.standard_normal((1, 2, 1, 4))
-    out, lse = reference.attention(q, k, v, causal=True)
+    out, lse = reference.attention(q, k, v, causal=True, return_lse=True)
     # Bottom-right: row i sees keys j <= i - 4, so rows 0..3 see nothing.
     assert np.all(out[0, :4] == 0) and np.all(np.isneginf(lse[0, 0, :4]))
     assert np.all(np.isfinite(lse[0, 0, 4:])) and np.any(out[0, 4:] != 0)
@@ -61,10 +61,11 @@ def test_varlen_equals_dense_per_sequence():
     q = rng.standard_normal((cq[-1], 4, 8))
     k = rng.standard_normal((ck[-1], 2, 8))
     v = rng.standard_normal((ck[-1], 2, 8))
-    out, lse = reference.attention_varlen(q, k, v, cq, ck, causal=True)
+    out, lse = reference.attention(q, k, v, causal=True, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                   return_lse=True)
     for b in range(3):
         o, l = reference.attention(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]],
-                                   v[None, ck[b]:ck[b + 1]], causal=True)
+                                   v[None, ck[b]:ck[b + 1]], causal=True, return_lse=True)
         np.testing.assert_array_equal(out[cq[b]:cq[b + 1]], o[0])
         np.testing.assert_array_equal(lse[:, cq[b]:cq[b + 1]], l[0])
 

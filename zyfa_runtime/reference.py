@@ -43,27 +43,30 @@ def _one_sequence(q, k, v, causal: bool, scale: float):
     return out, lse
 
 
-def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None):
-    """Dense reference: returns (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) in float64."""
+def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+              cu_seqlens_q=None, cu_seqlens_k=None, return_lse: bool = False):
+    """Attention in float64 on numpy arrays in the API's layouts.
+
+    Dense: q (B, Sq, Hq, Dqk), k (B, Sk, Hkv, Dqk), v (B, Sk, Hkv, Dv) -> out (B, Sq, Hq, Dv),
+    lse (B, Hq, Sq).  With ``cu_seqlens_q`` / ``cu_seqlens_k`` (length B + 1): packed
+    q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv) -> out (Tq, Hq, Dv), lse (Hq, Tq).
+    Returns out, or (out, lse) with ``return_lse``.
+    """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    outs, lses = zip(*(_one_sequence(q[b], k[b], v[b], causal, scale) for b in range(q.shape[0])))
-    return np.stack(outs), np.stack(lses)
-
-
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False,
-                     softmax_scale: float | None = None):
-    """Packed reference: returns (out (Tq, Hq, Dv), lse (Hq, Tq)) in float64."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
-    scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float64)
-    lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=np.float64)
-    for b in range(len(cq) - 1):
-        qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
-        o, l = _one_sequence(q[qs:qe], k[ks:ke], v[ks:ke], causal, scale)
-        out[qs:qe], lse[:, qs:qe] = o, l
-    return out, lse
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
+    if cu_seqlens_q is None:
+        outs, lses = zip(*(_one_sequence(q[b], k[b], v[b], causal, scale) for b in range(q.shape[0])))
+        out, lse = np.stack(outs), np.stack(lses)
+    else:
+        cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+        out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float64)
+        lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=np.float64)
+        for b in range(len(cq) - 1):
+            qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+            out[qs:qe], lse[:, qs:qe] = _one_sequence(q[qs:qe], k[ks:ke], v[ks:ke], causal, scale)
+    return (out, lse) if return_lse else out
 
 
 def relative_error(out, ref) -> float:

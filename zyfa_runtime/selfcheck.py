@@ -92,7 +92,7 @@ def dense_case(driver, device: int, v: Variant, rng, *, b, sq, sk, hq, hkv, stri
     out = _poisoned_out(driver, device, (b, sq, hq, v.d_v))
     _, lse = flash_attn_func(*refs, causal=v.causal, out=out, return_lse=True,
                              **_descales(driver, device, (dq, dk, dv)))
-    ref_o, ref_lse = reference.attention(q64, k64, v64, causal=v.causal)
+    ref_o, ref_lse = reference.attention(q64, k64, v64, causal=v.causal, return_lse=True)
     return _errors(out, lse, ref_o, ref_lse)
 
 
@@ -110,7 +110,8 @@ def varlen_case(driver, device: int, v: Variant, rng, *, seq_q, seq_k, hq, hkv):
                                     max_seqlen_q=int(max(seq_q)), max_seqlen_k=int(max(seq_k)),
                                     causal=v.causal, out=out, return_lse=True,
                                     **_descales(driver, device, (dq, dk, dv)))
-    ref_o, ref_lse = reference.attention_varlen(q64, k64, v64, cu_q, cu_k, causal=v.causal)
+    ref_o, ref_lse = reference.attention(q64, k64, v64, causal=v.causal, cu_seqlens_q=cu_q,
+                                         cu_seqlens_k=cu_k, return_lse=True)
     return _errors(out, lse, ref_o, ref_lse)
 
 
