@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
 import threading
 
 import numpy as np
@@ -19,7 +18,6 @@ from . import launch as _launch
 from . import validate
 from .catalogue import Variant
 from .driver import get_driver
-from .errors import ZyfaError
 from .kernels import KernelTable
 from .memory import DeviceArray, device_kind
 from .tensors import TensorRef, as_tensor, stream_handle
@@ -199,11 +197,3 @@ def _check_backend(driver, problem: validate.Problem) -> None:
     n = driver.device_count()
     if not 0 <= device < n:
         raise ValueError(f"the inputs are on device {device}, but the {driver.name} backend sees {n}")
-
-
-def default_softmax_scale(d_qk: int) -> float:
-    return 1.0 / math.sqrt(d_qk)
-
-
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "TensorRef", "as_tensor", "DeviceArray",
-           "ZyfaError"]
