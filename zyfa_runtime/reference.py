@@ -75,3 +75,47 @@ def relative_error(out, ref) -> float:
     ref = np.asarray(ref, dtype=np.float64)
     den = np.linalg.norm(ref)
     return float(np.linalg.norm(out - ref) / den) if den > 0 else float(np.linalg.norm(out))
+
+
+def fp8_attention(q, k, v, *, recipe, descale_q=1.0, descale_k=1.0, descale_v=1.0,
+                  causal: bool = False, softmax_scale: float | None = None,
+                  cu_seqlens_q=None, cu_seqlens_k=None, return_lse: bool = False):
+    """An FP8 attention forward, exactly as a recipe computes it, in the API's layouts.
+
+    ``q``, ``k``, ``v`` hold OCP e4m3 values (ml_dtypes ``float8_e4m3fn`` arrays or their
+    uint8 codes) with fp32 per-tensor descales (a number or a one-element array): the
+    values attended to are ``q * descale_q`` and so on.  Layouts, grouped-query heads,
+    bottom-right causal masking, rows without keys and the LSE are those of
+    :func:`attention`.  ``recipe`` is a name of ``fp8_models.RECIPES`` ("aiter", "fa3",
+    "gfx950", "sm_90a" or an ablation) or an ``fp8_models.Recipe``; its docstring states
+    the arithmetic.  Returns ``out`` in float64, the value a kernel holds before its final
+    bf16 rounding, or ``(out, lse)`` with ``return_lse`` (natural-log LSE from the recipe's
+    own row state).
+    """
+    from . import e4m3, fp8_models  # here, so that importing the reference stays light
+
+    q, k, v = (e4m3.as_codes(x) for x in (q, k, v))
+    descales = []
+    for name, d in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)):
+        d = np.asarray(d, dtype=np.float32).reshape(-1)
+        if d.size != 1:
+            raise ValueError(f"{name} must be one value (a per-tensor descale)")
+        descales.append(float(d[0]))
+    scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    kw = dict(descale_q=descales[0], descale_k=descales[1], descale_v=descales[2],
+              causal=causal, softmax_scale=scale)
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
+    if cu_seqlens_q is None:
+        outs, lses = zip(*(fp8_models.sequence_forward(q[b], k[b], v[b], recipe, **kw)
+                           for b in range(q.shape[0])))
+        out, lse = np.stack(outs), np.stack(lses)
+    else:
+        cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+        out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float64)
+        lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=np.float64)
+        for b in range(len(cq) - 1):
+            qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+            out[qs:qe], lse[:, qs:qe] = fp8_models.sequence_forward(
+                q[qs:qe], k[ks:ke], v[ks:ke], recipe, **kw)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,222 @@
+"""OCP e4m3 (``float8_e4m3fn``) in plain numpy, and the byte encodings of softmax P.
+
+The format (OCP 8-bit floating point, E4M3): byte ``s eeee fff``, exponent bias 7.
+
+* ``eeee = 0``:   subnormal, value ``(-1)^s * f * 2^-9``  (steps of 2^-9, up to 7 * 2^-9);
+* ``eeee > 0``:   normal, value ``(-1)^s * 2^(eeee-7) * (1 + f/8)``;
+* ``0x7F, 0xFF``: NaN (the only NaNs); there is no infinity; the largest finite value is
+  ``0x7E = 448``.
+
+Read as an unsigned integer, the code of a positive value is monotone in the value and
+grows by 8 per doubling: ``value(8e + f) = 2^(e-7) * (1 + f/8)`` for ``e >= 1``.  That is
+the whole idea of the "Lean P" byte below.
+
+Everything here is exact: :func:`decode` and :func:`encode` use only float64 operations
+that are exact for these values (``frexp``, ``ldexp``, ``rint``), not ml_dtypes.
+
+P encodings (:func:`p_codes`).  A kernel holds, per score, the fp32 value ``y`` in *code
+units*: ``y = 8 u + c0`` where ``u = t - m <= 0`` is the score minus the row's reference
+max in log2 units and ``c0`` is the code of the P value that ``u = 0`` maps to (``c0 =
+120 = 0x78 = 256.0`` for the usual shift of P by 2^8).  Every variant maps ``y`` to a byte
+that decodes to an approximation of ``T(y) = 2^(y/8 - 7)`` (``= 256 * 2^u`` when ``c0 =
+120``); values of ``y`` below -1024 (masked keys carry ``-inf``) give code 0.  Each
+variant, its fp32 arithmetic (which the model reproduces bit for bit, and a kernel must
+too) and its cost per element of P (the row max, ``v_max3_f32`` / FMNMX, and the row sum
+are common to all and counted elsewhere):
+
+``"lean"``       ``code = clamp(rint(y), 0, c0)``.
+                 gfx950 (wave64 VALU issue slots): ``v_pk_fma_f32`` for y (1/2) +
+                 ``v_cvt_pk_u8_f32`` (1; assumed to round per MODE, i.e. nearest-even, and
+                 to clamp to [0, 255]: to be confirmed on hardware; else add 2^23 in the
+                 FMA and pack the low bytes) = 1.5.  sm_90a: FFMA (y) + FMUL (x 2^-149:
+                 the subnormal product's bits are ``rint(y)`` as an integer) + 1/2
+                 ``I2IP.U8.S32.SAT`` (clamps and packs two) = 2 FMA-pipe + 0.5 ALU-pipe
+                 instructions (the FMUL folds into the FFMA when 8c is a power of two).
+``"lean_quad"``  ``w = fp32(y/8 + 16)``, ``x = w - floor(w)`` (exact: the position inside
+                 the binade), ``h = fp32(x*x - x)``, ``z = fp32(h * K + y)`` (FMAs, one
+                 rounding each), ``code = clamp(rint(z), 0, c0)``: the linear mantissa
+                 interpolation corrected by a quadratic.  gfx950: ``v_pk_fma_f32`` (y,
+                 1/2), ``v_pk_fma_f32`` (w, 1/2), ``v_fract_f32`` (1), ``v_pk_fma_f32``
+                 (h, 1/2), ``v_pk_fma_f32`` (z, 1/2), ``v_cvt_pk_u8_f32`` (1) = 4.
+                 sm_90a: FFMA (y), FFMA (w), LOP3 (``w``'s low 19 mantissa bits into the
+                 float ``1 + x/16``; w is in [16, 32) for every code that is not 0),
+                 FFMA (``x = 16 * that - 16``, exact), FFMA (h), FFMA (z), FMUL (x 2^-149)
+                 + 1/2 I2IP = 6 FMA-pipe + 1.5 ALU-pipe.  No transcendental on either.
+``"exact"``      ``code = encode(T(y))``, nearest-even: what ``exp2`` followed by a hardware
+                 FP8 conversion computes (AITER, FA3).  gfx950: ``v_pk_fma_f32`` (1/2) +
+                 ``v_exp_f32`` (1, transcendental) + ``v_cvt_pk_fp8_f32`` (1/2) = 2 issue
+                 slots, one transcendental.  sm_90a: FFMA + MUFU.EX2 (16 per clock per SM)
+                 + 1/2 F2FP.  The model rounds the true ``T(y)``; hardware ``exp2`` is within
+                 about 1 ulp of fp32, so a kernel's bytes can differ where ``T(y)`` lies
+                 that close to an e4m3 rounding boundary.
+
+Accuracy of "lean" (the bound the tests check).  For ``y >= 7.5`` write ``n = rint(y) =
+8e + f`` (``f`` in 0..7).  Then ``value(n) / T(n) = (1 + f/8) / 2^(f/8) =: r_f`` (the
+linear interpolation of the mantissa against the true ``2^(f/8)``; ``r_0 = 1``, the
+largest is ``r_4 = 1.5 / sqrt 2``) and ``T(n) / T(y) = 2^((n - y)/8)`` with ``|n - y| <=
+1/2``.  Hence
+
+    2^(-1/16) <= value(rint(y)) / T(y) <= (1.5 / sqrt 2) * 2^(1/16),
+
+a relative error in ``[-4.240 %, +10.762 %]``.  Both ends are attained: the lower at ``y =
+8e + 1/2`` (a tie that rounds to the even code 8e), the upper at ``y = 8e + 3.5`` (a tie
+that rounds to the even code 8e + 4).  The error is not zero-mean (about +4 %), which is
+why zyfa divides by the sum of the rounded P.  For ``y < 7.5`` (``u < -14.0625`` when
+``c0 = 120``) the codes are e4m3 subnormals, linear in the value, and ``|value - T| <
+2^-6``, below 2^-14 of the ``u = 0`` value 256.
+
+"exact" has ``|value / T - 1| <= 1/17`` for ``T >= 2^-6`` (the worst case is the tie ``T =
+1.0625 * 2^e``) and an absolute error ``<= 2^-10`` below.
+
+"lean_quad": with ``y = 8e + 8x`` the code whose linearly interpolated value is exactly
+``T`` is ``8e + 8 (2^x - 1)``, i.e. ``y + 8 (2^x - 1 - x)``.  ``K (x^2 - x)`` with ``K = 8 *
+0.34429`` is the minimax quadratic for that correction (which lies in [-0.689, 0]); it is
+within 0.031 code units, so the byte is "exact"'s except where ``y`` is that close to a
+rounding boundary (about 2 % of bytes, each then off by one code with an error just above
+half a step): its error statistics match "exact"'s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # only to recognise ml_dtypes arrays in as_codes(); no arithmetic depends on it
+    import ml_dtypes
+except ImportError:  # pragma: no cover
+    ml_dtypes = None
+
+__all__ = ["MAX", "NAN", "decode", "encode", "as_codes", "fma_f32", "p_codes", "lean_p_codes",
+           "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE"]
+
+MAX = 448.0  #: largest finite e4m3 value, code 0x7E
+NAN = 0x7F   #: the NaN code this module produces
+
+#: Exact relative-error range of the "lean" byte in the normal range (see the docstring).
+LEAN_BOUND = (2.0 ** (-1 / 16) - 1.0, 1.5 / np.sqrt(2.0) * 2.0 ** (1 / 16) - 1.0)
+
+#: The mean of value(rint(y)) / T(y) over y uniform (log-uniform P) is ``mean_f(r_f) * 8
+#: (2^(1/16) - 2^(-1/16)) / ln 2`` (the average of ``2^(s/8)`` over the rounding
+#: residual ``s`` in [-1/2, 1/2]), about 1.0404.  Subtracting ``8 log2`` of it (0.4567
+#: code units, below 1/2 so the maximum keeps its code) from the FMA constant gives a
+#: block's exact maximum the same bias as the other Lean bytes ("code_offset").
+LEAN_CENTRE = float(8 * np.log2(np.mean([(1 + f / 8) / 2 ** (f / 8) for f in range(8)])
+                                * 8 * (2 ** (1 / 16) - 2 ** (-1 / 16)) / np.log(2)))
+
+#: Quadratic correction ``y + K * (x^2 - x)``: minimax fit of ``8 (2^x - 1 - x)`` on [0, 1].
+LEAN_QUAD_K = np.float32(8 * 0.34429)
+
+#: Every P-rounding variant :func:`p_codes` knows.
+P_ROUNDINGS = ("lean", "lean_quad", "exact")
+
+_MAGNITUDES = np.concatenate([np.arange(8) * 2.0 ** -9,
+                              [2.0 ** (e - 7) * (1 + f / 8) for e in range(1, 16) for f in range(8)]])
+_MAGNITUDES[0x7F] = np.nan
+#: float64 value of every code 0..255.
+_TABLE = np.concatenate([_MAGNITUDES, -_MAGNITUDES])
+_TABLE.setflags(write=False)
+
+
+def decode(codes) -> np.ndarray:
+    """The float64 value of each e4m3 code (uint8 array); NaN for 0x7F and 0xFF."""
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8:
+        raise TypeError(f"decode takes uint8 codes, not {codes.dtype}")
+    return _TABLE[codes]
+
+
+def encode(x, *, saturate: bool) -> np.ndarray:
+    """Round each value to e4m3, nearest with ties to even; returns uint8 codes.
+
+    ``x`` is any real array (converted to float64 exactly from float16/32/bfloat16).
+    NaN gives 0x7F.  A magnitude that rounds above 448 (anything above 464; 464 itself is
+    a tie that rounds to 448) and +-inf give +-448 with ``saturate=True`` (CUDA
+    ``satfinite``, AMD ``FP16_OVFL=1``) or the NaN code with the input's sign, 0x7F/0xFF,
+    with ``saturate=False`` (the OCP non-saturating conversion).  ``-0.0`` gives 0x80.
+
+    Method: with ``E = max(floor(log2|x|), -6)`` the code of ``|x|`` is
+    ``rint(|x| * 2^(3 - E)) + 8 (E + 6)``: the first term is the mantissa including the
+    hidden bit in units of the code step (8..16 for normals, 0..8 for subnormals), and a
+    mantissa that rounds up to 16 carries into the exponent by the same integer addition.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    mag = np.abs(x)
+    finite = np.isfinite(x)
+    normalish = finite & (mag > 0)
+    _, e2 = np.frexp(np.where(normalish, mag, 1.0))
+    e = np.where(normalish, np.maximum(e2 - 1, -6), -6)
+    code = np.rint(np.ldexp(np.where(finite, mag, 0.0), 3 - e)) + 8 * (e + 6)
+    over = ~finite | (code > 0x7E)
+    code = np.where(over, 0x7E if saturate else NAN, code).astype(np.uint8)
+    code |= np.where(np.signbit(x), 0x80, 0).astype(np.uint8)
+    return np.where(np.isnan(x), np.uint8(NAN), code)
+
+
+def as_codes(x) -> np.ndarray:
+    """The uint8 codes of an ml_dtypes ``float8_e4m3fn`` array (a view) or of uint8 codes."""
+    x = np.asarray(x)
+    if x.dtype == np.uint8:
+        return x
+    if ml_dtypes is not None and x.dtype == ml_dtypes.float8_e4m3fn:
+        return x.view(np.uint8)
+    raise TypeError(f"expected float8_e4m3fn or uint8 codes, got {x.dtype}")
+
+
+def fma_f32(a, b, c) -> np.ndarray:
+    """``fp32(a * b + c)`` with one rounding (nearest-even), for float32 arrays.
+
+    ``a * b`` is exact in float64 (24 + 24 bits).  ``s = fl64(a*b + c)`` can differ from
+    the exact sum, and rounding ``s`` to float32 is then wrong only when ``s`` is exactly
+    halfway between two float32 values (a "double rounding" tie); there the exact
+    remainder (TwoSum) decides the direction.  Inputs are assumed to stay in the normal
+    float32 range (true for scores, code-domain values and their corrections).
+    """
+    a, b, c = (np.asarray(v, dtype=np.float32).astype(np.float64) for v in (a, b, c))
+    p = a * b
+    s = np.asarray(p + c)
+    r = s.astype(np.float32)
+    tie = (s.view(np.int64) & 0x1FFFFFFF) == 0x10000000  # 25th significant bit alone
+    if tie.any():
+        pt, ct, st = np.broadcast_to(p, s.shape)[tie], np.broadcast_to(c, s.shape)[tie], s[tie]
+        bb = st - pt
+        err = (pt - (st - bb)) + (ct - bb)
+        nudged = np.nextafter(st, np.where(err > 0, np.inf, -np.inf)).astype(np.float32)
+        r[tie] = np.where(err != 0, nudged, r[tie])
+    return r
+
+
+def p_codes(y, *, variant: str, max_code: int = 120) -> np.ndarray:
+    """The P byte for code-domain values ``y = 8 (t - m) + c0`` (float32), clamped to
+    ``[0, max_code]`` (``max_code = c0``, the code of the un-shifted maximum).
+
+    See the module docstring for the variants, their arithmetic and their cost.  The
+    "lean" variants reproduce the kernel's fp32 arithmetic exactly (``y`` must be the
+    kernel's fp32 value); "exact" rounds the true ``2^(y/8 - 7)``.
+    """
+    y = np.maximum(np.asarray(y, dtype=np.float32), np.float32(-1024))  # -inf: masked key
+    if variant == "exact":
+        # encode(2^(w - 7)) with w = y/8, written out: E = max(floor(w), 1) is the e4m3
+        # binade (1 also for subnormals) and the mantissa in code steps is 2^(w - E + 3).
+        w = y.astype(np.float64) / 8
+        e = np.maximum(np.floor(w), 1.0)
+        z = 8 * (e - 1) + np.rint(np.exp2(w - e + 3))
+    elif variant == "lean":
+        z = y
+    elif variant == "lean_quad":
+        # y/8 + 16 is exact in float64 whenever it could round differently from a fused
+        # FMA (|y| >= 2^-22), and x*x - x is exact in float64 (x is a multiple of 2^-19
+        # when w >= 16, the only case that can give a nonzero code): one rounding each.
+        w = (y.astype(np.float64) / 8 + 16).astype(np.float32)
+        x = (w - np.floor(w)).astype(np.float64)
+        h = (x * x - x).astype(np.float32)
+        z = fma_f32(h, LEAN_QUAD_K, y)
+    else:
+        raise ValueError(f"unknown P rounding {variant!r}; expected one of {P_ROUNDINGS}")
+    return np.clip(np.rint(z), 0, max_code).astype(np.uint8)
+
+
+def lean_p_codes(u, *, variant: str) -> np.ndarray:
+    """The P byte for ``u = t - m <= 0`` (log2 units) with P shifted by 2^8 (code 120 =
+    256.0 stands for 2^0): :func:`p_codes` of ``y = fp32(8u + 120)``, as a kernel holds it.
+    """
+    y = (8.0 * np.asarray(u, dtype=np.float64) + 120.0).astype(np.float32)
+    return p_codes(y, variant=variant, max_code=120)

@@ -1,0 +1,385 @@
+"""Exact models of FP8 attention forward recipes (zyfa's and the usual baselines).
+
+Inputs are e4m3 codes for Q, K, V with fp32 per-tensor descales ``dq, dk, dv``.  A
+:class:`Recipe` fixes every arithmetic choice a kernel makes about P; the model evaluates
+it for all heads and query rows of one sequence at once (numpy, vectorised over heads,
+rows and key blocks; only the fp32 merge of block results runs block by block).
+
+The arithmetic, per query row and key block ``b`` of ``N = block_keys`` keys (blocks are
+aligned at key 0 and taken in increasing key order):
+
+1. Scores ``S = q . k`` of the e4m3 values, rounded once to fp32.  (Every product of two
+   e4m3 values is a multiple of 2^-18 below 2^17.7, so for any d < 2^17 every partial sum
+   fits in 53 bits and the float64 matmul is exact in any order: ``S`` is the correctly
+   rounded fp32 score.)
+   ``c = fp32(softmax_scale * log2(e) * dq * dk)`` (:func:`log2_scale`); ``t = S c`` is the
+   score in log2 units.  Keys the row does not see carry ``S = -inf``.
+2. Reference max ``m_b`` (log2 units) by ``max_kind``, with ``T_b = fp32(max_{j in b} S_j *
+   c)`` the block's max:
+   ``"running_fp32"``    ``m_b = max(m_{b-1}, T_b)``, FlashAttention's running max;
+   ``"running_integer"`` ``m_b = max(m_{b-1}, ceil T_b)``: rescales are powers of two;
+   ``"block_integer"``   ``m_b = ceil T_b``, the block's own integer max;
+   ``"block_fp32"``      ``m_b = T_b``: the block's own max, exact (its P is exactly
+   ``p_shift``).  The row state is relative to ``M_b = max(m_1 .. m_b)``.
+3. P bytes: ``y = fp32(S * 8c + fp32(c0 - delta - 8 m_b))`` (one FMA; ``c0 = 56 + 8
+   log2(p_shift)`` is the code of ``p_shift``, 120 for 2^8; ``delta = code_offset``), then
+   ``e4m3.p_codes(y, variant=p_rounding, max_code=c0)``.  The byte decodes to about
+   ``p_shift * 2^(t - m_b - delta/8)``.
+4. Block sums, exact: ``O_b = sum_j P_j V_j`` (at most N products of two e4m3 values:
+   exact in float64 for N <= 128) and ``l_b``: the sum of the decoded P (``sum_of =
+   "rounded"``; exact also in fp32 for N <= 128) or of the unrounded ``fp32(2^(y/8 - 7))``
+   (``"unrounded"``: FlashAttention sums its fp32 exp2 output, not the FP8 P).
+5. Merge into the fp32 row state: ``O = fp32(fp32(O * alpha) + O_b * beta)``, the same for
+   ``l``, with ``alpha = 2^(M_{b-1} - M_b)`` and ``beta = 2^(m_b - M_b)``.  With the integer
+   kinds both are exact powers of two (gfx950: ``beta`` is the E8M0 scale of the scaled
+   MFMA's P operand, ``alpha`` an exact ``v_ldexp``/multiply when the max grows; sm_90a: the
+   block is accumulated from zero and merged with one FFMA).  With the fp32 kinds they are
+   ``fp32(exp2(.))``; a kernel may apply the factors in another arrangement (sm_90a: ``O =
+   fma(O_b, beta, O * alpha)``; gfx950 without a second accumulator: rescale O to the
+   current block's reference before the block's MFMA), which changes O only at the level
+   of fp32 rounding.
+6. ``out = O / l * dv`` in float64 from the fp32 state: the value before the kernel's final
+   bf16 rounding (a kernel's fp32 epilogue adds <= 2 ulp of fp32).  ``lse = ln 2 * (M +
+   log2(l / p_shift) + Recipe.lse_offset)``, natural log (the offset undoes ``delta`` and,
+   for rounded sums of Lean bytes, their mean 4 % overestimate); a row that sees no key
+   gets zeros and -inf.
+
+What a kernel must match.  For the "lean" roundings every P byte and every ``m_b`` is a
+deterministic function of the fp32 scores, so a kernel must produce the same bytes given
+the same fp32 ``S``: compare with :func:`head_forward` and ``scores=`` set to the kernel's
+own scores (MFMA/WGMMA round ``S`` their own way; Hopper's FP8 WGMMA accumulates with
+fewer than 24 bits).  The model sums each block's ``P V`` exactly and rounds once per block;
+a kernel accumulates in fp32 in its own order, so its O may differ per block by the fp32
+accumulation error of at most N + 1 terms: ``|dO| <= gamma_{N+1} (|O_prev| + sum_j P_j
+|V_j|)``, ``gamma_n = n 2^-24 / (1 - n 2^-24)``.  "exact" rounding is modelled with float64
+``exp2``; hardware ``exp2`` is within about an fp32 ulp, so AITER/FA3-style kernels can be
+compared by their errors, not byte for byte.
+
+Cost per P element of each rounding is in :mod:`zyfa_runtime.e4m3`.  Per element, the row
+max costs one ``v_max3_f32`` half-slot (gfx950) or one FMNMX (sm_90a) for every recipe;
+``"unrounded"`` sums add a ``v_pk_add_f32`` half-slot or an FADD, ``"rounded"`` sums none
+(a column of ones appended to V in the PV MMA).  A non-power-of-two ``alpha``/``beta``
+costs ``d / (2N)`` VALU slots per element on gfx950 (``v_pk_mul_f32`` of O, as AITER does
+every block) and ``d / N`` FFMA/FMUL on sm_90a (as FA3); a power of two is free on gfx950
+(E8M0) and also ``d / N`` FFMA on sm_90a when blocks are accumulated separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from . import e4m3
+
+__all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "log2_scale", "sequence_forward",
+           "head_forward", "HeadResult"]
+
+MAX_KINDS = ("running_fp32", "running_integer", "block_integer", "block_fp32")
+SUMS = ("rounded", "unrounded")
+_LOG2E = 1.4426950408889634
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Every arithmetic choice of an FP8 attention forward (see the module docstring).
+
+    ``block_keys``  N, the key-tile size the kernel must use (1..128): where the block
+                    maxima are taken and, for the running kinds, how often the max moves.
+    ``p_rounding``  one of ``e4m3.P_ROUNDINGS``: "lean", "lean_quad", "exact".
+    ``max_kind``    one of ``MAX_KINDS`` (step 2 of the module docstring).
+    ``sum_of``      "rounded" (sum of the decoded P bytes) or "unrounded" (fp32 exp2).
+    ``p_shift``     the P value of a score equal to the reference max, 2^0 .. 2^8 (the
+                    Lean byte needs 2^8 to use e4m3's whole range).
+    ``code_offset`` delta, in code units, subtracted in the FMA constant (``LEAN_CENTRE``
+                    centres the exact maximum of a "block_fp32" Lean block).
+    Sweep a study with ``recipe.replace(field=value, ...)``.
+    """
+
+    name: str
+    block_keys: int
+    p_rounding: str = "lean"
+    max_kind: str = "block_integer"
+    sum_of: str = "rounded"
+    p_shift: float = 256.0
+    code_offset: float = 0.0
+
+    def __post_init__(self):
+        if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
+            raise ValueError(f"block_keys must be an int in 1..128 (exact block sums), "
+                             f"got {self.block_keys!r}")
+        if self.p_rounding not in e4m3.P_ROUNDINGS:
+            raise ValueError(f"p_rounding must be one of {e4m3.P_ROUNDINGS}")
+        if self.max_kind not in MAX_KINDS:
+            raise ValueError(f"max_kind must be one of {MAX_KINDS}")
+        if self.sum_of not in SUMS:
+            raise ValueError(f"sum_of must be one of {SUMS}")
+        if not 0 <= self.code_offset < 8:
+            raise ValueError(f"code_offset must be in [0, 8), got {self.code_offset!r}")
+        k = math.log2(self.p_shift) if self.p_shift > 0 else -1
+        if k != int(k) or not 0 <= k <= 8:
+            raise ValueError(f"p_shift must be 2^0 .. 2^8, got {self.p_shift!r}")
+
+    @property
+    def block_scale(self) -> bool:
+        """Whether each key block has its own reference max (the "block" kinds)."""
+        return self.max_kind.startswith("block")
+
+    @property
+    def c0(self) -> int:
+        """The e4m3 code of ``p_shift``: the byte of the row's (or block's) maximum."""
+        return 56 + 8 * int(math.log2(self.p_shift))
+
+    @property
+    def lse_offset(self) -> float:
+        """Added to ``M + log2(l / p_shift)`` (log2 units) to form the LSE: ``delta / 8``
+        undoes the offset of the FMA constant, and with "lean" bytes summed as rounded,
+        ``- LEAN_CENTRE / 8`` removes their mean overestimate (about 4 %)."""
+        lean_sum = self.p_rounding == "lean" and self.sum_of == "rounded"
+        return self.code_offset / 8 - (e4m3.LEAN_CENTRE / 8 if lean_sum else 0.0)
+
+    def replace(self, **changes) -> "Recipe":
+        """A copy with ``changes``; unless ``name`` is given it is derived from them."""
+        if "name" not in changes:
+            changes["name"] = self.name + "".join(f"/{k}={v}" for k, v in changes.items())
+        return dataclasses.replace(self, **changes)
+
+
+def _recipes() -> dict[str, Recipe]:
+    """The named recipes: targets, baselines and the ablations of the accuracy study.
+
+    How the targets are chosen: per target, the cheapest recipe (costs: :mod:`e4m3` and
+    the module docstring) whose relative error against fp64 is no worse than "fa3"'s on
+    Gaussian inputs (tests/the study table) and on real activations (the SmolLM2 study,
+    every layer).  The two target entries are provisional (Lean P, block integer max,
+    rounded sum); changing the choice means editing them, as kernels take their P
+    arithmetic from these recipes.  Ablations are named ``base/change``.
+    """
+    r = {
+        # AITER's gfx950 FP8 forward: exp2 then RNE cast of P in [0, 1], fp32 running max,
+        # fp32 sum of the unrounded P.
+        "aiter": Recipe("aiter", 128, "exact", "running_fp32", "unrounded", 1.0),
+        # FlashAttention-3 FP8: the same with P scaled by 2^8 before the cast.
+        "fa3": Recipe("fa3", 128, "exact", "running_fp32", "unrounded", 256.0),
+        # zyfa, provisional: Lean P, per-block integer max, sum of the rounded P.
+        "gfx950": Recipe("gfx950", 64, "lean", "block_integer", "rounded", 256.0),
+        "sm_90a": Recipe("sm_90a", 128, "lean", "block_integer", "rounded", 256.0),
+    }
+    changes = {
+        "exact": dict(p_rounding="exact"),
+        "lean_quad": dict(p_rounding="lean_quad"),
+        "running": dict(max_kind="running_integer"),
+        "unrounded": dict(sum_of="unrounded"),
+        "shift1": dict(p_shift=1.0),
+        "bfp32": dict(max_kind="block_fp32"),
+        "bfp32c": dict(max_kind="block_fp32", code_offset=e4m3.LEAN_CENTRE),
+        "quad-bfp32": dict(max_kind="block_fp32", p_rounding="lean_quad"),
+    }
+    for base in ("gfx950", "sm_90a"):
+        for tag, change in changes.items():
+            r[f"{base}/{tag}"] = r[base].replace(name=f"{base}/{tag}", **change)
+    for tag, change in {"rounded": dict(sum_of="rounded"), "block": dict(max_kind="block_integer"),
+                        "bfp32": dict(max_kind="block_fp32")}.items():
+        r[f"fa3/{tag}"] = r["fa3"].replace(name=f"fa3/{tag}", **change)
+    return r
+
+
+#: Named recipes: "aiter", "fa3", "gfx950", "sm_90a" and ablations named "base/change".
+RECIPES: dict[str, Recipe] = _recipes()
+
+
+def log2_scale(softmax_scale: float, dq: float, dk: float) -> np.float32:
+    """``c = fp32(softmax_scale * log2(e) * fp32(dq) * fp32(dk))``, product in float64.
+
+    The runtime must pass the kernel this very constant (and ``8c``, exact), so that the
+    kernel's fp32 P arithmetic equals the model's.
+    """
+    return np.float32(float(softmax_scale) * _LOG2E * float(np.float32(dq)) * float(np.float32(dk)))
+
+
+def _fp32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).astype(np.float32)
+
+
+#: Elements of one (heads, rows, keys) score chunk: small enough to stay in cache.
+_CHUNK = 1 << 17
+
+
+def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None,
+             trace: bool = False):
+    """The recipe for H heads of one sequence.
+
+    ``q`` (H, Sq, D) and ``kt`` (H, D, Sk) hold decoded e4m3 values (float64), ``v1`` (H,
+    Sk, Dv + 1) the decoded V with a last column of ones (the rounded row sum comes out of
+    the same exact matmul).  ``scores`` (H, Sq, Sk) float32, if given, replaces ``q kt``.
+    Rows are independent, so they go in chunks; within a chunk every key block is encoded
+    at once and only the merge (step 5) walks the blocks.  Returns the fp32 state ``O``
+    (H, Sq, Dv), ``l`` (H, Sq), the float64 ``M`` (H, Sq), and with ``trace`` the P codes
+    (H, Sq, Sk) and the reference max per block (H, Sq, blocks).
+    """
+    h, sq = q.shape[:2]
+    sk, dv = v1.shape[1], v1.shape[2] - 1
+    if sq == 0 or sk == 0:
+        return (np.zeros((h, sq, dv), np.float32), np.zeros((h, sq), np.float32),
+                np.full((h, sq), -np.inf), np.zeros((h, sq, sk), np.uint8) if trace else None,
+                np.zeros((h, sq, 0)) if trace else None)
+    n = recipe.block_keys
+    nb_all = -(-sk // n)
+    pad = nb_all * n - sk
+    kt = np.pad(kt, ((0, 0), (0, 0), (0, pad)))
+    v1b = np.pad(v1, ((0, 0), (0, pad), (0, 0))).reshape(h, nb_all, n, dv + 1)
+    if scores is not None:
+        scores = np.pad(np.asarray(scores, np.float32), ((0, 0), (0, 0), (0, pad)),
+                        constant_values=-np.inf)
+    c8, c0 = np.float32(8) * c, recipe.c0 - recipe.code_offset
+    off = sk - sq
+    o = np.zeros((h, sq, dv), np.float32)
+    l = np.zeros((h, sq), np.float32)
+    m = np.full((h, sq), -np.inf)
+    codes_all = np.zeros((h, sq, sk), np.uint8) if trace else None
+    ref_all = np.full((h, sq, nb_all), -np.inf) if trace else None
+    rows = max(16, _CHUNK // (h * nb_all * n))
+    for r0 in range(0, sq, rows):
+        r1 = min(sq, r0 + rows)
+        kend = min(sk, r1 + off) if causal else sk   # keys seen by the chunk's last row
+        if kend <= 0:
+            continue
+        nb = -(-kend // n)
+        s = (q[:, r0:r1] @ kt[:, :, :nb * n]).astype(np.float32) if scores is None \
+            else scores[:, r0:r1, :nb * n].copy()
+        j_lo = min(max(0, r0 + off + 1), kend) if causal else kend  # first key a row misses
+        if j_lo < nb * n:
+            cols = np.arange(j_lo, nb * n)[None, :]
+            seen = (cols < sk) & ((not causal) | (cols <= np.arange(r0, r1)[:, None] + off))
+            s[:, :, j_lo:] = np.where(seen, s[:, :, j_lo:], -np.inf)
+        sb = s.reshape(h, r1 - r0, nb, n)
+        t_max = _fp32(sb.max(axis=3) * np.float64(c))               # (H, R, nb)
+        if recipe.max_kind == "running_fp32":
+            ref = big = np.maximum.accumulate(t_max, axis=2)
+        elif recipe.max_kind == "running_integer":
+            ref = big = np.maximum.accumulate(np.ceil(t_max), axis=2)
+        else:
+            ref = np.ceil(t_max) if recipe.max_kind == "block_integer" else t_max
+            big = np.maximum.accumulate(ref, axis=2)
+        ref, big = ref.astype(np.float64), big.astype(np.float64)
+        live = np.isfinite(ref)
+        bias = _fp32(np.where(live, c0 - 8.0 * np.where(live, ref, 0.0), 0.0))
+        y = e4m3.fma_f32(sb, c8, bias[..., None])
+        codes = e4m3.p_codes(y, variant=recipe.p_rounding, max_code=recipe.c0)
+        ob = np.matmul(e4m3.decode(codes).transpose(0, 2, 1, 3), v1b[:, :nb])  # (H, nb, R, Dv+1)
+        if recipe.sum_of == "rounded":
+            lb = ob[..., dv].transpose(0, 2, 1)
+        else:
+            lb = _fp32(_fp32(np.exp2(y.astype(np.float64) / 8 - 7)).sum(axis=3, dtype=np.float64))
+        prev = np.concatenate([np.full((h, r1 - r0, 1), -np.inf), big[..., :-1]], axis=2)
+        with np.errstate(invalid="ignore"):
+            alpha = np.where(np.isfinite(prev), np.exp2(prev - big), 0.0)
+            beta = np.where(live, np.exp2(ref - big), 0.0)
+        if recipe.max_kind in ("running_fp32", "block_fp32"):
+            alpha, beta = _fp32(alpha).astype(np.float64), _fp32(beta).astype(np.float64)
+        oc = np.zeros((h, r1 - r0, dv), np.float32)
+        lc = np.zeros((h, r1 - r0), np.float32)
+        for b in range(nb):
+            a, bt = alpha[..., b], beta[..., b]
+            oc = _fp32(_fp32(oc * a[..., None]) + ob[:, b, :, :dv] * bt[..., None])
+            lc = _fp32(_fp32(lc * a) + lb[..., b] * bt)
+        o[:, r0:r1], l[:, r0:r1], m[:, r0:r1] = oc, lc, big[..., -1]
+        if trace:
+            codes_all[:, r0:r1, :kend] = codes.reshape(h, r1 - r0, nb * n)[:, :, :kend]
+            ref_all[:, r0:r1, :nb] = ref
+    return o, l, m, codes_all, ref_all
+
+
+def _finish(o, l, m, recipe: Recipe, dv: float):
+    """out (H, Sq, Dv) and natural-log lse (H, Sq) in float64 from the fp32 state."""
+    l64 = l.astype(np.float64)
+    live = l64 > 0
+    safe = np.where(live, l64, 1.0)
+    out = np.where(live[..., None], o.astype(np.float64) / safe[..., None] * float(np.float32(dv)), 0.0)
+    lse = np.where(live, math.log(2) * (np.where(live, m, 0.0) + np.log2(safe)
+                                        - math.log2(recipe.p_shift) + recipe.lse_offset),
+                   -np.inf)
+    return out, lse
+
+
+def _recipe(recipe) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    try:
+        return RECIPES[recipe]
+    except KeyError:
+        raise ValueError(f"unknown recipe {recipe!r}; known: {sorted(RECIPES)}") from None
+
+
+def _check_scalars(softmax_scale, descales):
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be positive, got {softmax_scale!r}")
+    for d in descales:
+        if not (np.isfinite(np.float32(d)) and np.float32(d) > 0):
+            raise ValueError(f"descales must be positive and finite, got {d!r}")
+
+
+def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0,
+                     causal=False, softmax_scale=None):
+    """One sequence, all heads: q (Sq, Hq, D), k (Sk, Hkv, D), v (Sk, Hkv, Dv) as e4m3
+    (ml_dtypes ``float8_e4m3fn`` or uint8 codes) -> out (Sq, Hq, Dv) float64, lse (Hq, Sq).
+
+    Query head h reads key/value head ``h // (Hq // Hkv)``; causal is bottom-right aligned.
+    """
+    recipe = _recipe(recipe)
+    qd, kd, vd = (e4m3.decode(e4m3.as_codes(x)) for x in (q, k, v))
+    sq, hq, d = qd.shape
+    sk, hkv, dv = vd.shape
+    if kd.shape[:2] != (sk, hkv) or kd.shape[2] != d or hq % max(hkv, 1):
+        raise ValueError(f"shapes q {qd.shape}, k {kd.shape}, v {vd.shape} do not fit")
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    _check_scalars(scale, (descale_q, descale_k, descale_v))
+    if sq == 0 or sk == 0:
+        return np.zeros((sq, hq, dv)), np.full((hq, sq), -np.inf)
+    if not (np.isfinite(qd).all() and np.isfinite(kd).all() and np.isfinite(vd).all()):
+        raise ValueError("q, k, v hold e4m3 NaN codes")
+    kv = np.arange(hq) // (hq // hkv)
+    qh = np.ascontiguousarray(qd.transpose(1, 0, 2))
+    kt = np.ascontiguousarray(kd.transpose(1, 2, 0)[kv])
+    v1 = np.concatenate([vd.transpose(1, 0, 2), np.ones((hkv, sk, 1))], axis=2)[kv]
+    o, l, m, _, _ = _forward(qh, kt, v1, recipe, log2_scale(scale, descale_q, descale_k), causal)
+    out, lse = _finish(o, l, m, recipe, descale_v)
+    return out.transpose(1, 0, 2), lse
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadResult:
+    """One head through a recipe, with everything a kernel must reproduce.
+
+    ``p_codes`` (Sq, Sk) uint8: the P byte multiplied with key j's V row for query row i (0
+    for keys the row does not see).  ``ref_max`` (Sq, blocks): the reference max ``m_b``
+    used for that row and key block (log2 units; an integer for the integer kinds; -inf
+    where the row has seen no key yet, and for the block kinds where it sees none of the
+    block).  ``row_max`` (Sq,): the final ``M``.
+    """
+
+    out: np.ndarray
+    lse: np.ndarray
+    p_codes: np.ndarray
+    ref_max: np.ndarray
+    row_max: np.ndarray
+
+
+def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0,
+                 causal=False, softmax_scale=None, scores=None) -> HeadResult:
+    """One head, traced: q (Sq, D), k (Sk, D), v (Sk, Dv) as e4m3.  ``scores`` (Sq, Sk)
+    float32, if given, replaces the model's fp32 ``q . k`` (pass a kernel's own scores to
+    check its P bytes and block maxima byte for byte)."""
+    recipe = _recipe(recipe)
+    qd, kd, vd = (e4m3.decode(e4m3.as_codes(x)) for x in (q, k, v))
+    scale = 1.0 / math.sqrt(qd.shape[1]) if softmax_scale is None else float(softmax_scale)
+    _check_scalars(scale, (descale_q, descale_k, descale_v))
+    if scores is not None:
+        scores = np.asarray(scores, dtype=np.float32)[None]
+    v1 = np.concatenate([vd, np.ones((vd.shape[0], 1))], axis=1)[None]
+    o, l, m, codes, ref = _forward(qd[None], kd.T[None], v1, recipe,
+                                   log2_scale(scale, descale_q, descale_k), causal,
+                                   scores=scores, trace=True)
+    out, lse = _finish(o, l, m, recipe, descale_v)
+    return HeadResult(out[0], lse[0], codes[0], ref[0], m[0])
