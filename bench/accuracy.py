@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""The FP8 accuracy study: which arithmetic for P, measured on Gaussian inputs and on
+SmolLM2-135M's real activations, per layer and end to end.
+
+    python bench/accuracy.py                 # the full study (about 15 min on 2 cores)
+    python bench/accuracy.py --quick         # smaller shapes, fewer layers (a minute)
+
+Every number is ||out - ref|| / ||ref|| against the fp64 reference, computed two ways:
+"deq" on the dequantised FP8 inputs (the error of the attention arithmetic alone) and
+"orig" on the unquantised inputs (what a user sees, input quantisation included).
+Inputs are quantised per tensor to e4m3 with descale = amax / 448, as the API takes them.
+The FP8 recipes are the exact models of ``zyfa_runtime.fp8_models``.
+
+It writes the tables between the ``<!-- tables:begin -->`` / ``<!-- tables:end -->``
+markers of docs/numerics.md (the rest of that file is prose kept by hand) and the raw
+numbers to docs/numerics.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # many small GEMMs: processes, not threads
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from zyfa_runtime import e4m3, reference  # noqa: E402
+from zyfa_runtime.fp8_models import sequence_forward  # noqa: E402
+
+#: The recipes of the study: baselines, zyfa's provisional design, and its ablations.
+STUDY = [
+    "aiter", "fa3", "fa3/rounded",
+    "gfx950", "gfx950/exact", "gfx950/unrounded", "gfx950/shift1", "gfx950/running",
+    "gfx950/bfp32c", "gfx950/quad-bfp32",
+    "sm_90a", "sm_90a/bfp32c", "sm_90a/quad-bfp32",
+]
+
+HEAD_DIMS = [(64, 64), (128, 128), (192, 128), (256, 256)]
+
+
+def quantise(x: np.ndarray):
+    """Per-tensor e4m3: (codes, descale) with descale = amax / 448 (fp32)."""
+    descale = np.float32(max(float(np.abs(x).max()), 1e-30) / 448.0)
+    codes = e4m3.encode(np.asarray(x, np.float64) / float(descale), saturate=True)
+    return codes, descale
+
+
+def rel(out, ref) -> float:
+    return reference.relative_error(out, ref)
+
+
+def per_head_errors(out, ref) -> list[float]:
+    """Relative error of each head: out/ref (S, H, D)."""
+    return [rel(out[:, h], ref[:, h]) for h in range(out.shape[1])]
+
+
+def fp8_case(q, k, v, causal: bool, recipes, scale=None):
+    """Errors of every recipe on one sequence, per head: {recipe: (deq[h], orig[h])}."""
+    (qc, dq), (kc, dk), (vc, dv) = quantise(q), quantise(k), quantise(v)
+    deq = [e4m3.decode(c) * float(d) for c, d in ((qc, dq), (kc, dk), (vc, dv))]
+    ref_deq = reference.attention(*(x[None] for x in deq), causal=causal, softmax_scale=scale)[0]
+    ref_orig = reference.attention(q[None], k[None], v[None], causal=causal, softmax_scale=scale)[0]
+    res = {"fp64 on e4m3 inputs": ([0.0] * q.shape[1], per_head_errors(ref_deq, ref_orig))}
+    for name in recipes:
+        out, _ = sequence_forward(qc, kc, vc, name, descale_q=dq, descale_k=dk, descale_v=dv,
+                                  causal=causal, softmax_scale=scale)
+        res[name] = (per_head_errors(out, ref_deq), per_head_errors(out, ref_orig))
+    return res
+
+
+# ------------------------------------------------------------------------------------
+# 1. Gaussian inputs
+
+def gaussian_task(args):
+    dq, dv, causal, seq, heads, seed, recipes = args
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((seq, heads, dq))
+    k = rng.standard_normal((seq, heads, dq))
+    v = rng.standard_normal((seq, heads, dv))
+    res = fp8_case(q, k, v, causal, recipes)
+    return (dq, dv, causal), {n: (float(np.mean(a)), float(np.mean(b))) for n, (a, b) in res.items()}
+
+
+# ------------------------------------------------------------------------------------
+# 2. SmolLM2 layers: captured post-RoPE Q, K, V
+
+def capture(prompts, tokens):
+    from bench.llm import capture_qkv, load_prompt, load_smollm2
+    model = load_smollm2()
+    return {p: capture_qkv(model, load_prompt(p), tokens) for p in prompts}
+
+
+def derived_128(q, k, v):
+    """Head-dim-128 heads derived from SmolLM2 (labelled as derived): key/value heads 0 and 1
+    concatenated, and for each of their 3 query heads the matching pair concatenated, so the
+    scores are the sums of two real heads' scores."""
+    group = q.shape[1] // k.shape[1]
+    q2 = np.concatenate([q[:, 0:group], q[:, group:2 * group]], axis=2)
+    k2 = np.concatenate([k[:, 0:1], k[:, 1:2]], axis=2)
+    v2 = np.concatenate([v[:, 0:1], v[:, 1:2]], axis=2)
+    return q2, k2, v2
+
+
+def layer_task(args):
+    key, q, k, v, recipes, derived = args
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    if derived:
+        q, k, v = derived_128(q, k, v)
+    scale = 1.0 / np.sqrt(64.0)   # the model's own scale, also for the derived heads
+    return key, fp8_case(q, k, v, True, recipes, scale=scale)
+
+
+# ------------------------------------------------------------------------------------
+# 3. End to end: the whole model with each recipe's attention
+
+def fp8_attention_fn(recipe):
+    def attention(q, k, v, *, causal=True, softmax_scale=None):
+        (qc, dq), (kc, dk), (vc, dv) = quantise(q[0]), quantise(k[0]), quantise(v[0])
+        out, _ = sequence_forward(qc, kc, vc, recipe, descale_q=dq, descale_k=dk, descale_v=dv,
+                                  causal=causal, softmax_scale=softmax_scale)
+        return out[None]
+    return attention
+
+
+def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def e2e_task(args):
+    """One (attention, prompt) forward; with ``ref_file`` the per-position KL to the log
+    probabilities stored there and top-1 agreement, else the log probabilities to store."""
+    name, prompt, tokens, ref_file = args
+    from bench.llm import load_prompt, load_smollm2
+    model = load_smollm2()
+    ids = model.encode(load_prompt(prompt))[:tokens]
+    if name == "fp64":
+        attention = None
+    elif name == "fp64 on e4m3 inputs":
+        def attention(q, k, v, *, causal=True, softmax_scale=None):
+            deq = [e4m3.decode(c) * float(d) for c, d in (quantise(x) for x in (q, k, v))]
+            return reference.attention(*deq, causal=causal, softmax_scale=softmax_scale)
+    else:
+        attention = fp8_attention_fn(name)
+    logp = log_softmax(model.forward(ids, attention=attention))
+    if ref_file is None:
+        return name, prompt, logp
+    ref = np.load(ref_file)
+    kl = np.sum(np.exp(ref) * (ref - logp), axis=-1)
+    return name, prompt, (kl, ref.argmax(-1) == logp.argmax(-1))
+
+
+# ------------------------------------------------------------------------------------
+
+def median_table(rows: dict, cols: list[str]) -> str:
+    out = ["| recipe | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name, vals in rows.items():
+        out.append(f"| `{name}` | " + " | ".join(vals) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small shapes and few layers")
+    ap.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))))
+    ap.add_argument("--seed", type=int, default=20261130)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "numerics.md")
+    args = ap.parse_args(argv)
+
+    gauss_seq, gauss_heads = (256, 2) if args.quick else (1024, 4)
+    layer_tokens = 512 if args.quick else 2048
+    layers = range(0, 30, 10) if args.quick else range(30)
+    prompts_layers = ["technical_storage"] if args.quick else ["technical_storage", "dialogue_garden"]
+    e2e_prompts = ["prose_lighthouse"] if args.quick else ["prose_lighthouse", "technical_storage",
+                                                          "dialogue_garden"]
+    e2e_tokens = 128 if args.quick else 400
+    t0 = time.monotonic()
+    data = {"settings": dict(quick=args.quick, seed=args.seed, gauss=[gauss_seq, gauss_heads],
+                             layer_tokens=layer_tokens, layers=list(layers), prompts=prompts_layers,
+                             e2e_prompts=e2e_prompts, e2e_tokens=e2e_tokens)}
+
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        # 1. Gaussian
+        tasks = [(dq, dv, c, gauss_seq, gauss_heads, args.seed + i, STUDY)
+                 for i, ((dq, dv), c) in enumerate((hd, c) for hd in HEAD_DIMS for c in (False, True))]
+        gauss = dict(pool.map(gaussian_task, tasks))
+        print(f"gaussian done {time.monotonic() - t0:.0f}s", flush=True)
+
+        # 2. SmolLM2 layers (and derived d128 heads)
+        caps = capture(prompts_layers, layer_tokens)
+        print(f"captured {time.monotonic() - t0:.0f}s", flush=True)
+        tasks = [((p, layer, derived), *caps[p][layer], STUDY, derived)
+                 for p in prompts_layers for layer in layers for derived in (False, True)]
+        layer_res = dict(pool.map(layer_task, tasks))
+        print(f"layers done {time.monotonic() - t0:.0f}s", flush=True)
+
+        # 3. End to end: fp64-attention log probabilities first, then every other forward
+        #    compares against them in its own process.
+        with tempfile.TemporaryDirectory() as tmp:
+            ref_files = {}
+            for _, p, lp in pool.map(e2e_task, [("fp64", p, e2e_tokens, None) for p in e2e_prompts]):
+                ref_files[p] = os.path.join(tmp, f"{p}.npy")
+                np.save(ref_files[p], lp)
+            e2e_names = ["fp64 on e4m3 inputs"] + STUDY
+            tasks = [(r, p, e2e_tokens, ref_files[p]) for r in e2e_names for p in e2e_prompts]
+            e2e = {(r, p): res for r, p, res in pool.map(e2e_task, tasks)}
+        print(f"end to end done {time.monotonic() - t0:.0f}s", flush=True)
+
+    names = ["fp64 on e4m3 inputs"] + STUDY
+    # Gaussian table: mean over heads, deq / orig
+    cols = [f"d{dq}/{dv} {'causal' if c else 'full'}" for (dq, dv) in HEAD_DIMS for c in (False, True)]
+    g_rows = {n: [f"{gauss[(dq, dv, c)][n][0]:.4f} / {gauss[(dq, dv, c)][n][1]:.4f}"
+                  for (dq, dv) in HEAD_DIMS for c in (False, True)] for n in names}
+    data["gaussian"] = {f"{dq}x{dv}_{'causal' if c else 'full'}": gauss[(dq, dv, c)]
+                        for (dq, dv) in HEAD_DIMS for c in (False, True)}
+
+    # Layer table: median (and 90th percentile) over (prompt, layer, head)
+    def stats(derived: bool, name: str, which: int):
+        vals = [e for (p, layer, d), res in layer_res.items() if d == derived
+                for e in res[name][which]]
+        return np.median(vals), np.percentile(vals, 90)
+    l_rows, l_data = {}, {}
+    for n in names:
+        cells = []
+        for derived in (False, True):
+            for which in (0, 1):
+                med, p90 = stats(derived, n, which)
+                cells.append(f"{med:.4f} ({p90:.4f})")
+                l_data[f"{n}|{'d128' if derived else 'd64'}|{'deq' if which == 0 else 'orig'}"] = \
+                    [float(med), float(p90)]
+        l_rows[n] = cells
+    data["smollm2_layers"] = l_data
+    per_layer = {n: [float(np.median(layer_res[(prompts_layers[0], layer, False)][n][0]))
+                     for layer in layers] for n in ("aiter", "fa3", "gfx950", "gfx950/quad-bfp32",
+                                                    "sm_90a/quad-bfp32")}
+    data["smollm2_per_layer_deq_median"] = per_layer
+
+    # End to end: KL(p_fp64 || p_recipe) mean over positions, top-1 agreement
+    e_rows, e_data = {}, {}
+    for n in ["fp64 on e4m3 inputs"] + STUDY:
+        kls = [e2e[(n, p)][0] for p in e2e_prompts]
+        agree = [e2e[(n, p)][1] for p in e2e_prompts]
+        kl, top1 = float(np.mean(np.concatenate(kls))), float(np.mean(np.concatenate(agree)))
+        e_rows[n] = [f"{kl:.3e}", f"{100 * top1:.1f}%"]
+        e_data[n] = {"kl": kl, "top1": top1}
+    data["end_to_end"] = e_data
+    data["seconds"] = time.monotonic() - t0
+
+    n_pos = e2e_tokens * len(e2e_prompts)
+    tables = "\n".join([
+        f"_Generated by `python bench/accuracy.py{' --quick' if args.quick else ''}` "
+        f"({data['seconds'] / 60:.0f} min on {args.jobs} processes); raw numbers in "
+        f"`docs/numerics.json`._",
+        "",
+        f"### Gaussian inputs (S = {gauss_seq}, {gauss_heads} heads, mean over heads): "
+        "relative error, deq / orig",
+        "",
+        median_table(g_rows, cols),
+        "",
+        f"### SmolLM2-135M layers ({len(prompts_layers)} prompts x {len(list(layers))} layers x "
+        f"{layer_tokens} tokens, causal): median (90th percentile) of the per-head relative error",
+        "",
+        "d64 are the model's own heads (9 query / 3 key-value heads); d128 are derived heads "
+        "(pairs of real heads concatenated, so each score is the sum of two real scores).",
+        "",
+        median_table(l_rows, ["d64 deq", "d64 orig", "d128 (derived) deq", "d128 (derived) orig"]),
+        "",
+        f"### End to end: the whole model with each recipe's attention in every layer "
+        f"({n_pos} next-token positions, {len(e2e_prompts)} prompts)",
+        "",
+        "KL(p_fp64 || p_recipe) in nats, mean over positions; top-1 agreement with the fp64-attention model.",
+        "",
+        median_table(e_rows, ["KL", "top-1 agreement"]),
+    ])
+    doc = args.out.read_text() if args.out.exists() else "<!-- tables:begin -->\n<!-- tables:end -->\n"
+    head, rest = doc.split("<!-- tables:begin -->", 1)
+    _, tail = rest.split("<!-- tables:end -->", 1)
+    args.out.write_text(head + "<!-- tables:begin -->\n" + tables + "\n<!-- tables:end -->" + tail)
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    print(tables)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Helpers for the emulator tests: assemble gfx950 snippets into a code object with the
+project's toolchain (LLVM's assembler) and run them on the emulator.
+
+Each snippet becomes a kernel of its own (symbol = its name) with a minimal kernel
+descriptor and metadata, so one assembler run serves a whole test module.  ``run``
+executes one snippet with registers set up by the test (ignoring the descriptor);
+``dispatch`` goes through the full dispatch path (descriptor, kernarg segment, grid).
+Expected values in the tests are worked out by hand from the ISA guide's definitions;
+the assembler only provides the encodings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zyfa_emulator import CodeObject, Config, LoadedCode, Machine
+
+_CACHE: dict[str, LoadedCode] = {}
+
+_DESCRIPTOR = """
+.rodata
+.p2align 6
+.amdhsa_kernel {name}
+  .amdhsa_user_sgpr_kernarg_segment_ptr 1
+  .amdhsa_user_sgpr_count 2
+  .amdhsa_next_free_vgpr 512
+  .amdhsa_next_free_sgpr 96
+  .amdhsa_accum_offset 256
+  .amdhsa_group_segment_fixed_size {lds}
+  .amdhsa_kernarg_size {kernarg}
+  .amdhsa_float_denorm_mode_32 {denorm}
+  .amdhsa_fp16_overflow {ovfl}
+  .amdhsa_system_sgpr_workgroup_id_x 1
+  .amdhsa_system_sgpr_workgroup_id_y {wgy}
+  .amdhsa_system_sgpr_workgroup_id_z {wgz}
+  .amdhsa_system_vgpr_workitem_id {tid}
+.end_amdhsa_kernel
+"""
+
+_META_KERNEL = """  - .name: {name}
+    .symbol: {name}.kd
+    .kernarg_segment_size: {kernarg}
+    .kernarg_segment_align: 8
+    .group_segment_fixed_size: {lds}
+    .private_segment_fixed_size: 0
+    .wavefront_size: 64
+    .sgpr_count: 96
+    .vgpr_count: 512
+    .agpr_count: 256
+    .max_flat_workgroup_size: 1024
+    .args:
+{args}"""
+
+
+def toolchain():
+    try:
+        from generator.toolchain import ToolchainError, find_toolchain
+    except ImportError as e:   # the build side is absent (an installed package)
+        pytest.skip(f"no gfx950 assembler: {e}")
+    try:
+        return find_toolchain("gfx950")
+    except ToolchainError as e:
+        pytest.skip(f"no gfx950 assembler here: {e}")
+
+
+def source(snippets: dict) -> str:
+    """Assembly text of one code object holding every snippet as a kernel.
+
+    A snippet is its body (str) or a dict with ``body`` and options ``lds``,
+    ``kernarg`` (bytes of kernel arguments, all pointers named a0, a1, ...),
+    ``denorm`` (MODE.FP_DENORM for fp32), ``ovfl`` (FP16_OVFL), ``tid`` (0/1/2),
+    ``wg`` (number of workgroup-id SGPRs, 1..3).
+    """
+    text = ['.amdgcn_target "amdgcn-amd-amdhsa--gfx950"', ".amdhsa_code_object_version 6"]
+    meta = []
+    for name, snip in snippets.items():
+        opts = snip if isinstance(snip, dict) else {"body": snip}
+        lds, kernarg = opts.get("lds", 0), opts.get("kernarg", 16)
+        wg = opts.get("wg", 1)
+        text += [".text", f".globl {name}", ".p2align 8", f".type {name},@function",
+                 f"{name}:", opts["body"], "  s_endpgm"]
+        text.append(_DESCRIPTOR.format(name=name, lds=lds, kernarg=kernarg,
+                                       denorm=opts.get("denorm", 3), ovfl=opts.get("ovfl", 0),
+                                       wgy=int(wg >= 2), wgz=int(wg >= 3), tid=opts.get("tid", 0)))
+        args = "".join(f"      - {{.name: a{i}, .offset: {8 * i}, .size: 8, .value_kind: "
+                       "global_buffer, .address_space: global}\n" for i in range(kernarg // 8))
+        meta.append(_META_KERNEL.format(name=name, lds=lds, kernarg=kernarg, args=args or "      []\n"))
+    text += [".amdgpu_metadata", "---", "amdhsa.version: [1, 2]",
+             "amdhsa.target: amdgcn-amd-amdhsa--gfx950", "amdhsa.kernels:", *meta, "...",
+             ".end_amdgpu_metadata", ""]
+    return "\n".join(text)
+
+
+def build(snippets: dict) -> LoadedCode:
+    """Assemble (once per distinct source) and load."""
+    src = source(snippets)
+    key = hashlib.sha256(src.encode()).hexdigest()
+    if key not in _CACHE:
+        tc = toolchain()
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "snippets.hsaco"
+            tc.assemble(src, out)
+            _CACHE[key] = LoadedCode(CodeObject(out.read_bytes()))
+    return _CACHE[key]
+
+
+def run(code: LoadedCode, name: str, setup=None, waves: int = 1, lds: int = 0,
+        mode: int = 0x2F0, machine: Machine | None = None, **config):
+    """Run snippet ``name``; returns its wave (one wave) or the workgroup."""
+    m = machine or Machine(config=Config(**config))
+    kernel = code.co.kernel(name)
+    wg = m.run_snippet(code, waves=waves, lds_size=lds, setup=setup, mode=mode,
+                       entry=code.entry(kernel))
+    return wg.waves[0] if waves == 1 else wg
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+def as_f32(u) -> np.ndarray:
+    return np.asarray(u, np.uint32).view(np.float32)

@@ -1,0 +1,15 @@
+"""Errors raised by the emulator."""
+
+from __future__ import annotations
+
+from zyfa_runtime.errors import ZyfaError
+
+
+class EmulatorError(ZyfaError):
+    """A kernel did something the emulator refuses to model (an unimplemented
+    instruction, an access outside every allocation, a deadlock, ...).  The message
+    names the instruction, its address and the wave."""
+
+
+class UnsupportedInstruction(EmulatorError):
+    """A decoded instruction without semantics in the emulator."""
