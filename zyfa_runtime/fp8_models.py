@@ -149,12 +149,18 @@ class Recipe:
 def _recipes() -> dict[str, Recipe]:
     """The named recipes: targets, baselines and the ablations of the accuracy study.
 
-    How the targets are chosen: per target, the cheapest recipe (costs: :mod:`e4m3` and
-    the module docstring) whose relative error against fp64 is no worse than "fa3"'s on
-    Gaussian inputs (tests/the study table) and on real activations (the SmolLM2 study,
-    every layer).  The two target entries are provisional (Lean P, block integer max,
-    rounded sum); changing the choice means editing them, as kernels take their P
-    arithmetic from these recipes.  Ablations are named ``base/change``.
+    The targets were chosen by the accuracy study (``bench/accuracy.py``, results and
+    reasons in ``docs/numerics.md``): per target, the most accurate recipe whose P costs
+    fit under the target's matrix-pipe budget per KV tile.
+
+    * "gfx950": Lean P with the block's exact fp32 max and the centring offset, rounded
+      sum, 64-key blocks: 2 VALU slots per P element plus the O rescale (d / 2N).
+    * "sm_90a": Lean P with the quadratic mantissa correction, exact fp32 block max,
+      rounded sum, 128-key blocks: no MUFU at all, 6 FMA-pipe + 1.5 ALU-pipe per element.
+
+    Kernels take their P arithmetic from these two entries.  "lean64" / "lean128" are the
+    first design (Lean P, integer block max, rounded sum) from which the ablations are
+    named ``base/change``.
     """
     r = {
         # AITER's gfx950 FP8 forward: exp2 then RNE cast of P in [0, 1], fp32 running max,
@@ -162,9 +168,12 @@ def _recipes() -> dict[str, Recipe]:
         "aiter": Recipe("aiter", 128, "exact", "running_fp32", "unrounded", 1.0),
         # FlashAttention-3 FP8: the same with P scaled by 2^8 before the cast.
         "fa3": Recipe("fa3", 128, "exact", "running_fp32", "unrounded", 256.0),
-        # zyfa, provisional: Lean P, per-block integer max, sum of the rounded P.
-        "gfx950": Recipe("gfx950", 64, "lean", "block_integer", "rounded", 256.0),
-        "sm_90a": Recipe("sm_90a", 128, "lean", "block_integer", "rounded", 256.0),
+        # The first zyfa design: Lean P, per-block integer max (free E8M0 scale), rounded sum.
+        "lean64": Recipe("lean64", 64, "lean", "block_integer", "rounded", 256.0),
+        "lean128": Recipe("lean128", 128, "lean", "block_integer", "rounded", 256.0),
+        # The targets (see the docstring).
+        "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE),
+        "sm_90a": Recipe("sm_90a", 128, "lean_quad", "block_fp32", "rounded", 256.0),
     }
     changes = {
         "exact": dict(p_rounding="exact"),
@@ -176,7 +185,7 @@ def _recipes() -> dict[str, Recipe]:
         "bfp32c": dict(max_kind="block_fp32", code_offset=e4m3.LEAN_CENTRE),
         "quad-bfp32": dict(max_kind="block_fp32", p_rounding="lean_quad"),
     }
-    for base in ("gfx950", "sm_90a"):
+    for base in ("lean64", "lean128"):
         for tag, change in changes.items():
             r[f"{base}/{tag}"] = r[base].replace(name=f"{base}/{tag}", **change)
     for tag, change in {"rounded": dict(sum_of="rounded"), "block": dict(max_kind="block_integer"),
