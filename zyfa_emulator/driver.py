@@ -16,7 +16,9 @@ recorded events.
 
 Environment: ``ZYFA_EMULATOR_STRICT_HOST=1`` turns the host-memory fallback off (only
 allocations and registered arrays are valid), ``ZYFA_EMULATOR_QUANTUM`` sets the
-round-robin quantum.
+round-robin quantum, ``ZYFA_EMULATOR_SEED`` a seeded random wave order (and quanta) per
+round, ``ZYFA_EMULATOR_HAZARDS=1`` attaches the hazard and ordering checker
+(``hazards.py``; the first violation raises).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from zyfa_runtime.driver.base import ATTRIBUTES, Driver, Function, Module
 from zyfa_runtime.errors import CodeObjectError, ZyfaError
 
 from .codeobject import CodeObject, CodeObjectFormatError
+from .hazards import install_from_env
 from .machine import LDS_BYTES, Config, LoadedCode, Machine
 from .memory import GlobalMemory
 
@@ -63,7 +66,10 @@ class EmulatorDriver(Driver):
         config = config or Config()
         if os.environ.get("ZYFA_EMULATOR_QUANTUM"):
             config.quantum = max(1, int(os.environ["ZYFA_EMULATOR_QUANTUM"]))
+        if os.environ.get("ZYFA_EMULATOR_SEED"):
+            config.seed = int(os.environ["ZYFA_EMULATOR_SEED"])
         self.machine = Machine(GlobalMemory(host_fallback=host_fallback), config)
+        self.hazards = install_from_env(self.machine)      # ZYFA_EMULATOR_HAZARDS=1
         self._lock = threading.RLock()
         self._buffers: dict[int, np.ndarray] = {}
         self._host: dict[int, object] = {}

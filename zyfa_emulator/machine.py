@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import struct
 import time
 
@@ -51,6 +52,7 @@ class Config:
     sgpr_poison: int = 0xFFFFFFFF
     lds_poison: int = 0xFF               # uninitialised LDS bytes
     max_instructions: int = 200_000_000  # per wave; guards against endless loops
+    seed: int | None = None              # random wave order and quanta (1..quantum) per round
 
 
 class LoadedCode:
@@ -153,16 +155,24 @@ class Workgroup:
     def lds_read(self, w, inst, addr: np.ndarray, nbytes: int) -> np.ndarray:
         addr = np.asarray(addr, np.int64)
         ok = self._check(w, inst, addr, nbytes)
+        if self.machine.lds_observers:
+            self._lds_observe(w, inst, addr, ok, nbytes, False)
         if ok.all():
             return self.lds[addr[:, None] + _STEPS[nbytes]]
         data = self.lds[np.where(ok, addr, 0)[:, None] + _STEPS[nbytes]]
         data[~ok] = 0
         return data
 
+    def _lds_observe(self, w, inst, addr, ok, nbytes, write) -> None:
+        for ob in self.machine.lds_observers:
+            ob(w, inst, addr if ok.all() else addr[ok], nbytes, write)
+
     def lds_write(self, w, inst, addr: np.ndarray, data: np.ndarray) -> None:
         addr = np.asarray(addr, np.int64)
         nbytes = data.shape[1]
         ok = self._check(w, inst, addr, nbytes)
+        if self.machine.lds_observers:
+            self._lds_observe(w, inst, addr, ok, nbytes, True)
         if not ok.all():
             addr, data = addr[ok], data[ok]
         self.lds[addr[:, None] + _STEPS[nbytes]] = data
@@ -183,6 +193,7 @@ class Machine:
         self.memory = memory if memory is not None else GlobalMemory()
         self.config = config or Config()
         self.observers: list = []
+        self.lds_observers: list = []  # fn(wave, inst, byte addresses, nbytes, is_write)
         self.instructions = 0          # executed, all dispatches
         self.dispatches = 0
         self.last = DispatchStats()
@@ -365,10 +376,11 @@ class Machine:
     def _run_workgroup(self, wg: Workgroup) -> None:
         waves = wg.waves
         quantum = self.config.quantum
+        rng = random.Random(self.config.seed) if self.config.seed is not None else None
         while True:
-            for w in waves:
+            for w in (waves if rng is None else rng.sample(waves, len(waves))):
                 if w.status is RUN:
-                    self._run_wave(w, quantum)
+                    self._run_wave(w, quantum if rng is None else rng.randint(1, quantum))
             live = [w for w in waves if w.status is not DONE]
             if not live:
                 return

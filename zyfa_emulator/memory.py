@@ -41,15 +41,20 @@ class Region:
 
 
 def _host_mappings() -> list[tuple[int, int, bool, bool]]:
-    """(lo, hi, readable, writable) of every mapping of this process (Linux)."""
-    out = []
+    """(lo, hi, readable, writable) of the mappings of this process (Linux), with adjacent
+    readable mappings merged: one allocation (a large numpy array, say) can span several."""
+    out: list[tuple[int, int, bool, bool]] = []
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 parts = line.split()
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                perms = parts[1]
-                out.append((lo, hi, perms[0] == "r", perms[1] == "w"))
+                readable, writable = parts[1][0] == "r", parts[1][1] == "w"
+                if out and out[-1][1] == lo and out[-1][2] and readable:
+                    plo, _, _, pw = out[-1]
+                    out[-1] = (plo, hi, True, pw and writable)
+                else:
+                    out.append((lo, hi, readable, writable))
     except OSError:
         return []
     return out

@@ -28,9 +28,11 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def emulator():
-    saved = {k: os.environ.get(k) for k in ("ZYFA_BACKEND", "ZYFA_PREBUILT_DIR")}
+    saved = {k: os.environ.get(k) for k in ("ZYFA_BACKEND", "ZYFA_PREBUILT_DIR",
+                                             "ZYFA_EMULATOR_HAZARDS")}
     os.environ["ZYFA_BACKEND"] = "emulator"
     os.environ["ZYFA_PREBUILT_DIR"] = str(ROOT / "prebuilt")
+    os.environ["ZYFA_EMULATOR_HAZARDS"] = "1"   # every kernel run is also hazard-checked
     drivers._reset()
     api._tables.clear()
     api._ones.clear()

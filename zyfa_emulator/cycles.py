@@ -1,0 +1,759 @@
+"""A trace-driven cycle model of one gfx950 compute unit.
+
+The emulator's observer records every wave's executed instruction stream
+(:class:`TraceRecorder`); :func:`simulate` replays those streams on a model CU and
+reports, per SIMD, how busy the matrix (MFMA) pipe and the VALU are; :func:`loop_figures`
+cuts out the steady state of a kernel's inner loop; :func:`kernel_figures` does all of
+that for one of the project's kernels through the runtime and turns it into a predicted
+TFLOP/s for an MI355X.  Nothing here is measured: every number follows from the
+assumptions below (all in :class:`Params`), which docs/emulator.md lists with their
+sources and the calibration against the design's published cycle budget.
+
+Model (in-order issue per wave, shared pipes per SIMD):
+
+* 4 SIMDs per CU.  Wave ``i`` of the ``g``-th resident workgroup goes to SIMD ``(i + g *
+  waves_per_workgroup) % 4`` (round-robin over the CU in dispatch order; AMD does not
+  document the SPI's placement rule -- for 4-wave workgroups any rotation gives every
+  SIMD one wave per workgroup).  Resident workgroups per CU: the minimum of the LDS limit
+  (160 KiB / the kernel's LDS), the VGPR limit (waves per SIMD = min(8, 512 / VGPRs
+  rounded up to 8), ISA §3.6.4) and the wave-slot limit.
+* A wave issues in program order, at most one instruction per 4 cycles (``issue``).
+* **VALU**: a wave64 instruction occupies its SIMD's VALU for 4 cycles (16 lanes x 4
+  cycles).  Packed FP32 (``v_pk_fma_f32`` & co.) also takes 4 cycles -- two results per
+  lane, so twice the FP32 work per slot.  Transcendentals (``v_exp_f32``, ``v_log_f32``,
+  ``v_rcp_f32``, ...) take ``trans`` cycles: 4 by default (one VALU slot, as LLVM's gfx950
+  scheduling model issues them and as the published budget counts ``v_exp_f32``); the
+  classic GCN quarter rate is ``trans=16`` and is reported alongside.  FP64 VALU: 8
+  (MI355X's FP64 vector rate is half its FP32 rate); 32-bit integer multiplies
+  (``v_mul_lo_u32``, ``v_mad_u64_u32`` ...): 16 (quarter rate, as on GCN).
+* **MFMA**: occupies its SIMD's matrix pipe for 4 x passes cycles (ISA §7.1 Table 28:
+  16x16x32 bf16 4 passes = 16 cycles, 32x32x16 bf16 8, 16x16x128 f8f6f4 8 (FP8) / 4,
+  32x32x64 f8f6f4 16 / 8); issuing it takes one 4-cycle VALU issue slot.  An MFMA waits
+  for the matrix pipe (the hardware interlocks independent MFMAs); back-to-back
+  accumulation into the same C needs no extra wait.  A read of an MFMA result waits until
+  the result is written (correct code already has the wait states, so this never binds).
+  While one wave's MFMA runs, other waves (or the same wave) issue VALU work: that is the
+  overlap the model measures.
+* Arbitration when several waves of a SIMD can issue at the same cycle: higher
+  ``s_setprio`` first, then the older wave (ISA §12.5 S_SETPRIO: priority = {user
+  priority, wave age}).
+* **SALU**, branches, ``s_setprio``: 4 cycles; a taken branch adds ``branch_taken``
+  cycles (instruction-buffer refill; assumed 8).  ``s_nop N`` idles the wave for N+1
+  issue cycles (4 cycles each) without using a pipe; ``s_waitcnt`` takes no issue slot of
+  its own (the next instruction issues when the counter allows).
+* **Memory** (latencies are assumptions, not measurements): LDS (DS instructions)
+  ``lds_latency`` = 64 cycles after the CU's LDS pipe has moved the data at
+  ``lds_bytes_per_clk`` = 128 bytes/cycle; vector memory ``vmem_latency`` = 500 cycles
+  after the CU's vector-memory pipe has accepted the request at ``vmem_bytes_per_clk`` =
+  64 bytes/cycle; scalar memory ``smem_latency`` = 200 cycles.  Counters complete as the
+  ISA says (§4.4): VM_CNT and LDS in order, SMEM out of order; ``s_waitcnt`` stalls the
+  wave until enough have completed, and so does issuing a 64th VM_CNT or 16th LGKM_CNT
+  operation (the counters' capacity).  Bandwidth beyond the CU (L2, HBM) is not modelled:
+  the figures are compute-side.
+* ``s_barrier``: a wave waits until every live wave of its workgroup has arrived;
+  all leave ``barrier_latency`` (assumed 16) cycles after the last arrival.
+
+MI355X: 256 CUs at a 2.4 GHz peak engine clock (AMD's Hot Chips 2025 MI350 figure; it
+also reproduces AMD's published peak rates, e.g. 2.5 PFLOP/s dense BF16 = 256 CUs x 4
+SIMDs x 1024 FLOP/cycle x 2.4 GHz).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import re
+
+from .hazards import TRANS_OPS, is_mfma, mfma_passes, mfma_rows
+from .operands import operands
+
+__all__ = ["Params", "TraceRecorder", "WaveTrace", "simulate", "SimResult", "loop_figures",
+           "LoopFigures", "kernel_figures", "occupancy", "MI355X_CUS", "MI355X_GHZ"]
+
+MI355X_CUS = 256
+MI355X_GHZ = 2.4
+SIMDS = 4
+VM_MAX, LGKM_MAX = 63, 15          # counter capacities (ISA §4.4): issue stalls beyond them
+
+
+@dataclasses.dataclass
+class Params:
+    issue: int = 4                 # cycles between two instructions of one wave
+    valu: int = 4                  # wave64 VALU instruction (incl. packed FP32)
+    trans: int = 4                 # transcendental VALU (16 = quarter rate)
+    dp: int = 8                    # FP64 VALU
+    imul: int = 16                 # 32-bit integer multiply
+    salu: int = 4
+    branch_taken: int = 8
+    lds_latency: int = 64
+    lds_bytes_per_clk: int = 128
+    vmem_latency: int = 500
+    vmem_bytes_per_clk: int = 64
+    smem_latency: int = 200
+    barrier_latency: int = 16
+
+
+# --------------------------------------------------------------------------------------
+# Recording
+
+@dataclasses.dataclass
+class WaveTrace:
+    workgroup: tuple
+    index: int                     # wave number within its workgroup
+    accum_offset: int
+    insts: list                    # decoded instructions, in execution order
+    lanes: list                    # active lanes at issue (EXEC popcount)
+
+
+class TraceRecorder:
+    """Observer recording each wave's executed instructions (attach with
+    ``machine.observers.append(rec)``)."""
+
+    def __init__(self):
+        self.traces: list[WaveTrace] = []
+        self._by_wave: dict = {}
+
+    def __call__(self, wave, inst) -> None:
+        t = self._by_wave.get(wave)
+        if t is None:
+            t = self._by_wave[wave] = WaveTrace(wave.wg.id, wave.index, wave.accum_offset, [], [])
+            self.traces.append(t)
+        t.insts.append(inst)
+        t.lanes.append((wave.s[126] | wave.s[127] << 32).bit_count())
+        if inst.name == "s_endpgm":
+            del self._by_wave[wave]
+
+    def workgroups(self) -> dict:
+        out: dict = {}
+        for t in self.traces:
+            out.setdefault(t.workgroup, []).append(t)
+        for ws in out.values():
+            ws.sort(key=lambda t: t.index)
+        return out
+
+
+# --------------------------------------------------------------------------------------
+# Instruction classes
+
+_IMUL = re.compile(r"v_(mul_lo_u32|mul_hi_u32|mul_hi_i32|mul_lo_i32|mad_u64_u32|mad_i64_i32)$")
+_DS_BYTES = re.compile(r"_(b|u|i)(8|16|32|64|96|128)")
+
+
+def _ds_bytes(name: str) -> int:
+    if name in ("ds_bpermute_b32", "ds_permute_b32", "ds_swizzle_b32"):
+        return 4
+    if "_tr_" in name:
+        return 12 if "b96" in name else 8
+    m = _DS_BYTES.search(name)
+    n = int(m.group(2)) // 8 if m else 4
+    return 2 * n if ("read2" in name or "write2" in name) else n
+
+
+def _vmem_bytes(name: str) -> int:
+    m = re.search(r"_(dwordx(\d)|dword|short|ushort|sshort|byte|ubyte|sbyte)", name)
+    if not m:
+        return 4
+    if m.group(2):
+        return 4 * int(m.group(2))
+    return {"dword": 4, "short": 2, "ushort": 2, "sshort": 2}.get(m.group(1), 1)
+
+
+class _Kind:
+    MFMA, VALU, SALU, NOP, WAIT, BARRIER, END, BRANCH, SMEM, VMEM, DS, FLAT, OTHER = range(13)
+
+
+def _classify(inst, p: Params):
+    """(kind, pipe cycles, extra) of an instruction under ``p`` (memoised)."""
+    cached = getattr(_classify, "cache", None)
+    if cached is None:
+        cached = _classify.cache = {}
+    key = (id(inst), p.trans, p.valu, p.dp, p.imul)
+    hit = cached.get(key)
+    if hit is not None and hit[0] is inst:
+        return hit[1]
+    n, f = inst.name, inst.fmt
+    if is_mfma(inst):
+        out = (_Kind.MFMA, 4 * mfma_passes(n, inst.cbsz, inst.blgp), None)
+    elif f in ("VOP1", "VOP2", "VOPC", "VOP3", "VOP3P", "MAI"):
+        if n in TRANS_OPS:
+            c = p.trans
+        elif n.endswith("_f64") or "_f64_" in n:
+            c = p.dp
+        elif _IMUL.match(n):
+            c = p.imul
+        else:
+            c = p.valu
+        out = (_Kind.VALU, c, None)
+    elif n == "s_nop":
+        out = (_Kind.NOP, 0, (inst.simm16 & 0xF) + 1)
+    elif n == "s_waitcnt":
+        s = inst.simm16
+        out = (_Kind.WAIT, 0, ((s & 0xF) | ((s >> 14) & 3) << 4, (s >> 8) & 0xF))
+    elif n == "s_barrier":
+        out = (_Kind.BARRIER, 0, None)
+    elif n == "s_endpgm":
+        out = (_Kind.END, 0, None)
+    elif n.startswith(("s_branch", "s_cbranch")):
+        out = (_Kind.BRANCH, p.salu, None)
+    elif f == "SMEM":
+        out = (_Kind.SMEM, 0, None)
+    elif f == "DS":
+        out = (_Kind.DS, 0, _ds_bytes(n))
+    elif f == "FLAT":
+        out = (_Kind.FLAT, 0, _vmem_bytes(n))
+    elif f in ("MUBUF", "GLOBAL", "SCRATCH"):
+        out = (_Kind.VMEM, 0, _vmem_bytes(n))
+    elif f in ("SOP1", "SOP2", "SOPC", "SOPK", "SOPP"):
+        out = (_Kind.SALU, p.salu, None)
+    else:
+        out = (_Kind.OTHER, p.salu, None)
+    if len(cached) > 100_000:
+        cached.clear()
+    cached[key] = (inst, out)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Simulation
+
+@dataclasses.dataclass
+class SimResult:
+    cycles: int                                 # last wave's end
+    simd_of: list                               # per wave
+    mfma_busy: list                             # per SIMD: list of (start, end)
+    valu_busy: list                             # per SIMD: list of (start, end), MFMA issue excluded
+    issue_times: list                           # per wave: start cycle of each instruction
+    end_times: list                             # per wave
+    traces: list
+    groups: list                                # per wave: its workgroup (barrier group)
+
+    def busy(self, kind: str, lo: int | None = None, hi: int | None = None,
+             simds=None) -> float:
+        """Fraction of [lo, hi) (default: the whole run) that the pipe ``kind`` ("mfma" or
+        "valu") was busy, averaged over ``simds`` (default: those with waves)."""
+        lo = 0 if lo is None else lo
+        hi = self.cycles if hi is None else hi
+        if hi <= lo:
+            return 0.0
+        lists = self.mfma_busy if kind == "mfma" else self.valu_busy
+        simds = sorted(set(self.simd_of)) if simds is None else simds
+        tot = 0
+        for s in simds:
+            for a, b in lists[s]:
+                tot += max(0, min(b, hi) - max(a, lo))
+        return tot / ((hi - lo) * len(simds))
+
+
+class _W:
+    __slots__ = ("i", "trace", "pos", "ready", "prio", "vm", "lgkm", "done", "simd", "group",
+                 "at_barrier", "times", "mfma_ready", "gate")
+
+    def __init__(self, i, trace, simd, group):
+        self.i, self.trace, self.simd, self.group = i, trace, simd, group
+        self.pos, self.ready, self.prio = 0, 0, 0
+        self.vm: list = []                      # completion times, issue order
+        self.lgkm: list = []                    # (completion, out_of_order)
+        self.done = False
+        self.at_barrier = None
+        self.times: list = []
+        self.mfma_ready: dict = {}              # register row -> cycle its MFMA result lands
+        self.gate = None                        # group that must end before this wave starts
+
+
+class _RowCache:
+    """Register rows an instruction reads / writes / reads as MFMA SrcC, per accum_offset."""
+
+    def __init__(self):
+        self.d: dict = {}
+
+    def get(self, trace, inst):
+        key = (id(inst), trace.accum_offset)
+        hit = self.d.get(key)
+        if hit is not None and hit[0] is inst:
+            return hit[1]
+        ops = operands(inst)
+        off = trace.accum_offset
+
+        def rows(regs):
+            out = []
+            for reg in regs:
+                if reg.kind == "v":
+                    out += range(reg.index, reg.index + reg.count)
+                elif reg.kind == "a":
+                    out += range(off + reg.index, off + reg.index + reg.count)
+            return tuple(out)
+        c_rows, d_rows = (), ()
+        if is_mfma(inst):
+            _, _, c_rows, d_rows = mfma_rows(off, inst)
+            d_rows = tuple(d_rows)
+        out = (rows(ops.reads) + rows(ops.writes), rows(ops.writes), frozenset(c_rows), d_rows)
+        self.d[key] = (inst, out)
+        return out
+
+
+def simulate(traces: list, params: Params | None = None, simd_of=None,
+             groups=None, after=None) -> SimResult:
+    """Replay wave traces on one CU.  ``simd_of[i]``: SIMD of wave ``i`` (default: the
+    round-robin rule of the module docstring, workgroups in the order they appear);
+    ``groups[i]``: its workgroup (barrier group; default: the trace's workgroup);
+    ``after[i]``: a group that must have ended before wave ``i`` starts (the workgroup
+    that held its slot on the CU), or None to start at cycle 0."""
+    p = params or Params()
+    if groups is None:
+        groups = [t.workgroup for t in traces]
+    if simd_of is None:
+        simd_of, seen = [], {}
+        for t in traces:
+            g = seen.setdefault(t.workgroup, len(seen))
+            per_wg = sum(1 for u in traces if u.workgroup == t.workgroup)
+            simd_of.append((t.index + g * per_wg) % SIMDS)
+    waves = [_W(i, t, simd_of[i], groups[i]) for i, t in enumerate(traces)]
+    gated: dict = {}
+    for w in waves:
+        if after is not None and after[w.i] is not None:
+            w.gate = after[w.i]
+            gated.setdefault(w.gate, []).append(w)
+    valu_free = [0] * SIMDS
+    mfma_free = [0] * SIMDS
+    salu_free = [0] * SIMDS
+    lds_free = 0
+    vmem_free = 0
+    mfma_busy: list = [[] for _ in range(SIMDS)]
+    valu_busy: list = [[] for _ in range(SIMDS)]
+    members: dict = {}
+    rowcache = _RowCache()
+    for w in waves:
+        members.setdefault(w.group, []).append(w)
+
+    def candidate(w: _W) -> int | None:
+        """Earliest cycle at which ``w`` can issue its next instruction (None: blocked)."""
+        if w.done or w.at_barrier is not None or w.gate is not None:
+            return None
+        inst = w.trace.insts[w.pos]
+        kind, cyc, extra = _classify(inst, p)
+        t = w.ready
+        if kind == _Kind.MFMA:
+            t = max(t, valu_free[w.simd], mfma_free[w.simd])
+        elif kind == _Kind.VALU:
+            t = max(t, valu_free[w.simd])
+        elif kind in (_Kind.SALU, _Kind.BRANCH, _Kind.OTHER):
+            t = max(t, salu_free[w.simd])
+        elif kind == _Kind.WAIT:
+            vm, lgkm = extra
+            t = max(t, _vm_wait(w.vm, vm), _lgkm_wait(w.lgkm, lgkm))
+        elif kind == _Kind.END:
+            t = max(t, _vm_wait(w.vm, 0), _lgkm_wait(w.lgkm, 0))
+        elif kind == _Kind.DS:
+            t = max(t, lds_free, _lgkm_wait(w.lgkm, LGKM_MAX - 1))
+        elif kind == _Kind.SMEM:
+            t = max(t, _lgkm_wait(w.lgkm, LGKM_MAX - 1))
+        elif kind in (_Kind.VMEM, _Kind.FLAT):
+            t = max(t, vmem_free, _vm_wait(w.vm, VM_MAX - 1))
+            if kind == _Kind.FLAT:
+                t = max(t, _lgkm_wait(w.lgkm, LGKM_MAX - 1))
+        if w.mfma_ready and kind not in (_Kind.NOP, _Kind.WAIT, _Kind.BARRIER, _Kind.END):
+            touched, _, c_rows, _ = rowcache.get(w.trace, inst)
+            for r in touched:
+                rt = w.mfma_ready.get(r)
+                if rt is not None and rt > t and r not in c_rows:   # SrcC chain: forwarded
+                    t = rt
+        return t
+
+    heap = []
+    for w in waves:
+        heapq.heappush(heap, (0, -w.prio, w.i))
+    while heap:
+        t0, key, i = heapq.heappop(heap)
+        w = waves[i]
+        t = candidate(w)
+        if t is None:
+            continue
+        if t > t0 or -w.prio != key:          # stale entry: requeue at its real time
+            heapq.heappush(heap, (t, -w.prio, i))
+            continue
+        # commit instruction at cycle t
+        inst = w.trace.insts[w.pos]
+        kind, cyc, extra = _classify(inst, p)
+        w.times.append(t)
+        nxt = t + p.issue
+        if kind == _Kind.MFMA:
+            mfma_free[w.simd] = t + cyc
+            valu_free[w.simd] = max(valu_free[w.simd], t + p.issue)
+            mfma_busy[w.simd].append((t, t + cyc))
+            for r in rowcache.get(w.trace, inst)[3]:
+                w.mfma_ready[r] = t + cyc
+        elif kind == _Kind.VALU:
+            valu_free[w.simd] = t + cyc
+            valu_busy[w.simd].append((t, t + cyc))
+            if w.mfma_ready:
+                for r in rowcache.get(w.trace, inst)[1]:
+                    w.mfma_ready.pop(r, None)
+        elif kind in (_Kind.SALU, _Kind.BRANCH, _Kind.OTHER):
+            salu_free[w.simd] = t + cyc
+            if inst.name == "s_setprio":
+                w.prio = inst.simm16 & 3
+            if kind == _Kind.BRANCH and w.pos + 1 < len(w.trace.insts) and \
+                    w.trace.insts[w.pos + 1].pc != inst.pc + inst.size:
+                nxt += p.branch_taken
+        elif kind == _Kind.NOP:
+            nxt = t + p.issue * extra
+        elif kind == _Kind.WAIT:              # resolved in the sequencer: no issue slot
+            vm, lgkm = extra
+            w.vm = _vm_retire(w.vm, vm, t)
+            w.lgkm = _lgkm_retire(w.lgkm, lgkm, t)
+            nxt = t
+        elif kind == _Kind.DS:
+            w.lgkm = _lgkm_retire(w.lgkm, LGKM_MAX - 1, t)
+            nbytes = extra * max(1, w.trace.lanes[w.pos])
+            occ = max(1, -(-nbytes // p.lds_bytes_per_clk))
+            lds_free = t + occ
+            w.lgkm.append((t + occ + p.lds_latency, False))
+            if w.mfma_ready:
+                for r in rowcache.get(w.trace, inst)[1]:
+                    w.mfma_ready.pop(r, None)
+        elif kind in (_Kind.VMEM, _Kind.FLAT):
+            w.vm = _vm_retire(w.vm, VM_MAX - 1, t)
+            if kind == _Kind.FLAT:
+                w.lgkm = _lgkm_retire(w.lgkm, LGKM_MAX - 1, t)
+            nbytes = extra * max(1, w.trace.lanes[w.pos])
+            occ = max(1, -(-nbytes // p.vmem_bytes_per_clk))
+            vmem_free = t + occ
+            w.vm.append(t + occ + p.vmem_latency)
+            if kind == _Kind.FLAT:
+                w.lgkm.append((t + occ + p.vmem_latency, True))
+            if w.mfma_ready:
+                for r in rowcache.get(w.trace, inst)[1]:
+                    w.mfma_ready.pop(r, None)
+        elif kind == _Kind.SMEM:
+            w.lgkm = _lgkm_retire(w.lgkm, LGKM_MAX - 1, t)
+            w.lgkm.append((t + p.smem_latency, True))
+        w.ready = nxt
+        w.pos += 1
+        if kind == _Kind.END or w.pos >= len(w.trace.insts):
+            w.done = True
+            w.ready = t
+        elif kind == _Kind.BARRIER:
+            w.at_barrier = t
+        else:
+            heapq.heappush(heap, (w.ready, -w.prio, i))
+            continue
+        if _release_barrier(members[w.group], p):
+            for m in members[w.group]:
+                if not m.done:
+                    heapq.heappush(heap, (m.ready, -m.prio, m.i))
+        if w.done and all(m.done for m in members[w.group]):
+            end = max(m.ready for m in members[w.group])
+            for m in gated.pop(w.group, []):           # the next workgroup takes the slot
+                m.gate = None
+                m.ready = max(m.ready, end)
+                heapq.heappush(heap, (m.ready, -m.prio, m.i))
+    ends = [w.ready for w in waves]
+    return SimResult(max(ends) if ends else 0, list(simd_of), mfma_busy, valu_busy,
+                     [w.times for w in waves], ends, list(traces), list(groups))
+
+
+def _release_barrier(group: list, p: Params) -> bool:
+    live = [m for m in group if not m.done]
+    if not live or any(m.at_barrier is None for m in live):
+        return False
+    t = max(m.at_barrier for m in live) + p.barrier_latency
+    for m in live:
+        m.at_barrier = None
+        m.ready = max(m.ready, t)
+    return True
+
+
+def _vm_wait(vm: list, n: int) -> int:
+    k = len(vm) - n
+    if k <= 0:
+        return 0
+    return max(vm[:k])          # in-order decrement: the k oldest must all be done
+
+
+def _vm_retire(vm: list, n: int, t: int) -> list:
+    """Drop what has been counted down by cycle ``t`` (in order: an operation leaves the
+    counter only after all older ones)."""
+    out, run = [], 0
+    for c in vm:
+        run = max(run, c)
+        if run > t:
+            out.append(c)
+    return out
+
+
+def _lgkm_effective(lgkm: list) -> list:
+    out, run = [], 0
+    for c, ooo in lgkm:
+        if ooo:
+            out.append(c)
+        else:
+            run = max(run, c)      # LDS returns in order
+            out.append(run)
+    return out
+
+
+def _lgkm_wait(lgkm: list, n: int) -> int:
+    k = len(lgkm) - n
+    if k <= 0:
+        return 0
+    return sorted(_lgkm_effective(lgkm))[k - 1]
+
+
+def _lgkm_retire(lgkm: list, n: int, t: int) -> list:
+    if len(lgkm) <= n:
+        return lgkm
+    eff = _lgkm_effective(lgkm)
+    return [x for x, e in zip(lgkm, eff) if e > t]
+
+
+# --------------------------------------------------------------------------------------
+# Steady state of an inner loop
+
+@dataclasses.dataclass
+class LoopFigures:
+    backedge: int                  # pc of the loop's back-edge branch
+    window: tuple                  # [lo, hi) cycles where every wave is inside the loop
+    iterations: float              # back-edges per wave inside the window (mean)
+    cycles_per_iteration: float    # per wave: mean distance between its back-edges
+    mfma_busy: float               # fraction of the window, averaged over SIMDs with waves
+    valu_busy: float
+    workgroups: int
+
+
+def _backedge(trace) -> int | None:
+    counts: dict = {}
+    insts = trace.insts
+    for k, inst in enumerate(insts[:-1]):
+        if inst.name.startswith(("s_cbranch", "s_branch")) and insts[k + 1].pc < inst.pc:
+            counts[inst.pc] = counts.get(inst.pc, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def loop_figures(res: SimResult, backedge: int | None = None,
+                 window: tuple | None = None) -> LoopFigures | None:
+    """Steady-state figures of the most-taken backward branch (the KV-tile loop in the
+    attention kernels).  Cycles per iteration: each wave's mean distance between two of
+    its taken back-edges, averaged over the waves.  Busy fractions and iterations: over
+    ``window``, by default from the latest first back-edge to the earliest last one
+    (where every wave is iterating)."""
+    if backedge is None:
+        from collections import Counter
+        votes = Counter(_backedge(t) for t in res.traces)
+        votes.pop(None, None)
+        if not votes:
+            return None
+        backedge = votes.most_common(1)[0][0]
+    firsts, lasts, periods, stamps = [], [], [], []
+    for t, times in zip(res.traces, res.issue_times):
+        st = [times[k] for k, inst in enumerate(t.insts[:-1])
+              if inst.pc == backedge and t.insts[k + 1].pc < inst.pc]
+        stamps.append(st)
+        if len(st) >= 2:
+            firsts.append(st[0])
+            lasts.append(st[-1])
+            periods.append((st[-1] - st[0]) / (len(st) - 1))
+    if not periods:
+        return None
+    lo, hi = window if window is not None else (max(firsts), min(lasts))
+    if hi <= lo:
+        return None
+    counts = [sum(1 for x in st if lo < x <= hi) for st in stamps]
+    return LoopFigures(backedge, (lo, hi), sum(counts) / len(counts),
+                       sum(periods) / len(periods), res.busy("mfma", lo, hi),
+                       res.busy("valu", lo, hi), len(set(res.groups)))
+
+
+# --------------------------------------------------------------------------------------
+# Kernels
+
+def occupancy(kernel, waves_per_wg: int) -> int:
+    """Workgroups resident on one CU (LDS, VGPR and wave-slot limits)."""
+    md = kernel.metadata
+    vgprs = int(md.get("vgpr_count", 256))
+    agprs = int(md.get("agpr_count", 0))
+    total = (kernel.descriptor.accum_offset + agprs) if agprs else vgprs
+    total = -(-max(total, 1) // 8) * 8
+    per_simd = min(8, 512 // total)
+    by_waves = (per_simd * SIMDS) // waves_per_wg
+    lds = kernel.group_segment_fixed_size
+    by_lds = (160 * 1024) // lds if lds else 32
+    return max(1, min(by_waves, by_lds, 32))
+
+
+@dataclasses.dataclass
+class KernelFigures:
+    name: str
+    shape: str
+    resident_workgroups: int       # per CU (occupancy)
+    workgroups: int                # simulated, streamed through the resident slots
+    loop: LoopFigures | None       # inner loop: per-wave period; busy over the stream window
+    tile_flops: int                # FLOPs of one full KV tile of one workgroup
+    tflops_loop: float             # MI355X, from the loop period: G x tile FLOPs / period
+    tflops_stream: float           # MI355X, useful FLOPs finished per cycle in the window
+    cycles_total: int
+    flops_total: float             # useful FLOPs of the simulated workgroups
+    tflops_whole: float            # MI355X, whole simulated run (ramp-up and tail included)
+    mfma_busy_whole: float
+    valu_busy_whole: float
+    sim: SimResult = dataclasses.field(repr=False, default=None)
+
+
+def kernel_figures(variant, batch=1, seqlen_q=256, seqlen_k=1024, heads=4, params=None,
+                   seed=0) -> KernelFigures:
+    """Run one catalogue variant on the emulator (``ZYFA_BACKEND=emulator``), record every
+    workgroup's waves, and stream the workgroups through one CU: as many resident as the
+    occupancy allows (:func:`occupancy`), workgroup ``j + G`` taking the slot of workgroup
+    ``j`` when it ends, waves of slot ``s`` on SIMDs ``(i + s * waves) % 4``.  Predicted
+    MI355X TFLOP/s (256 CUs, 2.4 GHz, every CU equally loaded):
+
+    * ``tflops_loop``: G workgroups each finishing one full KV tile per loop period;
+    * ``tflops_stream``: useful FLOPs of the KV tiles started inside the stream window
+      (from the first workgroup's end to the last one's start: slots refilled
+      continuously, prologues and epilogues included) per cycle;
+    * ``tflops_whole``: all useful FLOPs over the whole simulated run."""
+    import ml_dtypes
+    import numpy as np
+
+    from zyfa_runtime import driver as drivers
+    from zyfa_runtime import flash_attn_func
+    drv = drivers.get_driver()
+    if getattr(drv, "name", "") != "emulator":
+        raise RuntimeError("kernel_figures needs ZYFA_BACKEND=emulator")
+    rng = np.random.default_rng(seed)
+    dq, dv = variant.d_qk, variant.d_v
+
+    def bf16(shape):
+        return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
+    q, k, v = bf16((batch, seqlen_q, heads, dq)), bf16((batch, seqlen_k, heads, dq)), \
+        bf16((batch, seqlen_k, heads, dv))
+    rec = TraceRecorder()
+    m = drv.machine
+    seen = []
+    real_launch = drv.launch
+    drv.launch = lambda *a: seen.append(a) or real_launch(*a)
+    m.observers.append(rec)
+    for arr in (q, k, v):              # exact bounds (the host fallback needs none)
+        drv.register_host(arr)
+    try:
+        flash_attn_func(q, k, v, causal=variant.causal)
+    finally:
+        m.observers.remove(rec)
+        del drv.launch
+        for arr in (q, k, v):
+            drv.unregister_host(arr)
+    kernel = seen[-1][0].handle
+    wgs = rec.workgroups()
+    order = sorted(wgs, key=lambda key: (key[2], key[1], key[0]))       # dispatch order
+    per_wg = len(wgs[order[0]])
+    g = min(occupancy(kernel, per_wg), len(order))
+    traces, groups, after, simd_of = [], [], [], []
+    for j, key in enumerate(order):
+        slot = j % g
+        for t in wgs[key]:
+            traces.append(t)
+            groups.append(j)
+            after.append(j - g if j >= g else None)
+            simd_of.append((t.index + slot * per_wg) % SIMDS)
+    res = simulate(traces, params, simd_of=simd_of, groups=groups, after=after)
+    # useful FLOPs of a workgroup: its query rows x the keys they see
+    tile = variant.tile
+
+    def wg_flops(key):
+        total = 0.0
+        for r in range(key[0] * tile.block_m, min(seqlen_q, (key[0] + 1) * tile.block_m)):
+            vis = seqlen_k if not variant.causal else \
+                max(0, min(seqlen_k, r + 1 + seqlen_k - seqlen_q))
+            total += 2.0 * vis * (dq + dv)
+        return total
+    starts, ends = {}, {}
+    for i in range(len(traces)):
+        j = groups[i]
+        starts[j] = min(starts.get(j, 1 << 62), res.issue_times[i][0])
+        ends[j] = max(ends.get(j, 0), res.end_times[i])
+    window = (min(ends.values()), max(starts.values()))
+    if window[1] - window[0] < 0.2 * res.cycles:
+        # too few workgroups to stream: where the first G (resident together) all iterate
+        be = _backedge(traces[0])
+        firsts, lasts = [], []
+        for i, t in enumerate(traces):
+            if groups[i] < g:
+                st = [res.issue_times[i][k_] for k_, inst in enumerate(t.insts[:-1])
+                      if inst.pc == be and t.insts[k_ + 1].pc < inst.pc]
+                if st:
+                    firsts.append(st[0])
+                    lasts.append(st[-1])
+        window = (max(firsts), min(lasts)) if firsts and max(firsts) < min(lasts) else \
+            (0, res.cycles)
+    lf = loop_figures(res, window=window)
+    scale = MI355X_CUS * MI355X_GHZ * 1e9 / 1e12
+    tile_flops = 2 * tile.block_m * tile.block_n * (dq + dv)
+    loop_tflops = (g * tile_flops / lf.cycles_per_iteration) * scale if lf else 0.0
+    stream = 0.0
+    if lf is not None:
+        lo, hi = lf.window
+        # KV tiles started in the window: loop-header issues of each workgroup's first wave
+        header = None
+        for t in traces:
+            for k_, inst in enumerate(t.insts[:-1]):
+                if inst.pc == lf.backedge and t.insts[k_ + 1].pc < inst.pc:
+                    header = t.insts[k_ + 1].pc
+                    break
+            if header is not None:
+                break
+        done_flops = 0.0
+        for i, t in enumerate(traces):
+            if t.index != 0:
+                continue
+            key = order[groups[i]]
+            n_tiles = sum(1 for inst in t.insts if inst.pc == header)
+            inside = sum(1 for k_, inst in enumerate(t.insts)
+                         if inst.pc == header and lo <= res.issue_times[i][k_] < hi)
+            done_flops += wg_flops(key) * inside / max(1, n_tiles)
+        stream = done_flops / (hi - lo) * scale
+    flops = sum(wg_flops(key) for key in order)
+    whole = flops / res.cycles * scale if res.cycles else 0.0
+    shape = (f"B={batch} Hq=Hkv={heads} Sq={seqlen_q} Sk={seqlen_k}"
+             f"{' causal' if variant.causal else ''}")
+    return KernelFigures(variant.name, shape, g, len(order), lf, tile_flops, loop_tflops,
+                         stream, res.cycles, flops, whole, res.busy("mfma"), res.busy("valu"),
+                         res)
+
+
+def _main(argv=None) -> int:
+    import argparse
+    import os
+    ap = argparse.ArgumentParser(prog="python -m zyfa_emulator.cycles",
+                                 description="cycle-model figures for the gfx950 kernels")
+    ap.add_argument("--seqlen-q", type=int, default=256)
+    ap.add_argument("--seqlen-k", type=int, default=1024)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--trans", type=int, default=4, help="cycles per transcendental VALU op")
+    ap.add_argument("--only", default="", help="substring of the variant name")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("ZYFA_BACKEND", "emulator")
+    from zyfa_runtime.catalogue import Variant
+    rows = []
+    for dq, dv in ((64, 64), (128, 128), (192, 128), (256, 256)):
+        for causal in (False, True):
+            v = Variant("gfx950", "bf16", dq, dv, causal)
+            if args.only and args.only not in v.name:
+                continue
+            f = kernel_figures(v, seqlen_q=args.seqlen_q, seqlen_k=args.seqlen_k,
+                               heads=args.heads, params=Params(trans=args.trans))
+            lf = f.loop
+            rows.append(f"| {v.name} | {v.tile.block_m} x {v.tile.block_n} | "
+                        f"{f.resident_workgroups} | "
+                        f"{lf.cycles_per_iteration:.0f} | {100 * lf.mfma_busy:.0f} % | "
+                        f"{100 * lf.valu_busy:.0f} % | {f.tflops_loop:.0f} | "
+                        f"{f.tflops_stream:.0f} | {f.tflops_whole:.0f} |")
+    print(f"B=1 Hq=Hkv={args.heads} Sq={args.seqlen_q} Sk={args.seqlen_k}, "
+          f"{f.workgroups} workgroups streamed through one CU, trans={args.trans}")
+    print("| kernel | tile (q x keys) | WGs/CU | cycles per KV tile (per wave) | MFMA busy "
+          "| VALU busy | TFLOP/s (loop) | TFLOP/s (stream) | TFLOP/s (whole run) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
