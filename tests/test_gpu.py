@@ -121,3 +121,35 @@ def test_unbuilt_variant_is_a_clear_error():
     from zyfa_runtime.errors import ZyfaError
     with pytest.raises(ZyfaError, match="not built"):
         kernel_table(DRIVER).get(0, Variant("gfx950", "fp8_e4m3", 128, 128, False))
+
+
+def test_several_gpus_driven_from_one_process():
+    """A thread per device, each with its own inputs on its device: every result right, and
+    the module loaded once per device."""
+    import threading
+
+    from zyfa_runtime.api import kernel_table
+    from zyfa_runtime.selfcheck import O_BOUND, LSE_BOUND, dense_case
+    n = DRIVER.device_count()
+    if n < 2:
+        pytest.skip(f"needs two GPUs; this machine has {n}")
+    v = Variant(ARCH, "bf16", 128, 128, True)
+    results, failures = {}, []
+
+    def work(dev):
+        try:
+            rng = np.random.default_rng()
+            results[dev] = [dense_case(DRIVER, dev, v, rng, b=2, sq=77, sk=131, hq=6, hkv=2)
+                            for _ in range(3)]
+        except Exception as e:  # reported below
+            failures.append((dev, e))
+    threads = [threading.Thread(target=work, args=(d,)) for d in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    for dev in range(n):
+        assert all(o <= O_BOUND and lse <= LSE_BOUND for o, lse in results[dev]), (dev, results[dev])
+    loaded = {d for d, var in kernel_table(DRIVER)._loaded if var == v}
+    assert loaded == set(range(n))
