@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from generator import codeobject, kernel_source, toolchain  # noqa: E402
+from generator import c_header, codeobject, kernel_source, toolchain  # noqa: E402
 from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, Variant, all_variants, buildable,  # noqa: E402
@@ -200,6 +200,7 @@ def main(argv=None) -> int:
             manifest["compilers"].setdefault(a, c)
     manifest["compilers"] = dict(sorted(manifest["compilers"].items()))
     atomic_write(manifest_path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write(out_dir / "zyfa_kernels.h", c_header.write_header(manifest).encode())
     built = sum(e["built"] for e in manifest["kernels"])
     print(f"done in {time.monotonic() - t0:.1f}s: {n - hits} built, {hits} cached, "
           f"{len(failed)} failed; manifest lists {len(variants)} kernels, {built} built", flush=True)

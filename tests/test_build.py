@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import build
-from generator import codeobject
+from generator import c_header, codeobject
 from zyfa_runtime.__main__ import support_matrix
 from zyfa_runtime.catalogue import TOOLKIT, Variant, all_variants, buildable, grid_rule, kernargs
 
@@ -76,6 +76,12 @@ def test_two_clean_builds_are_byte_identical(clean_build, tmp_path):
         assert (clean_build / name).read_bytes() == (tmp_path / name).read_bytes(), name
 
 
+def test_c_header_is_written_from_the_manifest(clean_build):
+    header = (clean_build / "zyfa_kernels.h").read_text()
+    assert header == c_header.write_header(manifest(clean_build))
+    assert header.count("typedef struct zyfa_") == 24
+
+
 def test_rebuild_is_incremental(clean_build, capsys):
     before = (clean_build / "manifest.json").read_bytes()
     assert build.main(["--out", str(clean_build)]) == 0
@@ -91,7 +97,7 @@ def test_selective_build_keeps_the_rest_listed(tmp_path, capsys):
     assert len(kernels) == 32
     assert [e["name"] for e in kernels if e["built"]] == ["fwd_sm_90a_bf16_d64x64_full"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fwd_sm_90a_bf16_d64x64_full.cubin",
-                                                         "manifest.json"]
+                                                         "manifest.json", "zyfa_kernels.h"]
 
 
 def test_a_tampered_output_is_rebuilt(tmp_path):

@@ -1,0 +1,268 @@
+"""Emit ``zyfa_kernels.h``: the manifest's kernels as C declarations.
+
+The header is generated from ``manifest.json`` alone -- every offset, size, block
+size, shared-memory figure and grid rule in it is read from the manifest, so the
+argument layout still has exactly one definition (``catalogue.kernargs``, recorded
+in the manifest and checked against the code objects by ``build.py``).
+
+Per built kernel ``<name>`` it declares
+
+* ``struct zyfa_<name>_args``: one field per kernel argument at the manifest's offset,
+  natural alignment, explicit ``uint8_t`` padding where the manifest leaves a gap and
+  at the tail up to ``kernarg_size``; ``sizeof`` and every ``offsetof`` are checked by
+  static assertions.  The struct is the argument buffer handed to ``cuLaunchKernel`` /
+  ``hipModuleLaunchKernel`` through ``extra`` (``*_LAUNCH_PARAM_BUFFER_POINTER``).
+* ``ZYFA_<NAME>_*`` macros: symbol, file, sha256, arch, dtype, head dims, causal flag,
+  tile, block size, dynamic and total shared bytes, kernarg size.
+* ``zyfa_<name>_grid(const struct zyfa_<name>_args *, unsigned *gx, *gy, *gz)``: the grid
+  rule evaluated on the struct's fields.
+
+plus the manifest format, package version, toolkit pins and compilers as macros, and
+``ZYFA_KERNELS(X)``, an X-macro listing every built kernel as ``X(name, NAME)``.
+Valid C99, C11 and C++; the output depends only on the manifest (deterministic).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: C field type for each (manifest type, size).  Pointers are device addresses and are
+#: 64-bit whatever the host's pointer width (CUdeviceptr is an unsigned 64-bit integer).
+C_TYPES = {
+    ("ptr", 8): ("uint64_t", 8),
+    ("i64", 8): ("int64_t", 8),
+    ("i32", 4): ("int32_t", 4),
+    ("f32", 4): ("float", 4),
+}
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+_PRELUDE = """\
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__cplusplus)
+#define ZYFA_STATIC_ASSERT_(cond, msg) static_assert(cond, msg)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define ZYFA_STATIC_ASSERT_(cond, msg) _Static_assert(cond, msg)
+#else /* C99: a negative array size fails the build */
+#define ZYFA_STATIC_ASSERT_CAT2_(a, b) a##b
+#define ZYFA_STATIC_ASSERT_CAT_(a, b) ZYFA_STATIC_ASSERT_CAT2_(a, b)
+#define ZYFA_STATIC_ASSERT_(cond, msg) \\
+  typedef char ZYFA_STATIC_ASSERT_CAT_(zyfa_static_assert_, __LINE__)[(cond) ? 1 : -1]
+#endif
+
+/* ceil(a / b) for b > 0 (C division truncates toward zero: the ceiling when a <= 0); 0 if b <= 0. */
+static inline int64_t zyfa_cdiv_(int64_t a, int64_t b) {
+  return b <= 0 ? 0 : a > 0 ? (a + b - 1) / b : a / b;
+}
+
+/* A grid dimension: negative values become 0, as in the runtime's evaluation. */
+static inline unsigned int zyfa_grid_dim_(int64_t n) {
+  return n > 0 ? (unsigned int)n : 0u;
+}
+"""
+
+_EPILOGUE = """\
+#undef ZYFA_STATIC_ASSERT_
+#undef ZYFA_STATIC_ASSERT_CAT_
+#undef ZYFA_STATIC_ASSERT_CAT2_
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ZYFA_KERNELS_H */
+"""
+
+
+class HeaderError(ValueError):
+    pass
+
+
+def _ident(s: str, what: str) -> str:
+    if not isinstance(s, str) or not _IDENT.match(s):
+        raise HeaderError(f"{what} {s!r} is not a C identifier")
+    return s
+
+
+def _cstr(s) -> str:
+    s = str(s)
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.append(f"\\{ord(ch) & 0xFF:03o}" if ord(ch) < 0x100 else "?")
+    return '"' + "".join(out) + '"'
+
+
+def _comment(s) -> str:
+    return str(s).replace("*/", "* /")
+
+
+def _struct(name: str, entry: dict) -> tuple[list[str], list[tuple[str, int, int]]]:
+    """The struct's lines, and (field, offset, size) of every field, padding included."""
+    fields: list[tuple[str, int, int]] = []
+    lines = [f"struct zyfa_{name}_args {{"]
+    pos, n_pad, max_align = 0, 0, 1
+    seen = set()
+    for a in entry["kernargs"]:
+        fname = _ident(a["name"], f"{name}: argument")
+        if fname in seen or fname.startswith("pad_"):
+            raise HeaderError(f"{name}: argument name {fname!r} repeated or reserved")
+        seen.add(fname)
+        key = (a["type"], int(a["size"]))
+        if key not in C_TYPES:
+            raise HeaderError(f"{name}.{fname}: no C type for type {a['type']!r} of size {a['size']}")
+        ctype, align = C_TYPES[key]
+        off = int(a["offset"])
+        if off % align:
+            raise HeaderError(f"{name}.{fname}: offset {off} is not {align}-byte aligned")
+        natural = (pos + align - 1) // align * align
+        if off < natural:
+            raise HeaderError(f"{name}.{fname}: offset {off} overlaps the previous argument")
+        if off > pos:   # every gap is spelt out, including those natural alignment would insert
+            lines.append(f"  uint8_t pad_{n_pad}[{off - pos}];")
+            fields.append((f"pad_{n_pad}", pos, off - pos))
+            n_pad += 1
+        lines.append(f"  {ctype} {fname};")
+        fields.append((fname, off, align))
+        pos = off + align
+        max_align = max(max_align, align)
+    size = int(entry["kernarg_size"])
+    if size < pos:
+        raise HeaderError(f"{name}: kernarg_size {size} is smaller than the arguments' end {pos}")
+    if size % max_align:
+        raise HeaderError(f"{name}: kernarg_size {size} is not a multiple of the struct's "
+                          f"alignment {max_align}")
+    if size > pos:
+        lines.append(f"  uint8_t pad_{n_pad}[{size - pos}];")
+        fields.append((f"pad_{n_pad}", pos, size - pos))
+    lines.append("};")
+    lines.append(f"typedef struct zyfa_{name}_args zyfa_{name}_args;")
+    return lines, fields
+
+
+def _grid_term(name: str, term, args: set[str]) -> str:
+    if isinstance(term, bool):
+        raise HeaderError(f"{name}: malformed grid term {term!r}")
+    if isinstance(term, int):
+        return f"(int64_t){term}"
+    if isinstance(term, str):
+        if term not in args:
+            raise HeaderError(f"{name}: grid term {term!r} names no kernel argument")
+        return f"(int64_t)a->{term}"
+    if isinstance(term, dict) and set(term) == {"cdiv"} and len(term["cdiv"]) == 2:
+        x, y = (_grid_term(name, t, args) for t in term["cdiv"])
+        return f"zyfa_cdiv_({x}, {y})"
+    raise HeaderError(f"{name}: malformed grid term {term!r}")
+
+
+def _kernel(entry: dict) -> list[str]:
+    name = _ident(entry["name"], "kernel name")
+    up = name.upper()
+    var = entry.get("variant", {})
+    lines, fields = _struct(name, entry)
+    out = [f"/* ---- {name} " + "-" * max(0, 78 - len(name) - 9) + " */", ""]
+    out += lines
+    st = f"struct zyfa_{name}_args"
+    out.append(f"ZYFA_STATIC_ASSERT_(sizeof({st}) == {int(entry['kernarg_size'])}, "
+               f"\"{name}: kernarg_size\");")
+    for f, off, _ in fields:
+        out.append(f"ZYFA_STATIC_ASSERT_(offsetof({st}, {f}) == {off}, \"{name}.{f}\");")
+    out.append("")
+    macros = [
+        ("SYMBOL", _cstr(entry["symbol"])),
+        ("FILE", _cstr(entry["file"])),
+        ("SHA256", _cstr(entry["sha256"])),
+        ("ARCH", _cstr(var["arch"])),
+        ("DTYPE", _cstr(var["dtype"])),
+        ("D_QK", str(int(var["d_qk"]))),
+        ("D_V", str(int(var["d_v"]))),
+        ("CAUSAL", "1" if var["causal"] else "0"),
+        ("BLOCK_M", str(int(entry["tile"]["block_m"]))),
+        ("BLOCK_N", str(int(entry["tile"]["block_n"]))),
+        ("BLOCK_SIZE", str(int(entry["block_size"]))),
+        ("DYNAMIC_SMEM", str(int(entry["dynamic_smem"]))),
+        ("SHARED_BYTES", str(int(entry["shared_bytes"]))),
+        ("KERNARG_SIZE", str(int(entry["kernarg_size"]))),
+    ]
+    width = max(len(k) for k, _ in macros)
+    out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
+    out.append("")
+    args = {a["name"] for a in entry["kernargs"]}
+    g = entry["grid"]
+    terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
+    out.append(f"/* grid: x = {_comment(_rule(g['x']))}, y = {_comment(_rule(g['y']))}, "
+               f"z = {_comment(_rule(g['z']))} */")
+    out.append(f"static inline void zyfa_{name}_grid(const {st} *a, unsigned int *gx, "
+               "unsigned int *gy, unsigned int *gz) {")
+    for axis, t in zip(("gx", "gy", "gz"), terms):
+        out.append(f"  *{axis} = zyfa_grid_dim_({t});")
+    out.append("}")
+    out.append("")
+    return out
+
+
+def _rule(term) -> str:
+    if isinstance(term, dict) and "cdiv" in term:
+        a, b = term["cdiv"]
+        return f"cdiv({_rule(a)}, {_rule(b)})"
+    return str(term)
+
+
+def write_header(manifest: dict) -> str:
+    """The text of ``zyfa_kernels.h`` for ``manifest`` (a parsed manifest.json)."""
+    kernels = manifest.get("kernels", [])
+    built = [e for e in kernels if e.get("built")]
+    unbuilt = [e for e in kernels if not e.get("built")]
+    out = [
+        "/* zyfa_kernels.h: the kernels of prebuilt/manifest.json as C declarations.",
+        " * Generated by build.py (generator/c_header.py) from the manifest; do not edit.",
+        " *",
+        " * Per kernel: struct zyfa_<name>_args is the kernel-argument buffer (pass it with",
+        " * CU_LAUNCH_PARAM_BUFFER_POINTER / HIP_LAUNCH_PARAM_BUFFER_POINTER and its sizeof),",
+        " * ZYFA_<NAME>_* give the symbol, file, block size and shared memory, and",
+        " * zyfa_<name>_grid() evaluates the launch grid from the struct's fields.",
+        " * Pointer fields hold device addresses; strides are in elements. */",
+        "#ifndef ZYFA_KERNELS_H",
+        "#define ZYFA_KERNELS_H",
+        "",
+    ]
+    out += _PRELUDE.splitlines()
+    out.append("")
+    out.append(f"#define ZYFA_MANIFEST_FORMAT {int(manifest['format'])}")
+    out.append(f"#define ZYFA_PACKAGE_VERSION {_cstr(manifest['package_version'])}")
+    for arch, tk in sorted(manifest.get("toolkits", {}).items()):
+        out.append(f"#define ZYFA_TOOLKIT_{_ident(arch, 'arch').upper()} {_cstr(tk)}")
+    for arch, c in sorted(manifest.get("compilers", {}).items()):
+        a = _ident(arch, "arch").upper()
+        out.append(f"#define ZYFA_COMPILER_{a} {_cstr(c.get('name', ''))}")
+        out.append(f"#define ZYFA_COMPILER_VERSION_{a} {_cstr(c.get('version', ''))}")
+    out.append(f"#define ZYFA_NUM_KERNELS {len(built)}")
+    out.append("")
+    out.append("/* Every kernel declared below, as X(name, NAME). */")
+    if built:
+        out.append("#define ZYFA_KERNELS(X) \\")
+        for i, e in enumerate(built):
+            n = _ident(e["name"], "kernel name")
+            out.append(f"  X({n}, {n.upper()})" + (" \\" if i + 1 < len(built) else ""))
+    else:
+        out.append("#define ZYFA_KERNELS(X)")
+    if unbuilt:
+        out.append("")
+        out.append("/* Listed in the manifest but not built (not declared here):")
+        out += [f" *   {_comment(e['name'])}" for e in unbuilt]
+        out.append(" */")
+    out.append("")
+    for e in built:
+        out += _kernel(e)
+    out += _EPILOGUE.splitlines()
+    return "\n".join(out) + "\n"

@@ -1,0 +1,328 @@
+"""zyfa_kernels.h: generated from the manifest alone, valid C99/C11/C++, struct layouts equal to
+the manifest's (checked by a compiled program, not by reading the text), grid functions equal to
+the runtime's evaluation, deterministic; and the C example compiles (CUDA, HIP with stubs)."""
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from generator.c_header import HeaderError, write_header
+from zyfa_runtime import __version__
+from zyfa_runtime.catalogue import (TOOLKIT, all_variants, buildable, eval_grid, grid_rule,
+                                    kernarg_size, kernargs)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "c"
+CC = shutil.which("gcc") or shutil.which("cc")
+CXX = shutil.which("g++") or shutil.which("c++")
+needs_cc = pytest.mark.skipif(CC is None or CXX is None, reason="no gcc/g++ (C and C++ compilers) here")
+
+
+def catalogue_manifest() -> dict:
+    """The manifest build.py writes, less what only compiling tells (digests, registers)."""
+    kernels = []
+    for v in all_variants():
+        if not buildable(v):
+            kernels.append({"name": v.name, "variant": v.to_json(), "built": False,
+                            "reason": "not built", "file": v.filename, "symbol": v.symbol})
+            continue
+        args = kernargs(v)
+        kernels.append({
+            "name": v.name, "variant": v.to_json(), "built": True, "file": v.filename,
+            "sha256": "0" * 64, "source_hash": "0" * 64, "compiler": "none", "symbol": v.symbol,
+            "block_size": v.tile.threads,
+            "tile": {"block_m": v.tile.block_m, "block_n": v.tile.block_n},
+            "dynamic_smem": v.tile.dynamic_smem, "shared_bytes": v.tile.dynamic_smem,
+            "kernarg_size": kernarg_size(args), "kernargs": [a.to_json() for a in args],
+            "grid": grid_rule(v), "registers": {}, "scratch_bytes": 0,
+        })
+    return {"format": 1, "package_version": __version__, "toolkits": dict(TOOLKIT),
+            "compilers": {"sm_90a": {"name": "nvcc", "version": "V13.0 \"quoted\" \\ back"}},
+            "kernels": kernels}
+
+
+def gappy_manifest() -> dict:
+    """Gaps between arguments and at the tail, literal and nested grid terms, one unbuilt."""
+    args = [("x", "ptr", 0, 8), ("n", "i32", 8, 4), ("s", "i64", 16, 8), ("m", "i32", 28, 4),
+            ("f", "f32", 32, 4), ("t", "i32", 36, 4)]
+    e = {"name": "gappy", "built": True, "file": "gappy.cubin", "sha256": "ab" * 32,
+         "symbol": "zyfa_gappy", "block_size": 64, "tile": {"block_m": 16, "block_n": 16},
+         "dynamic_smem": 0, "shared_bytes": 1024, "kernarg_size": 56,
+         "variant": {"arch": "sm_90a", "dtype": "bf16", "d_qk": 64, "d_v": 64, "causal": True},
+         "kernargs": [{"name": n, "type": t, "offset": o, "size": s} for n, t, o, s in args],
+         "grid": {"x": {"cdiv": [{"cdiv": ["s", 4]}, 2]}, "y": 3, "z": "n"}}
+    return {"format": 1, "package_version": "9.9.9", "toolkits": {"sm_90a": "CUDA 13.0"},
+            "compilers": {}, "kernels": [e, {"name": "later", "built": False, "reason": "x"}]}
+
+
+def prebuilt_manifest() -> dict:
+    import json
+    path = ROOT / "prebuilt" / "manifest.json"
+    if not path.exists():
+        pytest.skip("no prebuilt/manifest.json here (run build.py)")
+    return json.loads(path.read_text())
+
+
+MANIFESTS = {"catalogue": catalogue_manifest, "gappy": gappy_manifest, "prebuilt": prebuilt_manifest}
+
+
+def run(cmd, **kw):
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert p.returncode == 0, f"{' '.join(map(str, cmd))}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+def header_dir(tmp_path: Path, manifest: dict) -> Path:
+    d = tmp_path / "include"
+    d.mkdir(exist_ok=True)
+    (d / "zyfa_kernels.h").write_text(write_header(manifest))
+    return d
+
+
+def layout_program(manifest: dict, header: str, values: dict) -> str:
+    """A C program printing offsetof/sizeof of every struct member (padding members too) and
+    the grid for the given argument values, for the test to compare with the manifest."""
+    lines = ["#include <stdio.h>", "#include <string.h>", '#include "zyfa_kernels.h"', "int main(void) {"]
+    for e in manifest["kernels"]:
+        if not e["built"]:
+            continue
+        n, t = e["name"], f"zyfa_{e['name']}_args"
+        lines.append(f'  printf("size {n} %zu\\n", sizeof({t}));')
+        for f in [a["name"] for a in e["kernargs"]] + [p for p, _ in pad_fields(header, n)]:
+            lines.append(f'  printf("field {n} {f} %zu %zu\\n", offsetof({t}, {f}), '
+                         f"sizeof((({t} *)0)->{f}));")
+        lines.append("  {")
+        lines.append(f"    {t} a; unsigned int gx, gy, gz;")
+        lines.append("    memset(&a, 0, sizeof a);")
+        for arg in e["kernargs"]:
+            if arg["type"] in ("i32", "i64"):
+                lines.append(f"    a.{arg['name']} = {values[arg['name']]};")
+        lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
+        lines.append(f'    printf("grid {n} %u %u %u\\n", gx, gy, gz);')
+        lines.append("  }")
+    lines += ["  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def pad_fields(header: str, name: str) -> list[tuple[str, int]]:
+    body = header.split(f"struct zyfa_{name}_args {{\n")[1].split("};")[0]
+    return [(m.group(1), int(m.group(2))) for m in re.finditer(r"uint8_t (pad_\d+)\[(\d+)\];", body)]
+
+
+def arg_values(manifest: dict, sign: int) -> dict:
+    names = sorted({a["name"] for e in manifest["kernels"] if e["built"] for a in e["kernargs"]})
+    return {n: sign * (100 + 37 * i) for i, n in enumerate(names)}
+
+
+# --------------------------------------------------------------------------------------------
+
+@needs_cc
+@pytest.mark.parametrize("which", sorted(MANIFESTS))
+def test_header_compiles_as_c_and_cxx(tmp_path, which):
+    inc = header_dir(tmp_path, MANIFESTS[which]())
+    c = tmp_path / "t.c"
+    c.write_text('#include "zyfa_kernels.h"\n#include "zyfa_kernels.h"\nint main(void) { return 0; }\n')
+    cpp = tmp_path / "t.cpp"
+    cpp.write_text(c.read_text())
+    for std in ("c99", "c11"):
+        run([CC, f"-std={std}", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I", inc, "-c", c,
+             "-o", tmp_path / f"{std}.o"])
+    for std in ("c++11", "c++17"):
+        run([CXX, f"-std={std}", "-pedantic", "-Wall", "-Wextra", "-Werror", "-I", inc, "-c", cpp,
+             "-o", tmp_path / f"{std}.o"])
+
+
+@needs_cc
+@pytest.mark.parametrize("which", sorted(MANIFESTS))
+def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
+    m = MANIFESTS[which]()
+    inc = header_dir(tmp_path, m)
+    header = (inc / "zyfa_kernels.h").read_text()
+    for sign in (1, -1):   # negative sizes must give empty grids, as in the runtime
+        values = arg_values(m, sign)
+        src = tmp_path / "layout.c"
+        src.write_text(layout_program(m, header, values))
+        outputs = []
+        for compiler, std, lang in ((CC, "c11", "c"), (CXX, "c++17", "c++")):
+            exe = tmp_path / f"layout_{lang}"
+            run([compiler, "-x", lang, f"-std={std}", "-Wall", "-Werror", "-I", inc, src, "-o", exe])
+            outputs.append(run([exe]).stdout)
+        assert outputs[0] == outputs[1]   # C and C++ agree
+        got_fields, got_size, got_grid = {}, {}, {}
+        for line in outputs[0].splitlines():
+            kind, name, *rest = line.split()
+            if kind == "size":
+                got_size[name] = int(rest[0])
+            elif kind == "field":
+                got_fields.setdefault(name, []).append((rest[0], int(rest[1]), int(rest[2])))
+            else:
+                got_grid[name] = tuple(int(x) for x in rest)
+        built = [e for e in m["kernels"] if e["built"]]
+        assert set(got_size) == {e["name"] for e in built}
+        for e in built:
+            n = e["name"]
+            assert got_size[n] == e["kernarg_size"], n
+            args = [(a["name"], a["offset"], a["size"]) for a in e["kernargs"]]
+            assert got_fields[n][:len(args)] == args, n
+            # the padding members fill exactly the bytes the manifest leaves between and after
+            # the arguments, so the struct is the manifest's buffer byte for byte
+            holes, pos = [], 0
+            for _, off, size in sorted(args, key=lambda a: a[1]):
+                if off > pos:
+                    holes.append((pos, off - pos))
+                pos = off + size
+            if e["kernarg_size"] > pos:
+                holes.append((pos, e["kernarg_size"] - pos))
+            assert [(off, size) for _, off, size in got_fields[n][len(args):]] == holes, n
+            want = eval_grid(e["grid"], values)
+            assert got_grid[n] == want, n
+        if which == "gappy":
+            assert pad_fields(header, "gappy") == [("pad_0", 4), ("pad_1", 4), ("pad_2", 16)]
+
+
+def test_header_is_deterministic_and_independent_of_key_order():
+    m = catalogue_manifest()
+    first = write_header(m)
+    assert write_header(copy.deepcopy(m)) == first
+
+    def reverse_keys(x):
+        if isinstance(x, dict):
+            return {k: reverse_keys(x[k]) for k in reversed(list(x))}
+        if isinstance(x, list):
+            return [reverse_keys(i) for i in x]
+        return x
+    assert write_header(reverse_keys(m)) == first
+    assert first.endswith("\n") and "\r" not in first
+
+
+def test_header_carries_the_manifest_values():
+    m = catalogue_manifest()
+    h = write_header(m)
+    assert f'#define ZYFA_PACKAGE_VERSION "{__version__}"' in h
+    assert '#define ZYFA_TOOLKIT_SM_90A "CUDA 13.0"' in h and '#define ZYFA_TOOLKIT_GFX950 "ROCm 7.2.3"' in h
+    assert '#define ZYFA_COMPILER_VERSION_SM_90A "V13.0 \\"quoted\\" \\\\ back"' in h
+    built = [e for e in m["kernels"] if e["built"]]
+    assert f"#define ZYFA_NUM_KERNELS {len(built)}" in h
+    for e in built:
+        up = e["name"].upper()
+        for key, val in (("SYMBOL", f'"{e["symbol"]}"'), ("FILE", f'"{e["file"]}"'),
+                         ("BLOCK_SIZE", e["block_size"]), ("DYNAMIC_SMEM", e["dynamic_smem"]),
+                         ("SHARED_BYTES", e["shared_bytes"]), ("KERNARG_SIZE", e["kernarg_size"])):
+            assert re.search(rf"^#define ZYFA_{up}_{key} +{re.escape(str(val))}$", h, re.M), (e["name"], key)
+    for e in m["kernels"]:
+        if not e["built"]:
+            assert f"struct zyfa_{e['name']}_args" not in h
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda e: e["kernargs"][1].update(offset=4), "overlaps|aligned"),
+    (lambda e: e["kernargs"][2].update(offset=12), "aligned"),
+    (lambda e: e["kernargs"][0].update(type="u8"), "no C type"),
+    (lambda e: e.update(kernarg_size=52), "multiple"),
+    (lambda e: e.update(kernarg_size=32), "smaller"),
+    (lambda e: e["kernargs"][0].update(name="x y"), "identifier"),
+    (lambda e: e["grid"].update(y="nope"), "names no kernel argument"),
+])
+def test_layouts_c_cannot_express_are_refused(change, match):
+    m = gappy_manifest()
+    change(m["kernels"][0])
+    with pytest.raises(HeaderError, match=match):
+        write_header(m)
+
+
+def test_prebuilt_header_is_current():
+    m = prebuilt_manifest()
+    path = ROOT / "prebuilt" / "zyfa_kernels.h"
+    if not path.exists():
+        pytest.skip("prebuilt/ predates the C header: run build.py")
+    assert path.read_text() == write_header(m)
+
+
+# ---- the example ---------------------------------------------------------------------------
+
+def cuda_include() -> Path | None:
+    cands = [os.environ.get("CUDA_PATH", ""), os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cands.append(str(Path(nvcc).resolve().parent.parent))
+    for c in cands:
+        if c and (Path(c) / "include" / "cuda.h").exists():
+            return Path(c) / "include"
+    return None
+
+
+BF16 = [v for v in all_variants() if v.dtype == "bf16" and buildable(v)]
+
+
+def example_flags(name: str) -> list[str]:
+    return [f"-DZYFA_EXAMPLE_KERNEL={name}", f"-DZYFA_EXAMPLE_KERNEL_UP={name.upper()}"]
+
+
+@needs_cc
+def test_example_hip_stub_compiles_and_stops_at_the_driver(tmp_path):
+    inc = header_dir(tmp_path, catalogue_manifest())
+    exe = tmp_path / "ex_hip_stub"
+    run([CC, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-DZYFA_HIP", "-DZYFA_STUB_DRIVER",
+         "-I", inc, EXAMPLE / "zyfa_example.c", "-o", exe, "-lm"])
+    co = tmp_path / "fake.hsaco"
+    co.write_bytes(b"\x7fELF not really")
+    p = subprocess.run([exe, co, "1", "70", "90", "2", "1"], capture_output=True, text=True)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "zyfa_fwd_gfx950_bf16_d128x128_full" in p.stdout and "hipInit" in p.stderr
+    assert "stub driver" in p.stderr
+    for v in BF16:   # every bf16 gfx950 kernel of the header plugs into the example
+        if v.arch == "gfx950":
+            run([CC, "-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-DZYFA_HIP",
+                 "-DZYFA_STUB_DRIVER", *example_flags(v.name), "-I", inc, EXAMPLE / "zyfa_example.c"])
+
+
+@needs_cc
+def test_example_makefile_hip_stub_target(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    inc = header_dir(tmp_path, catalogue_manifest())
+    work = tmp_path / "ex"
+    work.mkdir()
+    for f in ("Makefile", "zyfa_example.c"):
+        shutil.copy(EXAMPLE / f, work / f)
+    run(["make", "-C", work, "hip-stub", f"PREBUILT={inc}", f"CC={CC}"])
+    assert (work / "zyfa_example_hip_stub").exists()
+
+
+@needs_cc
+def test_example_cuda_compiles_and_links(tmp_path):
+    cuda_inc = cuda_include()
+    if cuda_inc is None:
+        pytest.skip("no CUDA headers (cuda.h) here: set CUDA_PATH")
+    inc = header_dir(tmp_path, catalogue_manifest())
+    obj = tmp_path / "ex_cuda.o"
+    run([CC, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I", inc, "-I", cuda_inc, "-c",
+         EXAMPLE / "zyfa_example.c", "-o", obj])
+    for v in BF16:
+        if v.arch == "sm_90a":
+            run([CC, "-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", *example_flags(v.name),
+                 "-I", inc, "-I", cuda_inc, EXAMPLE / "zyfa_example.c"])
+    # Link against a stand-in libcuda.so.1 defining exactly the driver symbols the object uses
+    # (every one fails): checks the program links with the real entry-point names (_v2 etc.).
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm here to list the object's driver symbols")
+    syms = sorted({s for s in run([nm, "-u", obj]).stdout.split() if s.startswith("cu")})
+    assert {"cuInit", "cuModuleLoadData", "cuLaunchKernel", "cuFuncSetAttribute",
+            "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuMemAlloc_v2", "cuMemcpyHtoD_v2"} <= set(syms)
+    stub = tmp_path / "libcuda_stub.c"
+    stub.write_text("".join(f"int {s}(void) {{ return 999; }}\n" for s in syms))
+    lib = tmp_path / "libcuda.so.1"
+    run([CC, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", stub, "-o", lib])
+    exe = tmp_path / "ex_cuda"
+    run([CC, obj, lib, "-lm", "-o", exe])
+    co = tmp_path / "fake.cubin"
+    co.write_bytes(b"\x7fELF not really")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
+    p = subprocess.run([exe, co], capture_output=True, text=True, env=env)
+    assert p.returncode == 2 and "cuInit(0) failed" in p.stderr, p.stdout + p.stderr
