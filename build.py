@@ -22,6 +22,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+if __name__ == "__main__" and __spec__ is not None:
+    # `python -m build` in this directory finds this file before the PyPA builder: hand over
+    # to the real `build` package (the standard wheel flow, which in turn runs this file as
+    # a script through the in-tree backend).
+    import runpy
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+    sys.modules.pop("build", None)
+    runpy.run_module("build", run_name="__main__", alter_sys=True)
+    sys.exit(0)
 sys.path.insert(0, str(ROOT))
 
 from generator import c_header, codeobject, kernel_source, toolchain  # noqa: E402

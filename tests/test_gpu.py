@@ -18,7 +18,8 @@ def _gpu():
         from zyfa_runtime.driver import get_driver
         d = get_driver()
     except Exception as e:  # no library, no device
-        return None, f"no GPU backend: {e}"
+        return None, "no GPU backend: " + " | ".join(part.split(". Install")[0]
+                                                     for part in str(e).split(" | "))
     if d.host_memory_is_device:
         return None, f"backend {d.name} is not a GPU"
     if d.device_count() < 1:

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 
 from . import __version__
+from .errors import InstallationError
 
 
 def _driver():
@@ -16,17 +17,36 @@ def _driver():
     return get_driver()
 
 
+def installed_distributions() -> list[str]:
+    """``name version`` of each installed distribution providing ``zyfa_runtime``: zyfa-cuda13,
+    zyfa-rocm7-2 and an editable zyfa share it, so more than one means they overwrote each other."""
+    from importlib import metadata
+    names = sorted(set(metadata.packages_distributions().get("zyfa_runtime", [])))
+    return [f"{n} {metadata.version(n)}" for n in names]
+
+
 def cmd_info(args) -> int:
     from . import cache
     from .api import kernel_table
+    from .catalogue import distribution_name
     print(f"zyfa {__version__}")
+    dists = installed_distributions()
+    print(f"installed    {', '.join(dists) or 'none (run from a source tree)'}")
+    if len(dists) > 1:
+        print("warning      these distributions overwrite each other's files: "
+              "pip uninstall all of them, then install one")
     prebuilt = cache.prebuilt_dir()
     print(f"prebuilt     {prebuilt}")
     print(f"user cache   {cache.cache_root()} (ZYFA_CACHE_DIR overrides)")
     manifest = cache.load_manifest(prebuilt)
     for arch, tk in manifest["toolkits"].items():
         comp = manifest["compilers"].get(arch, {})
-        print(f"toolkit      {arch}: {tk} (built with {comp.get('name', '-')} {comp.get('version', '')})")
+        n = sum(1 for e in manifest["kernels"] if e.get("built") and e["variant"]["arch"] == arch)
+        if n:
+            print(f"toolkit      {arch}: {tk} (built with {comp.get('name', '-')} "
+                  f"{comp.get('version', '')}), {n} kernels built")
+        else:
+            print(f"toolkit      {arch}: {tk}, no kernels in this installation ({distribution_name(tk)} has them)")
     try:
         driver = _driver()
     except Exception as e:
@@ -35,14 +55,24 @@ def cmd_info(args) -> int:
     print(f"backend      {driver.name}")
     for key, val in driver.versions().items():
         print(f"{key:<12} {val}")
-    table = kernel_table(driver)
+    try:
+        table = kernel_table(driver)
+    except InstallationError as e:
+        print(f"refused      {e}")
+        return 1
+    refused = 0
     for dev in range(driver.device_count()):
-        arch = driver.arch(dev)
+        try:
+            arch = table.device_arch(dev)
+        except InstallationError as e:
+            print(f"device {dev}     {driver.device_name(dev)} ({driver.arch(dev)}): refused: {e}")
+            refused += 1
+            continue
         avail = table.available(arch)
         print(f"device {dev}     {driver.device_name(dev)} ({arch}), {len(avail)} kernels available")
         for v in avail:
             print(f"  {v.name}")
-    return 0
+    return 1 if refused else 0
 
 
 def cmd_check(args) -> int:
@@ -50,8 +80,9 @@ def cmd_check(args) -> int:
     from .selfcheck import LSE_BOUND, O_BOUND, check_variant
     driver = _driver()
     dev = args.device
-    arch = driver.arch(dev)
-    variants = [v for v in kernel_table(driver).available(arch)
+    table = kernel_table(driver)
+    arch = table.device_arch(dev)
+    variants = [v for v in table.available(arch)
                 if not args.only or any(p in v.name for p in args.only.split(","))]
     if not variants:
         print(f"no kernels available for {arch}", file=sys.stderr)
@@ -155,8 +186,12 @@ def main(argv=None) -> int:
     bn.add_argument("--warmup", type=int, default=5)
     bn.add_argument("--repeat", type=int, default=30)
     args = ap.parse_args(argv)
-    return {"info": cmd_info, "matrix": cmd_matrix, "check": cmd_check,
-            "bench": cmd_bench}[args.cmd](args)
+    try:
+        return {"info": cmd_info, "matrix": cmd_matrix, "check": cmd_check,
+                "bench": cmd_bench}[args.cmd](args)
+    except InstallationError as e:   # this installation does not fit the machine: say why
+        print(f"zyfa: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ _ones: dict[tuple[str, int], DeviceArray] = {}
 
 
 def kernel_table(driver) -> KernelTable:
-    """The kernel table of the installed manifest for this driver (built once)."""
+    """The kernel table of the installed manifest for this driver (built once, after the
+    manifest and the driver's versions have passed ``versions.py``'s checks)."""
     from . import cache
     with _lock:
         table = _tables.get(driver.name)
@@ -91,9 +92,10 @@ def _cu_values(driver, ref: TensorRef | None) -> np.ndarray | None:
 def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: int,
          driver, lse_shape, lse_strides):
     kind, device = problem.device
-    arch = driver.arch(device)
+    table = kernel_table(driver)
+    arch = table.device_arch(device)
     variant = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
-    kernel = kernel_table(driver).get(device, variant)
+    kernel = table.get(device, variant)
 
     out_arr = None
     if out is None:

@@ -23,6 +23,29 @@ VENDOR = {"sm_90a": "cuda", "gfx950": "hip"}
 #: Toolkit each arch's code objects are built for and pinned to.
 TOOLKIT = {"sm_90a": "CUDA 13.0", "gfx950": "ROCm 7.2.3"}
 
+
+def parse_toolkit(toolkit: str) -> tuple[str, tuple[int, ...]]:
+    """``"CUDA 13.0"`` -> ``("cuda", (13, 0))``, ``"ROCm 7.2.3"`` -> ``("rocm", (7, 2, 3))``."""
+    family, _, version = toolkit.strip().partition(" ")
+    try:
+        numbers = tuple(int(x) for x in version.strip().split("."))
+    except ValueError:
+        numbers = ()
+    if family.lower() not in ("cuda", "rocm") or len(numbers) < 2:
+        raise ValueError(f"toolkit {toolkit!r} is not 'CUDA <major>.<minor>' or "
+                         "'ROCm <major>.<minor>[.<patch>]'")
+    return family.lower(), numbers
+
+
+def distribution_name(toolkit: str) -> str:
+    """The wheel that carries code objects pinned to ``toolkit``, the pin in its name (PyPI
+    refuses local versions such as ``0.1.0+cu13``): ``"CUDA 13.0"`` -> ``zyfa-cuda13`` (a
+    driver runs cubins of its own CUDA major and older), ``"ROCm 7.2.3"`` -> ``zyfa-rocm7-2``
+    (HIP code objects are pinned to a ROCm major.minor).  See docs/distribution.md."""
+    family, v = parse_toolkit(toolkit)
+    return f"zyfa-cuda{v[0]}" if family == "cuda" else f"zyfa-rocm{v[0]}-{v[1]}"
+
+
 #: Code-object file suffix per arch.
 SUFFIX = {"sm_90a": ".cubin", "gfx950": ".hsaco"}
 

@@ -36,5 +36,11 @@ class CodeObjectError(ZyfaError):
     """A code object or the manifest is missing, malformed or fails its integrity check."""
 
 
+class InstallationError(ZyfaError):
+    """The installed kernels do not fit this machine or this runtime: a driver or toolkit
+    older or other than the one the code objects are pinned to, a device arch they were not
+    built for, or a manifest from another zyfa version (``versions.py``)."""
+
+
 def _rebuild(cls, message, code, name, call):
     return cls(message, code=code, name=name, call=call)

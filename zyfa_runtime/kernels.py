@@ -1,11 +1,15 @@
-"""Load stage: manifest entry -> verified code object -> module -> function, once per device."""
+"""Load stage: manifest entry -> verified code object -> module -> function, once per device.
+
+Creating the table checks that the manifest is this runtime's and that the driver's
+versions meet the manifest's toolkit pins; a device's arch is checked before its first
+kernel (``versions.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 
-from . import cache
+from . import cache, versions
 from .catalogue import KernArg, Variant
 from .errors import ZyfaError
 
@@ -26,12 +30,25 @@ class KernelTable:
     """The kernels of one manifest, loaded lazily per (device, variant); thread-safe."""
 
     def __init__(self, driver, manifest: dict, prebuilt):
+        versions.check_manifest(manifest, prebuilt)
+        versions.check_toolkit(driver, manifest)
         self.driver = driver
         self.manifest = manifest
         self.prebuilt = prebuilt
         self._entries = {Variant.from_json(e["variant"]): e for e in manifest["kernels"]}
         self._loaded: dict[tuple[int, Variant], Kernel] = {}
+        self._archs: dict[int, str] = {}
         self._lock = threading.Lock()
+
+    def device_arch(self, device: int) -> str:
+        """The arch of ``device``, checked to have kernels in this manifest."""
+        arch = self._archs.get(device)
+        if arch is None:
+            arch = self.driver.arch(device)
+            versions.check_arch(self.manifest, arch,
+                                f"device {device} ({self.driver.device_name(device)})")
+            self._archs[device] = arch
+        return arch
 
     def entry(self, variant: Variant) -> dict | None:
         return self._entries.get(variant)

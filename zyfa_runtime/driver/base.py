@@ -43,6 +43,9 @@ class Function:
 
 class Driver(abc.ABC):
     name: str = ""
+    #: Whose toolkit pins apply to this driver (``versions.py``): "cuda", "hip", or None
+    #: where no toolkit is involved (the emulator).
+    vendor: str | None = None
     #: True where kernels read host memory directly (fake, emulator): inputs stay on the host.
     host_memory_is_device: bool = False
 

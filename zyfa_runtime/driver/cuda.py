@@ -110,6 +110,7 @@ def arch_name(major: int, minor: int) -> str:
 
 class CudaDriver(Driver):
     name = "cuda"
+    vendor = "cuda"
     host_memory_is_device = False
 
     def __init__(self) -> None:

@@ -3,6 +3,13 @@
 Host memory is device memory: allocations are numpy buffers, copies and memsets
 are real, and a launch does not run anything -- it appends a :class:`Launch` to
 ``launches``.  A module's handle is the image bytes it was loaded from.
+
+It speaks for CUDA (an ``sm_*`` arch) or HIP (a ``gfx*`` arch) and reports the versions
+of the toolkit zyfa pins, so the version checks pass; ``versions=`` (or
+``ZYFA_FAKE_VERSIONS="driver_version=12080"``, comma-separated ``key=value``) replaces
+them to simulate another driver: ``driver_version`` (CUDA: 1000 * major + 10 * minor),
+``runtime_version`` (HIP: major * 10**7 + minor * 10**5 + patch), ``rocm`` (the text of
+ROCm's ``.info/version``; empty: no such file).
 """
 
 from __future__ import annotations
@@ -29,6 +36,25 @@ _ARCH_ATTRIBUTES = {
 }
 
 
+#: What the fake reports by default: the drivers zyfa's toolkit pins ask for.
+DEFAULT_VERSIONS = {
+    "cuda": {"driver_version": 13000},
+    "hip": {"driver_version": 70253021, "runtime_version": 70253021, "rocm": "7.2.3"},
+}
+
+
+def parse_versions(text: str) -> dict:
+    """``"driver_version=12080,rocm=7.1.0"`` -> ``{"driver_version": 12080, "rocm": "7.1.0"}``."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ZyfaError(f"ZYFA_FAKE_VERSIONS item {item!r} is not key=value")
+        value = value.strip()
+        out[key.strip()] = int(value) if value.isdigit() else value
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Launch:
     symbol: str
@@ -52,9 +78,11 @@ class FakeDriver(Driver):
     name = "fake"
     host_memory_is_device = True
 
-    def __init__(self, arch: str = "sm_90a", devices: int = 1) -> None:
+    def __init__(self, arch: str = "sm_90a", devices: int = 1, versions: dict | None = None) -> None:
         self._arch = arch
         self._devices = devices
+        self.vendor = "hip" if arch.startswith("gfx") else "cuda"
+        self._versions = {**DEFAULT_VERSIONS[self.vendor], **(versions or {})}
         self._lock = threading.Lock()
         self._buffers: dict[int, np.ndarray] = {}
         self._events: dict[int, float | None] = {}
@@ -81,7 +109,17 @@ class FakeDriver(Driver):
         return f"zyfa fake device ({self._arch})"
 
     def versions(self) -> dict:
-        return {"driver_version": 0, "driver": "fake"}
+        """The same keys as the real driver's: each ``*_version`` number, then its text."""
+        out = {}
+        for key, v in self._versions.items():
+            if v == "":
+                continue
+            out[key] = v
+            text = key.removesuffix("_version")
+            if text != key and isinstance(v, int) and text not in self._versions:
+                out[text] = (f"{v // 1000}.{v % 1000 // 10}" if self.vendor == "cuda"
+                             else f"{v // 10**7}.{v // 10**5 % 100}.{v % 10**5}")
+        return out
 
     def attribute(self, device: int, name: str) -> int:
         self._valid(device)

@@ -22,6 +22,7 @@ import threading
 import cffi
 
 from ..errors import ZyfaError
+from ..versions import rocm_release
 from .base import Driver, Function, LazyLibrary, Module, extra_array, handle_int
 
 CDEF = """
@@ -110,6 +111,7 @@ def decode_version(v: int) -> str:
 
 class HipDriver(Driver):
     name = "hip"
+    vendor = "hip"
     host_memory_is_device = False
 
     def __init__(self) -> None:
@@ -189,8 +191,12 @@ class HipDriver(Driver):
         d, r = ffi.new("int *"), ffi.new("int *")
         self._check("hipDriverGetVersion", self.lib.hipDriverGetVersion(d))
         self._check("hipRuntimeGetVersion", self.lib.hipRuntimeGetVersion(r))
-        return {"driver_version": d[0], "driver": decode_version(d[0]),
-                "runtime_version": r[0], "runtime": decode_version(r[0])}
+        out = {"driver_version": d[0], "driver": decode_version(d[0]),
+               "runtime_version": r[0], "runtime": decode_version(r[0])}
+        release = rocm_release()     # $ROCM_PATH/.info/version, else /opt/rocm's
+        if release:
+            out["rocm"] = release
+        return out
 
     def make_current(self, device: int) -> None:
         self._check("hipSetDevice", self.lib.hipSetDevice(device))
