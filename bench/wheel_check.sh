@@ -21,7 +21,7 @@ out=$(realpath "$out")
 python3 -m venv "$work/venv" || exit 1          # no system site-packages
 pip_args=()
 [ -n "$deps" ] && pip_args=(--no-index --find-links "$(realpath "$deps")")
-"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${pip_args[@]}" "$wheel" \
+env -u PYTHONPATH "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "${pip_args[@]}" "$wheel" \
   || { echo "wheel_check: installing $wheel failed" >&2; exit 1; }
 
 # Only the venv on PATH, an empty working directory, nothing pointing at a source tree.
