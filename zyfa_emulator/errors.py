@@ -13,3 +13,17 @@ class EmulatorError(ZyfaError):
 
 class UnsupportedInstruction(EmulatorError):
     """A decoded instruction without semantics in the emulator."""
+
+
+def registry():
+    """A handler table and its decorator: ``HANDLERS, handler = registry()``, then
+    ``@handler("v_add_f32", ...)`` registers a function for those mnemonics."""
+    handlers: dict = {}
+
+    def handler(*names):
+        def deco(fn):
+            for n in names:
+                handlers[n] = fn
+            return fn
+        return deco
+    return handlers, handler

@@ -21,19 +21,13 @@ import re
 
 import numpy as np
 
+from .errors import registry
+
 from . import numerics as nx
 from .valu import read32
 from .wave import F32, F64, U32
 
-HANDLERS: dict = {}
-
-
-def handler(*names):
-    def deco(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return deco
+HANDLERS, handler = registry()
 
 
 class Shape:

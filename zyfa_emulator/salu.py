@@ -7,19 +7,11 @@ word first), SCC is 0/1.
 
 from __future__ import annotations
 
-from .errors import EmulatorError
+from .errors import EmulatorError, registry
 from .wave import BARRIER, CONST32, CONST64, DONE, MASK32
 
-HANDLERS: dict = {}
+HANDLERS, handler = registry()
 M64 = (1 << 64) - 1
-
-
-def handler(*names):
-    def deco(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return deco
 
 
 def sread(w, inst, code: int) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import numerics as nx
-from .errors import EmulatorError, UnsupportedInstruction
+from .errors import EmulatorError, UnsupportedInstruction, registry
 from .render import bitop3 as bitop3_table
 from .wave import (
     CONST32,
@@ -40,15 +40,7 @@ from .wave import (
     mask_to_bool,
 )
 
-HANDLERS: dict = {}
-
-
-def handler(*names):
-    def deco(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return deco
+HANDLERS, handler = registry()
 
 
 # --------------------------------------------------------------------------------------

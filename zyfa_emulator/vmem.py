@@ -20,18 +20,10 @@ import re
 
 import numpy as np
 
-from .errors import EmulatorError
+from .errors import EmulatorError, registry
 from .wave import LANES, MASK32, U32, U64
 
-HANDLERS: dict = {}
-
-
-def handler(*names):
-    def deco(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return deco
+HANDLERS, handler = registry()
 
 
 def _what(w, inst):

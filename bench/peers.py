@@ -1,0 +1,730 @@
+#!/usr/bin/env python3
+"""zyfa against its peers on one NVIDIA GPU: speed, accuracy, power and clock.
+
+    python bench/peers.py --quick --out OUTDIR --commit SHA   # S/8, a few minutes
+    python bench/peers.py                                     # full shapes
+    python bench/peers.py --sustained                         # >= 10 s per point
+    python bench/peers.py --dry-run                           # print the plan only (no GPU)
+
+Implementations, all on the same inputs ([B, S, H, D] memory, torch.randn in bf16):
+
+* ``zyfa_bf16``   -- zyfa_runtime.flash_attn_func on the bf16 tensors
+* ``zyfa_fp8``    -- the same on per-tensor e4m3 codes (descale = amax / 448)
+* ``sdpa_cudnn``  -- torch SDPA forced to SDPBackend.CUDNN_ATTENTION (bf16)
+* ``sdpa_flash``  -- torch SDPA forced to SDPBackend.FLASH_ATTENTION (bf16)
+* ``triton_fp8``  -- a compact FA2-style Triton FP8 forward written here (online softmax
+  in exp2, P scaled by 2^8 and cast to e4m3 for the PV dot, fp32 accumulation, bf16 out,
+  per-tensor descales; d_qk == d_v only).  V is laid out [B, Hkv, D, Sk] once, outside
+  the timed region, so that the PV dot reads a K-major operand.
+
+An implementation that fails or is unavailable is reported as missing, with the reason.
+
+Timing: CUDA events around each call, warm-up >= 50 ms, then enough calls for >= 200 ms
+(``--sustained``: >= 10 s); the median per call is reported.  FLOPs are
+2 * B * Hq * Sq * Sk * (d_qk + d_v), halved for causal.  An NVML thread samples power and
+SM clock during the timed window; TFLOP/J = TFLOP/s / mean W.  Short windows read the
+board's averaged power sensor, so W is most trustworthy with ``--sustained``.
+
+Accuracy: ||out - ref|| / ||ref|| on a slice (batch 0, the first 2 query heads, the first
+and last 128 query rows) against an fp64 reference over all keys (causal bottom-right
+aligned), on the dequantised FP8 inputs for FP8 implementations and on the bf16 inputs for
+the bf16 ones.  FP8 rows also give the error against the bf16-input reference (input
+quantisation included).  NaNs anywhere in the output are counted.
+
+Writes results.json, results.md and PNG plots into ``--out``
+(default bench/results/<date>_peers).  ``bench/peers_plot.py`` redraws the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: (B, Hq, Hkv, S, d_qk, d_v)
+SHAPES = [
+    (1, 32, 8, 16384, 128, 128),
+    (1, 32, 32, 32768, 128, 128),
+    (4, 32, 32, 4096, 128, 128),
+    (8, 16, 16, 4096, 64, 64),
+    (2, 16, 16, 8192, 256, 256),
+    (1, 16, 16, 16384, 192, 128),
+]
+IMPLS = ["zyfa_bf16", "zyfa_fp8", "sdpa_cudnn", "sdpa_flash", "triton_fp8"]
+FP8_IMPLS = {"zyfa_fp8", "triton_fp8"}
+E4M3_MAX = 448.0
+REF_ROWS = 128          # first and last REF_ROWS query rows
+REF_HEADS = 2
+
+
+# --------------------------------------------------------------------------------------
+# Pure helpers (no torch; testable on any machine).
+
+def shape_label(shape) -> str:
+    b, hq, hkv, s, dqk, dv = shape
+    hd = f"d{dqk}" if dqk == dv else f"d{dqk}/{dv}"
+    return f"B{b} H{hq}/{hkv} S{s} {hd}"
+
+
+def quick_shape(shape, factor: int = 8):
+    b, hq, hkv, s, dqk, dv = shape
+    return (b, hq, hkv, max(256, s // factor), dqk, dv)
+
+
+def flops(shape, causal: bool) -> float:
+    b, hq, _hkv, s, dqk, dv = shape
+    f = 2.0 * b * hq * s * s * (dqk + dv)
+    return f / 2 if causal else f
+
+
+def parse_shapes(text: str | None):
+    """``--shapes``: comma-separated 0-based indices into SHAPES and/or BxHqxHkvxSxDqkxDv
+    tuples, e.g. "0,3" or "0,1x16x16x4096x64x64"."""
+    if not text:
+        return list(SHAPES)
+    out = []
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "x" in part:
+            vals = tuple(int(v) for v in part.split("x"))
+            if len(vals) != 6:
+                raise ValueError(f"shape {part!r}: want BxHqxHkvxSxDqkxDv")
+            out.append(vals)
+        else:
+            out.append(SHAPES[int(part)])
+    return out
+
+
+def plan(args):
+    shapes = parse_shapes(args.shapes)
+    if args.quick:
+        shapes = [quick_shape(s) for s in shapes]
+    causals = {"both": [False, True], "causal": [True], "noncausal": [False]}[args.causal]
+    impls = [i for i in IMPLS if i in set(args.impls.split(","))] if args.impls else list(IMPLS)
+    return [(s, c) for s in shapes for c in causals], impls
+
+
+# --------------------------------------------------------------------------------------
+# The Triton FP8 peer.  Defined at import when Triton is present.
+
+try:
+    import triton
+    import triton.language as tl
+    _TRITON_ERR = None
+except Exception as e:   # noqa: BLE001
+    triton = None
+    tl = None
+    _TRITON_ERR = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+if triton is not None:
+    @triton.jit
+    def _tri_inner(acc, l_i, m_i, q, k_base, v_base, sks, svs, start, stop, offs_m, offs_n,
+                   offs_d, Sk, causal_shift, qk_scale,
+                   MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
+        for start_n in range(start, stop, BLOCK_N):
+            kn = start_n + offs_n
+            k = tl.load(k_base + kn[None, :] * sks + offs_d[:, None],
+                        mask=kn[None, :] < Sk, other=0.0)                 # [D, BN]
+            s = tl.dot(q, k) * qk_scale                                   # [BM, BN] fp32
+            valid = kn[None, :] < Sk
+            if MASKED:
+                valid = valid & (kn[None, :] <= offs_m[:, None] + causal_shift)
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            v = tl.load(v_base + kn[:, None] + offs_d[None, :] * svs,
+                        mask=kn[:, None] < Sk, other=0.0)                 # [BN, D], K-major
+            acc = tl.dot((p * 256.0).to(tl.float8e4nv), v, acc)
+            m_i = m_new
+        return acc, l_i, m_i
+
+    @triton.jit
+    def _tri_fwd(Q, K, Vt, O, DQ, DK, DV, sm_scale,
+                 sqb, sqs, sqh, skb, sks, skh, svb, svh, svd, sob, sos, soh,
+                 Hq, Hkv, Sq, Sk,
+                 CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 D: tl.constexpr):
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // Hq
+        h = bh % Hq
+        hk = h // (Hq // Hkv)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, D)
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :],
+                    mask=offs_m[:, None] < Sq, other=0.0)
+        dq = tl.load(DQ)
+        dk = tl.load(DK)
+        dv = tl.load(DV)
+        qk_scale = sm_scale * dq * dk * 1.4426950408889634
+        k_base = K + b * skb + hk * skh
+        v_base = Vt + b * svb + hk * svh
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        if CAUSAL:
+            shift = Sk - Sq
+            hi = tl.minimum(Sk, (pid_m + 1) * BLOCK_M + shift)
+            hi = tl.maximum(hi, 0)
+            full = tl.maximum(pid_m * BLOCK_M + shift + 1, 0) // BLOCK_N * BLOCK_N
+            full = tl.minimum(full, hi)
+            acc, l_i, m_i = _tri_inner(acc, l_i, m_i, q, k_base, v_base, sks, svd, 0, full,
+                                       offs_m, offs_n, offs_d, Sk, shift, qk_scale,
+                                       False, BLOCK_N)
+            acc, l_i, m_i = _tri_inner(acc, l_i, m_i, q, k_base, v_base, sks, svd, full, hi,
+                                       offs_m, offs_n, offs_d, Sk, shift, qk_scale,
+                                       True, BLOCK_N)
+        else:
+            acc, l_i, m_i = _tri_inner(acc, l_i, m_i, q, k_base, v_base, sks, svd, 0, Sk,
+                                       offs_m, offs_n, offs_d, Sk, 0, qk_scale,
+                                       False, BLOCK_N)
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc * (dv / 256.0) / l_safe[:, None]
+        tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :],
+                 out.to(tl.bfloat16), mask=offs_m[:, None] < Sq)
+
+
+#: Triton configurations tried in order: (BLOCK_M, BLOCK_N, num_warps, num_stages).
+TRITON_CONFIGS = [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2)]
+
+
+class TritonFP8:
+    """Holds the chosen launch configuration per (D, causal) after the first success."""
+
+    def __init__(self):
+        self.chosen: dict = {}
+        self.errors: dict = {}
+
+    def make(self, q8, k8, v8, dq, dk, dv, out, causal: bool, sm_scale: float):
+        import torch
+        if triton is None:
+            raise RuntimeError(f"triton not importable: {_TRITON_ERR}")
+        B, Sq, Hq, D = q8.shape
+        _, Sk, Hkv, Dv = v8.shape
+        if D != Dv:
+            raise NotImplementedError(f"triton_fp8 supports d_qk == d_v only (got {D}/{Dv})")
+        if Hq % Hkv:
+            raise ValueError("Hq must be a multiple of Hkv")
+        # [B, Sk, Hkv, D] -> memory [B, Hkv, D, Sk] (sequence contiguous), outside timing.
+        vt = v8.view(torch.uint8).permute(0, 2, 3, 1).contiguous().view(torch.float8_e4m3fn)
+        key = (D, causal)
+        configs = [self.chosen[key]] if key in self.chosen else TRITON_CONFIGS
+
+        def launcher(cfg):
+            bm, bn, nw, ns = cfg
+            grid = (triton.cdiv(Sq, bm), B * Hq)
+
+            def call():
+                _tri_fwd[grid](
+                    q8, k8, vt, out, dq, dk, dv, sm_scale,
+                    q8.stride(0), q8.stride(1), q8.stride(2),
+                    k8.stride(0), k8.stride(1), k8.stride(2),
+                    vt.stride(0), vt.stride(1), vt.stride(2),
+                    out.stride(0), out.stride(1), out.stride(2),
+                    Hq, Hkv, Sq, Sk,
+                    CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, D=D,
+                    num_warps=nw, num_stages=ns)
+            return call
+
+        errs = []
+        for cfg in configs:
+            fn = launcher(cfg)
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception as e:   # noqa: BLE001
+                first = str(e).strip().splitlines()
+                errs.append(_clean(f"{cfg}: {type(e).__name__}: {first[0][:200] if first else ''}"))
+                continue
+            self.chosen[key] = cfg
+            return fn, {"config": {"BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "num_warps": cfg[2],
+                                   "num_stages": cfg[3]}, "config_failures": errs}
+        raise RuntimeError("no Triton configuration ran: " + " | ".join(errs))
+
+
+# --------------------------------------------------------------------------------------
+# NVML sampling.
+
+class Sampler:
+    """Background NVML sampler of power (W) and SM clock (MHz)."""
+
+    def __init__(self, period_s: float = 0.005):
+        self.period = period_s
+        self.ok = False
+        self.err = None
+        self.handle = None
+        self.nvml = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            idx = 0
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+            if vis.isdigit():
+                idx = int(vis)
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            self.nvml = pynvml
+            self.ok = True
+        except Exception as e:   # noqa: BLE001
+            self.err = f"{type(e).__name__}: {e}"
+
+    def info(self) -> dict:
+        if not self.ok:
+            return {"nvml_error": self.err}
+        n = self.nvml
+        d = {}
+        for key, fn in (("driver", lambda: n.nvmlSystemGetDriverVersion()),
+                        ("nvml_name", lambda: n.nvmlDeviceGetName(self.handle)),
+                        ("power_limit_w", lambda: n.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000),
+                        ("max_sm_clock_mhz", lambda: n.nvmlDeviceGetMaxClockInfo(self.handle, n.NVML_CLOCK_SM))):
+            try:
+                v = fn()
+                d[key] = v.decode() if isinstance(v, bytes) else v
+            except Exception as e:   # noqa: BLE001
+                d[key] = f"error: {e}"
+        return d
+
+    def _energy_mj(self):
+        try:
+            return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except Exception:   # noqa: BLE001
+            return None
+
+    def start(self):
+        self.samples = []
+        self._stop = threading.Event()
+        if not self.ok:
+            return
+        self._e0 = self._energy_mj()
+        self._t0 = time.perf_counter()
+        self._thr = threading.Thread(target=self._run, daemon=True)
+        self._thr.start()
+
+    def _run(self):
+        n = self.nvml
+        while not self._stop.is_set():
+            try:
+                p = n.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+                c = n.nvmlDeviceGetClockInfo(self.handle, n.NVML_CLOCK_SM)
+                self.samples.append((p, c))
+            except Exception:   # noqa: BLE001
+                pass
+            self._stop.wait(self.period)
+
+    def stop(self) -> dict:
+        if not self.ok:
+            return {"power_w": None, "sm_clock_mhz": None, "nvml_samples": 0}
+        self._stop.set()
+        self._thr.join()
+        dt = time.perf_counter() - self._t0
+        e1 = self._energy_mj()
+        res = {"nvml_samples": len(self.samples)}
+        if self.samples:
+            ps = [s[0] for s in self.samples]
+            cs = [s[1] for s in self.samples]
+            res.update(power_w=sum(ps) / len(ps), power_w_max=max(ps),
+                       sm_clock_mhz=sum(cs) / len(cs), sm_clock_mhz_min=min(cs))
+        else:
+            res.update(power_w=None, sm_clock_mhz=None)
+        if self._e0 is not None and e1 is not None and dt > 0:
+            res["power_w_energy"] = (e1 - self._e0) / 1000.0 / dt
+        return res
+
+
+# --------------------------------------------------------------------------------------
+# Timing and accuracy.
+
+def time_call(fn, min_s: float, warm_s: float, sampler: Sampler) -> dict:
+    import torch
+    t0 = time.perf_counter()
+    n_warm = 0
+    while True:
+        fn()
+        n_warm += 1
+        if n_warm % 4 == 0 or n_warm == 1:
+            torch.cuda.synchronize()
+            if time.perf_counter() - t0 >= warm_s and n_warm >= 3:
+                break
+    torch.cuda.synchronize()
+    est = (time.perf_counter() - t0) / n_warm
+    n = int(min(max(10, math.ceil(min_s / max(est, 1e-6))), 500000))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    sampler.start()
+    w0 = time.perf_counter()
+    for i in range(n):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - w0
+    nv = sampler.stop()
+    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    res = {"calls": n, "median_ms": ms[n // 2], "min_ms": ms[0], "max_ms": ms[-1],
+           "window_s": wall}
+    res.update(nv)
+    return res
+
+
+def ref_slice(q, k, v, causal: bool, sm_scale: float):
+    """fp64 reference on batch 0, the first REF_HEADS query heads, the first and last
+    REF_ROWS query rows, over all keys.  q [B,Sq,Hq,D], k/v [B,Sk,Hkv,D]; returns
+    (rows index tensor, ref [rows, heads, Dv])."""
+    import torch
+    Sq, Hq = q.shape[1], q.shape[2]
+    Sk, Hkv = k.shape[1], k.shape[2]
+    rows = sorted(set(range(min(REF_ROWS, Sq))) | set(range(max(0, Sq - REF_ROWS), Sq)))
+    rows_t = torch.tensor(rows, device=q.device)
+    outs = []
+    for h in range(min(REF_HEADS, Hq)):
+        hk = h // (Hq // Hkv)
+        qs = q[0, rows_t, h, :].double()
+        ks = k[0, :, hk, :].double()
+        vs = v[0, :, hk, :].double()
+        s = (qs @ ks.T) * sm_scale
+        if causal:
+            j = torch.arange(Sk, device=q.device)[None, :]
+            i = rows_t[:, None]
+            s = s.masked_fill(j > i + (Sk - Sq), float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        outs.append(p @ vs)
+    return rows_t, torch.stack(outs, dim=1)
+
+
+def rel_err(out, rows_t, ref) -> float:
+    o = out[0, rows_t, : ref.shape[1], :].double()
+    return float(torch_norm(o - ref) / torch_norm(ref))
+
+
+def torch_norm(x):
+    import torch
+    return torch.linalg.vector_norm(x)
+
+
+def quantise(x):
+    """Per-tensor e4m3: (codes as float8_e4m3fn, descale fp32 cuda tensor of one element)."""
+    import torch
+    amax = x.float().abs().amax().clamp_min(1e-30)
+    descale = (amax / E4M3_MAX).reshape(1).to(torch.float32)
+    codes = (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes, descale
+
+
+# --------------------------------------------------------------------------------------
+# Implementations: each returns (call, out tensor [B,Sq,Hq,Dv] torch view, notes dict).
+
+def build_impl(name, ctx, causal, tri: TritonFP8):
+    import torch
+    q, k, v = ctx["q"], ctx["k"], ctx["v"]
+    B, Sq, Hq, _ = q.shape
+    Dv = v.shape[3]
+    sm = ctx["sm_scale"]
+    if name in ("zyfa_bf16", "zyfa_fp8"):
+        import zyfa_runtime as zr
+        out = torch.empty(B, Sq, Hq, Dv, dtype=torch.bfloat16, device=q.device)
+        stream = torch.cuda.current_stream()
+        o_ref = zr.as_tensor(out)
+        if name == "zyfa_bf16":
+            qr, kr, vr = zr.as_tensor(q), zr.as_tensor(k), zr.as_tensor(v)
+            kw = {}
+        else:
+            qr, kr, vr = (zr.as_tensor(t.view(torch.uint8), dtype="fp8_e4m3")
+                          for t in (ctx["q8"], ctx["k8"], ctx["v8"]))
+            kw = dict(descale_q=zr.as_tensor(ctx["dq"]), descale_k=zr.as_tensor(ctx["dk"]),
+                      descale_v=zr.as_tensor(ctx["dv"]))
+
+        def call():
+            zr.flash_attn_func(qr, kr, vr, causal=causal, softmax_scale=sm, out=o_ref,
+                               stream=stream, **kw)
+        return call, out, {}
+    if name in ("sdpa_cudnn", "sdpa_flash"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+        backend = SDPBackend.CUDNN_ATTENTION if name == "sdpa_cudnn" else SDPBackend.FLASH_ATTENTION
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        gqa = q.shape[2] != k.shape[2]
+        holder = {}
+
+        def call():
+            with sdpa_kernel(backends=[backend]):
+                holder["o"] = F.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=causal, scale=sm, enable_gqa=gqa)
+        call()
+        torch.cuda.synchronize()
+        return call, holder["o"].transpose(1, 2), {"enable_gqa": gqa}
+    if name == "triton_fp8":
+        out = torch.empty(B, Sq, Hq, Dv, dtype=torch.bfloat16, device=q.device)
+        call, notes = tri.make(ctx["q8"], ctx["k8"], ctx["v8"], ctx["dq"], ctx["dk"], ctx["dv"],
+                               out, causal, sm)
+        notes["v_layout"] = "[B,Hkv,D,Sk] prepared outside the timed region"
+        return call, out, notes
+    raise ValueError(name)
+
+
+def run_point(shape, causal, impls, args, sampler, tri):
+    import torch
+    B, Hq, Hkv, S, dqk, dv = shape
+    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    dev = "cuda"
+    q = torch.randn(B, S, Hq, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    k = torch.randn(B, S, Hkv, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    v = torch.randn(B, S, Hkv, dv, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    q8, dq_ = quantise(q)
+    k8, dk_ = quantise(k)
+    v8, dv_ = quantise(v)
+    sm = 1.0 / math.sqrt(dqk)
+    ctx = dict(q=q, k=k, v=v, q8=q8, k8=k8, v8=v8, dq=dq_, dk=dk_, dv=dv_, sm_scale=sm)
+    rows_t, ref_bf = ref_slice(q, k, v, causal, sm)
+    deq = [c.float() * d for c, d in ((q8, dq_), (k8, dk_), (v8, dv_))]
+    _, ref_fp8 = ref_slice(*deq, causal, sm)
+    del deq
+    fl = flops(shape, causal)
+    results = {}
+    for name in impls:
+        r = {"status": "ok"}
+        try:
+            if name == "triton_fp8" and dqk != dv:
+                raise NotImplementedError(f"unsupported: triton_fp8 needs d_qk == d_v (got {dqk}/{dv})")
+            call, out, notes = build_impl(name, ctx, causal, tri)
+            r.update(notes)
+            if name not in ("sdpa_cudnn", "sdpa_flash"):   # SDPA allocates its own output
+                out.fill_(float("nan"))                     # unwritten elements show as NaN
+                call()
+            torch.cuda.synchronize()
+            fn = call
+            nan = int(torch.isnan(out).sum().item())
+            r["nan_count"] = nan
+            if name in FP8_IMPLS:
+                r["rel_err"] = rel_err(out, rows_t, ref_fp8)
+                r["rel_err_vs_bf16_ref"] = rel_err(out, rows_t, ref_bf)
+            else:
+                r["rel_err"] = rel_err(out, rows_t, ref_bf)
+            del out
+            t = time_call(fn, args.min_s, args.warm_s, sampler)
+            r.update(t)
+            r["tflops"] = fl / (t["median_ms"] * 1e-3) / 1e12
+            if t.get("power_w"):
+                r["tflop_per_j"] = r["tflops"] / t["power_w"]
+        except Exception as e:   # noqa: BLE001
+            msg = str(e).strip().splitlines()
+            r = {"status": "missing",
+                 "reason": _clean(f"{type(e).__name__}: {msg[0][:300] if msg else ''}")}
+            print(_clean(traceback.format_exc()[-3000:]), file=sys.stderr, flush=True)
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:   # noqa: BLE001
+            r.setdefault("after_error", f"{type(e).__name__}: {e}")
+        results[name] = r
+        status = (f"{r['tflops']:7.1f} TFLOP/s err {r['rel_err']:.2e} "
+                  f"{_fmt(r.get('power_w'), '.0f')} W {_fmt(r.get('sm_clock_mhz'), '.0f')} MHz"
+                  if r["status"] == "ok" else f"MISSING ({r['reason']})")
+        print(f"  {name:11s} {status}", flush=True)
+    del ctx, q, k, v, q8, k8, v8
+    torch.cuda.empty_cache()
+    return {"shape": dict(zip(("B", "Hq", "Hkv", "S", "d_qk", "d_v"), shape)),
+            "label": shape_label(shape), "causal": causal, "flop": fl, "impls": results}
+
+
+def _clean(text: str) -> str:
+    """Error text without directory names (results may be kept in the repository)."""
+    return re.sub(r"(?<![\w.])/(?:[\w.+-]+/)+", ".../", text)
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+# --------------------------------------------------------------------------------------
+# Reports.
+
+def markdown(data) -> str:
+    impls = data["impls"]
+    lines = [f"# zyfa vs peers -- {data['gpu'].get('name', '?')}", "",
+             f"commit {data.get('commit')}, {data['date']}, torch {data['versions'].get('torch')}, "
+             f"triton {data['versions'].get('triton')}, driver {data['gpu'].get('driver')}, "
+             f"mode {data['mode']}", "",
+             "Each cell: TFLOP/s / rel. error / mean W / mean SM MHz "
+             "(FP8 errors against the dequantised-input fp64 reference).", ""]
+    lines.append("| shape | causal | " + " | ".join(impls) + " |")
+    lines.append("|---|---|" + "---|" * len(impls))
+    for p in data["points"]:
+        cells = []
+        for name in impls:
+            r = p["impls"].get(name, {"status": "missing", "reason": "not run"})
+            if r["status"] == "ok":
+                cells.append(f"{r['tflops']:.0f} / {r['rel_err']:.1e}"
+                             f"{' NaN' if r.get('nan_count') else ''} / "
+                             f"{_fmt(r.get('power_w'), '.0f')} / {_fmt(r.get('sm_clock_mhz'), '.0f')}")
+            else:
+                cells.append("missing")
+        lines.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
+    missing = [(p["label"], p["causal"], n, r["reason"]) for p in data["points"]
+               for n, r in p["impls"].items() if r["status"] != "ok"]
+    if missing:
+        lines += ["", "Missing:", ""]
+        for lab, c, n, why in missing:
+            lines.append(f"- {n}, {lab}, {'causal' if c else 'non-causal'}: {why}")
+    lines += ["", "TFLOP/J (TFLOP/s per mean W):", "",
+              "| shape | causal | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
+    for p in data["points"]:
+        cells = [_fmt(p["impls"].get(n, {}).get("tflop_per_j"), ".3f") for n in impls]
+        lines.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data, out_dir: Path) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+    impls = data["impls"]
+    for metric, ylabel in (("tflops", "TFLOP/s"), ("tflop_per_j", "TFLOP/J")):
+        for causal in (False, True):
+            pts = [p for p in data["points"] if p["causal"] == causal]
+            if not pts:
+                continue
+            fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(pts) + 2), 4.5))
+            width = 0.8 / len(impls)
+            for i, name in enumerate(impls):
+                ys = [p["impls"].get(name, {}).get(metric) or 0.0 for p in pts]
+                xs = [j + (i - (len(impls) - 1) / 2) * width for j in range(len(pts))]
+                ax.bar(xs, ys, width, label=name)
+            ax.set_xticks(range(len(pts)))
+            ax.set_xticklabels([p["label"] for p in pts], rotation=20, ha="right", fontsize=8)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{ylabel}, {'causal' if causal else 'non-causal'} -- "
+                         f"{data['gpu'].get('name', '')} ({data['mode']})")
+            ax.legend(fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+            fig.tight_layout()
+            f = out_dir / f"{metric}_{'causal' if causal else 'noncausal'}.png"
+            fig.savefig(f, dpi=120)
+            plt.close(fig)
+            written.append(f.name)
+    return written
+
+
+# --------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", help="indices into the shape list (0-based, comma-separated) "
+                    "or BxHqxHkvxSxDqkxDv tuples")
+    ap.add_argument("--quick", action="store_true", help="S/8 for every shape")
+    ap.add_argument("--sustained", action="store_true", help=">= 10 s timed per point")
+    ap.add_argument("--causal", choices=["both", "causal", "noncausal"], default="both")
+    ap.add_argument("--impls", help="comma-separated subset of " + ",".join(IMPLS))
+    ap.add_argument("--min-s", type=float, default=None, help="timed window per point (s)")
+    ap.add_argument("--warm-s", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    if args.min_s is None:
+        args.min_s = 10.0 if args.sustained else 0.2
+    mode = "quick" if args.quick else "full"
+    if args.sustained:
+        mode += "+sustained"
+    date = _dt.date.today().isoformat()
+    out_dir = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{date}_peers"
+    points, impls = plan(args)
+
+    print(f"mode {mode}; timed >= {args.min_s} s, warm-up >= {args.warm_s} s; out {out_dir}")
+    for shape, causal in points:
+        notes = []
+        if "triton_fp8" in impls and shape[4] != shape[5]:
+            notes.append("triton_fp8 unsupported (d_qk != d_v)")
+        print(f"  {shape_label(shape):28s} {'causal' if causal else 'non-causal':10s} "
+              f"{flops(shape, causal) / 1e12:8.2f} TFLOP  {', '.join(impls)}"
+              + (f"  [{'; '.join(notes)}]" if notes else ""))
+    if args.dry_run:
+        return 0
+
+    import torch
+    if not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sampler = Sampler()
+    tri = TritonFP8()
+    props = torch.cuda.get_device_properties(0)
+    gpu = {"name": props.name, "sm_count": props.multi_processor_count,
+           "memory_gib": round(props.total_memory / 2**30, 1),
+           "capability": f"{props.major}.{props.minor}"}
+    gpu.update(sampler.info())
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "cuda_torch": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                "triton": getattr(triton, "__version__", None) if triton else None,
+                "triton_error": _TRITON_ERR}
+    try:
+        import zyfa_runtime
+        versions["zyfa_runtime"] = getattr(zyfa_runtime, "__version__", "present")
+    except Exception as e:   # noqa: BLE001
+        versions["zyfa_runtime"] = _clean(f"import failed: {type(e).__name__}: {e}")
+    data = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "commit": args.commit,
+            "mode": mode, "min_s": args.min_s, "warm_s": args.warm_s, "seed": args.seed,
+            "gpu": gpu, "versions": versions, "impls": impls,
+            "ref_slice": f"batch 0, query heads 0..{REF_HEADS - 1}, first and last "
+                         f"{REF_ROWS} query rows, all keys, fp64",
+            "points": []}
+    print(json.dumps({"gpu": gpu, "versions": versions}))
+
+    def save():
+        (out_dir / "results.json").write_text(json.dumps(data, indent=1))
+        (out_dir / "results.md").write_text(markdown(data))
+
+    t_start = time.perf_counter()
+    for shape, causal in points:
+        print(f"{shape_label(shape)} {'causal' if causal else 'non-causal'}", flush=True)
+        try:
+            data["points"].append(run_point(shape, causal, impls, args, sampler, tri))
+        except Exception as e:   # noqa: BLE001  (input creation / reference failed)
+            data["points"].append({
+                "shape": dict(zip(("B", "Hq", "Hkv", "S", "d_qk", "d_v"), shape)),
+                "label": shape_label(shape), "causal": causal, "flop": flops(shape, causal),
+                "impls": {n: {"status": "missing",
+                              "reason": _clean(f"point failed: {type(e).__name__}: {e}")}
+                          for n in impls}})
+            print(f"  point failed: {e}", flush=True)
+            try:
+                torch.cuda.empty_cache()
+            except Exception:   # noqa: BLE001
+                pass
+        save()
+    data["elapsed_s"] = time.perf_counter() - t_start
+    data["triton_configs_chosen"] = {f"d{k[0]}{'_causal' if k[1] else ''}": v
+                                     for k, v in tri.chosen.items()}
+    save()
+    try:
+        data["plots"] = plot(data, out_dir)
+        save()
+    except Exception as e:   # noqa: BLE001
+        print(f"plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
+    print(markdown(data))
+    print(f"wrote {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
