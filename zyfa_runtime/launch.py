@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from .catalogue import eval_grid
 from .kernels import Kernel
 
-#: struct format of each manifest argument type (little-endian, sizes fixed).
-_FORMAT = {"ptr": "<Q", "i64": "<q", "i32": "<i", "f32": "<f"}
+#: struct code of each manifest argument type (sizes fixed, little-endian overall).
+_CODE = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
+
+
+@functools.lru_cache(maxsize=None)
+def _packer(layout: tuple, size: int) -> tuple[struct.Struct, tuple[str, ...], frozenset]:
+    """One compiled struct for a manifest layout ((name, type, offset), ...): the arguments
+    at their offsets, zero padding between them and up to ``size``."""
+    fmt, end = "<", 0
+    for _, ty, offset in layout:
+        fmt += "x" * (offset - end) + _CODE[ty]
+        end = offset + struct.calcsize("<" + _CODE[ty])
+    fmt += "x" * (size - end)
+    names = tuple(n for n, _, _ in layout)
+    return struct.Struct(fmt), names, frozenset(n for n, ty, _ in layout if ty == "ptr")
 
 
 def pack_args(kernel: Kernel, values: dict) -> bytes:
@@ -17,18 +31,13 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
     ``values`` must name every argument of the layout (None for a null pointer);
     an unknown or missing name is a programming error and raises KeyError.
     """
-    buf = bytearray(kernel.entry["kernarg_size"])
-    names = set()
-    for a in kernel.kernargs:
-        value = values[a.name]
-        if a.type == "ptr" and value is None:
-            value = 0
-        struct.pack_into(_FORMAT[a.type], buf, a.offset, value)
-        names.add(a.name)
-    extra = set(values) - names
-    if extra:
-        raise KeyError(f"values for arguments {sorted(extra)} that {kernel.variant.name} does not take")
-    return bytes(buf)
+    layout = tuple((a["name"], a["type"], a["offset"]) for a in kernel.entry["kernargs"])
+    packer, names, pointers = _packer(layout, kernel.entry["kernarg_size"])
+    if len(values) != len(names):
+        extra = set(values) - set(names)
+        raise KeyError(f"values for arguments {sorted(extra)} that {kernel.variant.name} does not take"
+                       if extra else f"no value for {sorted(set(names) - set(values))}")
+    return packer.pack(*(0 if values[n] is None and n in pointers else values[n] for n in names))
 
 
 def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int, int]:
@@ -44,5 +53,5 @@ def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int,
 
 def unpack_args(entry: dict, buf: bytes) -> dict:
     """The inverse of :func:`pack_args`: argument values by name, read at the manifest offsets."""
-    return {a["name"]: struct.unpack_from(_FORMAT[a["type"]], buf, a["offset"])[0]
+    return {a["name"]: struct.unpack_from("<" + _CODE[a["type"]], buf, a["offset"])[0]
             for a in entry["kernargs"]}
