@@ -23,6 +23,7 @@ round, ``ZYFA_EMULATOR_HAZARDS=1`` attaches the hazard and ordering checker
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -35,6 +36,7 @@ from zyfa_runtime.driver.base import ATTRIBUTES, Driver, Function, Module
 from zyfa_runtime.errors import CodeObjectError, ZyfaError
 
 from .codeobject import CodeObject, CodeObjectFormatError
+from .errors import EmulatorError
 from .hazards import install_from_env
 from .machine import LDS_BYTES, Config, LoadedCode, Machine
 from .memory import GlobalMemory
@@ -171,6 +173,38 @@ class EmulatorDriver(Driver):
             if self._buffers.pop(ptr, None) is None:
                 raise ZyfaError(f"free of 0x{ptr:x}, which the emulator did not allocate")
             self.machine.memory.remove(ptr)
+
+    @contextlib.contextmanager
+    def tensor_extents(self, extents: dict[str, tuple[int, int]]):
+        """Exact bounds for the caller's host tensors during one launch: each extent that is
+        not already inside a known region (a driver allocation, a registered array) becomes
+        a named host region -- read-only unless it is the output -- and is removed again
+        afterwards.  Overlapping extents (views of one buffer) are merged."""
+        spans = sorted((lo, hi, name) for name, (lo, hi) in extents.items() if hi > lo)
+        merged: list[list] = []
+        for lo, hi, name in spans:
+            if merged and lo < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+                merged[-1][2].append(name)
+            else:
+                merged.append([lo, hi, [name]])
+        added = []
+        with self._lock:
+            for lo, hi, names in merged:
+                view = np.ctypeslib.as_array((ctypes.c_uint8 * (hi - lo)).from_address(lo))
+                try:
+                    self.machine.memory.add(lo, hi - lo, f"host tensor {'+'.join(names)} "
+                                            f"({hi - lo} bytes)", view, writable="out" in names,
+                                            kind="host")
+                except EmulatorError:
+                    continue            # inside (or across) a known region: that one bounds it
+                added.append(lo)
+        try:
+            yield
+        finally:
+            with self._lock:
+                for lo in added:
+                    self.machine.memory.remove(lo)
 
     def register_host(self, array: np.ndarray, name: str | None = None) -> int:
         """Make a host array a named region with exact bounds; returns its address."""

@@ -125,7 +125,11 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
             values[name] = d.ptr if d is not None else _one(driver, device)
 
     driver.make_current(device)
-    _launch.launch(driver, kernel, values, stream)
+    tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+               "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
+    extents = {name: t.extent() for name, t in tensors.items() if t is not None}
+    with driver.tensor_extents(extents):
+        _launch.launch(driver, kernel, values, stream)
     return out_arr, lse_arr
 
 

@@ -9,6 +9,7 @@ records below.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import threading
 from typing import Any
@@ -94,6 +95,12 @@ class Driver(abc.ABC):
     def param_info(self, function: Function) -> list[tuple[int, int]] | None:
         """(offset, size) of each kernel parameter as the driver sees it, or None if unknown."""
         return None
+
+    def tensor_extents(self, extents: dict[str, tuple[int, int]]):
+        """A context manager around a launch: the byte extents [lo, hi) of the caller's
+        tensors by name.  GPU drivers know their allocations and ignore it; a backend whose
+        device memory is host memory (the emulator) bounds-checks accesses with it."""
+        return contextlib.nullcontext()
 
     # -- memory ----------------------------------------------------------------------
     @abc.abstractmethod
