@@ -922,6 +922,17 @@ def _fp8_fmt(name: str):
     return nx.E5M2 if "bf8" in name else nx.E4M3
 
 
+def _write_half(w, inst, pair):
+    """Write a 16-bit pair of bytes into the half of vdst that opsel[3] selects (the other
+    half keeps its value), as the packed FP8/BF8 conversions do."""
+    old = w.v[inst.vdst]
+    if inst.opsel >> 3 & 1:
+        r = (old & U32(0x0000FFFF)) | (pair << U32(16))
+    else:
+        r = (old & U32(0xFFFF0000)) | pair
+    write32(w, inst, inst.vdst, r)
+
+
 @handler("v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32")
 def _v_cvt_pk_fp8(w, inst):
     abs_bits, neg_bits = _mods(inst)
@@ -929,12 +940,7 @@ def _v_cvt_pk_fp8(w, inst):
     b, _ = read_typed(w, inst, 1, "f", abs_bits, neg_bits, False)
     fmt = _fp8_fmt(inst.name)
     pair = fmt.encode(a, _ovfl(w)) | (fmt.encode(b, _ovfl(w)) << U32(8))
-    old = w.v[inst.vdst]
-    if inst.opsel >> 3 & 1:
-        r = (old & U32(0x0000FFFF)) | (pair << U32(16))
-    else:
-        r = (old & U32(0xFFFF0000)) | pair
-    write32(w, inst, inst.vdst, r)
+    _write_half(w, inst, pair)
 
 
 @handler("v_cvt_sr_fp8_f32", "v_cvt_sr_bf8_f32")
@@ -997,12 +1003,7 @@ def _v_cvt_scalef32_pk_fp8(w, inst):
         sb = np.ldexp(np.asarray(b, F32).astype(F64), 127 - e).astype(F32)
     fmt = _fp8_fmt(inst.name)
     pair = fmt.encode(sa, _ovfl(w)) | (fmt.encode(sb, _ovfl(w)) << U32(8))
-    old = w.v[inst.vdst]
-    if inst.opsel >> 3 & 1:
-        r = (old & U32(0x0000FFFF)) | (pair << U32(16))
-    else:
-        r = (old & U32(0xFFFF0000)) | pair
-    write32(w, inst, inst.vdst, r)
+    _write_half(w, inst, pair)
 
 
 @handler("v_cvt_scalef32_pk_f32_fp8", "v_cvt_scalef32_pk_f32_bf8")

@@ -54,19 +54,27 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    out, lse = _over_sequences(lambda qs, ks, vs: _one_sequence(qs, ks, vs, causal, scale),
+                               q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return (out, lse) if return_lse else out
+
+
+def _over_sequences(one, q, k, v, cu_seqlens_q, cu_seqlens_k):
+    """Apply ``one(q_seq, k_seq, v_seq) -> (out (S, H, Dv), lse (H, S))`` to every sequence:
+    the batch entries of dense (B, S, H, D) inputs, or the ``cu_seqlens`` segments of packed
+    (T, H, D) ones.  Returns (out, lse) in the API's layouts."""
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
     if cu_seqlens_q is None:
-        outs, lses = zip(*(_one_sequence(q[b], k[b], v[b], causal, scale) for b in range(q.shape[0])))
-        out, lse = np.stack(outs), np.stack(lses)
-    else:
-        cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
-        out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float64)
-        lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=np.float64)
-        for b in range(len(cq) - 1):
-            qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
-            out[qs:qe], lse[:, qs:qe] = _one_sequence(q[qs:qe], k[ks:ke], v[ks:ke], causal, scale)
-    return (out, lse) if return_lse else out
+        outs, lses = zip(*(one(q[b], k[b], v[b]) for b in range(q.shape[0])))
+        return np.stack(outs), np.stack(lses)
+    cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float64)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=np.float64)
+    for b in range(len(cq) - 1):
+        qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+        out[qs:qe], lse[:, qs:qe] = one(q[qs:qe], k[ks:ke], v[ks:ke])
+    return out, lse
 
 
 def relative_error(out, ref) -> float:
@@ -104,18 +112,6 @@ def fp8_attention(q, k, v, *, recipe, descale_q=1.0, descale_k=1.0, descale_v=1.
     scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     kw = dict(descale_q=descales[0], descale_k=descales[1], descale_v=descales[2],
               causal=causal, softmax_scale=scale)
-    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-        raise ValueError("cu_seqlens_q and cu_seqlens_k go together")
-    if cu_seqlens_q is None:
-        outs, lses = zip(*(fp8_models.sequence_forward(q[b], k[b], v[b], recipe, **kw)
-                           for b in range(q.shape[0])))
-        out, lse = np.stack(outs), np.stack(lses)
-    else:
-        cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
-        out = np.zeros((q.shape[0], q.shape[1], v.shape[2]), dtype=np.float64)
-        lse = np.full((q.shape[1], q.shape[0]), -np.inf, dtype=np.float64)
-        for b in range(len(cq) - 1):
-            qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
-            out[qs:qe], lse[:, qs:qe] = fp8_models.sequence_forward(
-                q[qs:qe], k[ks:ke], v[ks:ke], recipe, **kw)
+    out, lse = _over_sequences(lambda qs, ks, vs: fp8_models.sequence_forward(qs, ks, vs, recipe, **kw),
+                               q, k, v, cu_seqlens_q, cu_seqlens_k)
     return (out, lse) if return_lse else out
