@@ -8,6 +8,8 @@ import threading
 import numpy as np
 import pytest
 
+from tests.backends import using_backend
+
 import build
 from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func
 from zyfa_runtime import driver as drivers
@@ -26,16 +28,9 @@ def prebuilt(tmp_path_factory):
 
 
 @pytest.fixture
-def fake(prebuilt, monkeypatch):
-    monkeypatch.setenv("ZYFA_BACKEND", "fake")
-    monkeypatch.setenv("ZYFA_PREBUILT_DIR", str(prebuilt))
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
-    yield drivers.get_driver()
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
+def fake(prebuilt):
+    with using_backend("fake", ZYFA_PREBUILT_DIR=str(prebuilt)) as driver:
+        yield driver
 
 
 def arrays(shape_q, shape_k, shape_v, dtype="bf16"):

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.backends import forget_runtime_state
+
 from zyfa_runtime import __version__, api, flash_attn_func, versions
 from zyfa_runtime import driver as drivers
 from zyfa_runtime.__main__ import main as cli
@@ -43,13 +45,9 @@ def clean(monkeypatch):
     for name in (versions.SKIP_ENV, "ROCM_PATH", "ZYFA_FAKE_VERSIONS", "ZYFA_FAKE_ARCH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ROCM_PATH", "/nonexistent-rocm")   # no .info/version unless a test makes one
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
+    forget_runtime_state()
     yield
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
+    forget_runtime_state()
 
 
 class StubLib:

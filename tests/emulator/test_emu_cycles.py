@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.backends import using_backend
+
 if __name__ == "__main__":          # run as a script: find emukit and the packages
     sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[2])]
 from emukit import build, run  # noqa: E402
@@ -342,26 +344,15 @@ def test_kernel_figures_are_consistent():
 
     from zyfa_emulator.cycles import _classify, _Kind, kernel_figures
     from zyfa_emulator.hazards import is_mfma, mfma_passes
-    from zyfa_runtime import api
-    from zyfa_runtime import driver as drivers
     from zyfa_runtime.catalogue import Variant
-    keys = ("ZYFA_BACKEND", "ZYFA_PREBUILT_DIR", "ZYFA_EMULATOR_HAZARDS")
-    saved = {k: _os.environ.get(k) for k in keys}
-    _os.environ.update(ZYFA_BACKEND="emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"))
-    _os.environ.pop("ZYFA_EMULATOR_HAZARDS", None)
-    drivers._reset()
-    api._tables.clear()
+    hazards = _os.environ.pop("ZYFA_EMULATOR_HAZARDS", None)   # the figures want a plain run
     try:
-        f = kernel_figures(Variant("gfx950", "bf16", 64, 64, False), seqlen_q=128,
-                           seqlen_k=384, heads=3)
+        with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt")):
+            f = kernel_figures(Variant("gfx950", "bf16", 64, 64, False), seqlen_q=128,
+                               seqlen_k=384, heads=3)
     finally:
-        for k, val in saved.items():
-            if val is None:
-                _os.environ.pop(k, None)
-            else:
-                _os.environ[k] = val
-        drivers._reset()
-        api._tables.clear()
+        if hazards is not None:
+            _os.environ["ZYFA_EMULATOR_HAZARDS"] = hazards
     # occupancy: 92 VGPRs -> 96 -> 5 waves per SIMD; 17,920 B of LDS -> 9; 4-wave WGs -> 5
     assert f.resident_workgroups == 5 and f.workgroups == 6
     res, lf = f.sim, f.loop

@@ -5,22 +5,16 @@ strided views included, and the regions are gone afterwards."""
 import numpy as np
 import pytest
 
-from zyfa_runtime import api, flash_attn_func, reference
-from zyfa_runtime import driver as drivers
+from tests.backends import using_backend
+
+from zyfa_runtime import flash_attn_func, reference
 from zyfa_runtime.memory import host_dtype
 
 
 @pytest.fixture
-def strict_emulator(monkeypatch):
-    monkeypatch.setenv("ZYFA_BACKEND", "emulator")
-    monkeypatch.setenv("ZYFA_EMULATOR_STRICT_HOST", "1")
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
-    yield drivers.get_driver()
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
+def strict_emulator():
+    with using_backend("emulator", ZYFA_EMULATOR_STRICT_HOST="1") as driver:
+        yield driver
 
 
 def test_strict_host_runs_numpy_views_with_exact_extents(strict_emulator):

@@ -6,13 +6,14 @@ Wait-state numbers are those of CDNA4 ISA §4.5 / §7.6 Table 38 as LLVM's gfx95
 recognizer applies them (the snippets' "fixed" forms use exactly the number of NOPs
 ``llc -mcpu=gfx950 -run-pass=post-RA-hazard-rec`` inserts for the same pair)."""
 
-import os
 import zlib
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+
+from tests.backends import using_backend
 from emukit import build, run
 
 from zyfa_emulator import Config, Machine
@@ -239,24 +240,9 @@ kernels = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def emulator():
-    from zyfa_runtime import api
-    from zyfa_runtime import driver as drivers
-    keys = ("ZYFA_BACKEND", "ZYFA_PREBUILT_DIR", "ZYFA_EMULATOR_HAZARDS")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(ZYFA_BACKEND="emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
-                      ZYFA_EMULATOR_HAZARDS="1")
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
-    yield drivers.get_driver()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
+                       ZYFA_EMULATOR_HAZARDS="1") as driver:
+        yield driver
 
 
 def _bf16(rng, shape):

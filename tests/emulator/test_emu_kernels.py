@@ -13,8 +13,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, reference
-from zyfa_runtime import driver as drivers
+from tests.backends import using_backend
+
+from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, reference
 from zyfa_runtime.catalogue import Variant
 from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND, check_variant
 
@@ -28,23 +29,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def emulator():
-    saved = {k: os.environ.get(k) for k in ("ZYFA_BACKEND", "ZYFA_PREBUILT_DIR",
-                                             "ZYFA_EMULATOR_HAZARDS")}
-    os.environ["ZYFA_BACKEND"] = "emulator"
-    os.environ["ZYFA_PREBUILT_DIR"] = str(ROOT / "prebuilt")
-    os.environ["ZYFA_EMULATOR_HAZARDS"] = "1"   # every kernel run is also hazard-checked
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
-    yield drivers.get_driver()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    drivers._reset()
-    api._tables.clear()
-    api._ones.clear()
+    # every kernel run is also hazard-checked
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
+                       ZYFA_EMULATOR_HAZARDS="1") as driver:
+        yield driver
 
 
 def bf16(rng, shape):

@@ -1,0 +1,32 @@
+"""Switch the runtime to another backend for a test: set its environment, forget every
+cached driver, kernel table and constant buffer, and restore all of it afterwards."""
+
+import contextlib
+import os
+
+
+def forget_runtime_state() -> None:
+    from zyfa_runtime import api
+    from zyfa_runtime import driver as drivers
+    drivers._reset()
+    api._tables.clear()
+    api._ones.clear()
+
+
+@contextlib.contextmanager
+def using_backend(name: str, **env: str):
+    """``with using_backend("emulator", ZYFA_EMULATOR_HAZARDS="1") as driver: ...``"""
+    from zyfa_runtime import driver as drivers
+    changes = {"ZYFA_BACKEND": name, **env}
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    forget_runtime_state()
+    try:
+        yield drivers.get_driver()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        forget_runtime_state()
