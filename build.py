@@ -121,7 +121,10 @@ def build_one(v: Variant, tc, out_dir: Path, old: dict | None) -> tuple[dict, bo
             return entry_for(v, tc, source_hash, image), True
     tmp = out_dir / (v.filename + ".build")
     try:
-        tc.compile_cxx(source, tmp)
+        if v.built_from == "asm-generator":
+            tc.assemble(source, tmp)
+        else:
+            tc.compile_cxx(source, tmp)
         image = tmp.read_bytes()
     finally:
         tmp.unlink(missing_ok=True)

@@ -54,6 +54,9 @@ def entry(v: Variant) -> str:
 
 
 def emit(v: Variant) -> str:
-    """The complete source of variant ``v``."""
+    """The complete source of variant ``v`` (assembly for the gfx950 FP8 generator)."""
+    if v.built_from == "asm-generator":
+        from . import gfx950_fp8
+        return gfx950_fp8.emit(v)
     body = BODY[v.vendor].read_text()
     return "\n".join([config(v), params_struct(v), body, entry(v)])

@@ -306,6 +306,13 @@ def _finish_float(w, inst, r):
     return r
 
 
+def _cvt_pk_u8(a, b, c):
+    a = np.asarray(a, F32)
+    byte = np.where(np.isnan(a), F32(0), np.clip(np.rint(a), F32(0), F32(255))).astype(U32)
+    shift = (np.asarray(b, U32) & U32(3)) * U32(8)
+    return (np.asarray(c, U32) & ~(U32(0xFF) << shift)) | (byte << shift)
+
+
 def exec_generic(w, inst) -> None:
     spec = SPECS[inst.name]
     if (inst.clamp or inst.omod) and spec.out not in "fdF":
@@ -592,6 +599,9 @@ def _define():
     S["v_cvt_f32_ubyte2"] = Spec("u", "f", lambda a: ((np.asarray(a, U32) >> U32(16)) & U32(0xFF)).astype(F32), fp=False)
     S["v_cvt_f32_ubyte3"] = Spec("u", "f", lambda a: (np.asarray(a, U32) >> U32(24)).astype(F32), fp=False)
     S["v_cvt_f32_bf16"] = Spec("u", "f", lambda a: nx.bf16_bits_to_f32(np.asarray(a, U32) & U32(0xFFFF)), fp=False)
+    # flt32_to_uint8 (CDNA4 ISA, V_CVT_PK_U8_F32): rounds per MODE.FP_ROUND (nearest-even
+    # here) and saturates to [0, 255]; NaN gives 0.  The byte goes to byte S1[1:0] of S2.
+    S["v_cvt_pk_u8_f32"] = Spec("fuu", "u", lambda a, b, c: _cvt_pk_u8(a, b, c))
     S["v_cvt_pk_bf16_f32"] = Spec("ff", "u", lambda a, b: nx.f32_to_bf16_bits(a) | (nx.f32_to_bf16_bits(b) << U32(16)), fp=False)
     # 64-bit
     S["v_mov_b64"] = Spec("U", "U", lambda a: a, fp=False)

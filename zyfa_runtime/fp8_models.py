@@ -94,6 +94,15 @@ class Recipe:
                     Lean byte needs 2^8 to use e4m3's whole range).
     ``code_offset`` delta, in code units, subtracted in the FMA constant (``LEAN_CENTRE``
                     centres the exact maximum of a "block_fp32" Lean block).
+    ``byte_form``   how the Lean byte is formed from the scores: "fma" (step 3 of the
+                    module docstring) or "pk_u8", gfx950's: with ``Smax`` the block's
+                    maximum fp32 score and ``K = fp32(c0 - delta)``, ``U = nextafter(fp32(Smax
+                    8c - K), +inf)``, ``y = fp32(S 8c - U)`` (one FMA each) and the byte
+                    ``clamp(rint(y), 0, 255)`` (``v_cvt_pk_u8_f32``).  Rounding ``U`` up
+                    makes ``y <= K`` for every score of the block whatever its magnitude, so
+                    no byte exceeds ``c0`` (and none can be the e4m3 NaN); ``y`` differs
+                    from "fma"'s by the placement of one fp32 rounding.  Needs "lean" and
+                    "block_fp32".
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
 
@@ -104,6 +113,7 @@ class Recipe:
     sum_of: str = "rounded"
     p_shift: float = 256.0
     code_offset: float = 0.0
+    byte_form: str = "fma"
 
     def __post_init__(self):
         if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
@@ -115,6 +125,10 @@ class Recipe:
             raise ValueError(f"max_kind must be one of {MAX_KINDS}")
         if self.sum_of not in SUMS:
             raise ValueError(f"sum_of must be one of {SUMS}")
+        if self.byte_form not in ("fma", "pk_u8"):
+            raise ValueError(f"byte_form must be 'fma' or 'pk_u8', got {self.byte_form!r}")
+        if self.byte_form == "pk_u8" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
+            raise ValueError("byte_form 'pk_u8' is defined for lean bytes with a block_fp32 max")
         if not 0 <= self.code_offset < 8:
             raise ValueError(f"code_offset must be in [0, 8), got {self.code_offset!r}")
         k = math.log2(self.p_shift) if self.p_shift > 0 else -1
@@ -172,7 +186,8 @@ def _recipes() -> dict[str, Recipe]:
         "lean64": Recipe("lean64", 64, "lean", "block_integer", "rounded", 256.0),
         "lean128": Recipe("lean128", 128, "lean", "block_integer", "rounded", 256.0),
         # The targets (see the docstring).
-        "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE),
+        "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
+                         "pk_u8"),
         "sm_90a": Recipe("sm_90a", 128, "lean_quad", "block_fp32", "rounded", 256.0),
     }
     changes = {
@@ -273,9 +288,16 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             big = np.maximum.accumulate(ref, axis=2)
         ref, big = ref.astype(np.float64), big.astype(np.float64)
         live = np.isfinite(ref)
-        bias = _fp32(np.where(live, c0 - 8.0 * np.where(live, ref, 0.0), 0.0))
-        y = e4m3.fma_f32(sb, c8, bias[..., None])
-        codes = e4m3.p_codes(y, variant=recipe.p_rounding, max_code=recipe.c0)
+        if recipe.byte_form == "pk_u8":
+            kc = np.float32(c0)
+            with np.errstate(invalid="ignore"):
+                u = np.nextafter(e4m3.fma_f32(sb.max(axis=3), c8, -kc), np.float32(np.inf))
+                y = e4m3.fma_f32(sb, c8, -u[..., None])
+            codes = np.clip(np.rint(np.nan_to_num(y, nan=0.0, neginf=0.0)), 0, 255).astype(np.uint8)
+        else:
+            bias = _fp32(np.where(live, c0 - 8.0 * np.where(live, ref, 0.0), 0.0))
+            y = e4m3.fma_f32(sb, c8, bias[..., None])
+            codes = e4m3.p_codes(y, variant=recipe.p_rounding, max_code=recipe.c0)
         ob = np.matmul(e4m3.decode(codes).transpose(0, 2, 1, 3), v1b[:, :nb])  # (H, nb, R, Dv+1)
         if recipe.sum_of == "rounded":
             lb = ob[..., dv].transpose(0, 2, 1)

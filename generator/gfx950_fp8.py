@@ -1,0 +1,834 @@
+"""gfx950 (MI355X) FP8 attention forward: a generator of hand-scheduled assembly.
+
+One workgroup is 8 waves x 32 query rows (256 rows) of one query head of one sequence; the
+keys go by in blocks of N = 64 (the ``gfx950`` recipe's block, ``fp8_models.RECIPES``).
+Per block a wave computes, for its 32 queries::
+
+    QK   S^T = K . Q^T        2 x (d_qk / 64) v_mfma_f32_32x32x64_f8f6f4   (K from LDS, Q in AGPRs)
+    SM   Lean P               block max, one FMA per score, a saturating byte pack
+         row sum of P         1 x v_mfma_f32_16x16x128_f8f6f4 (P^T against a selector of ones)
+         merge                fp32 rescale of O^T to the block's reference (exact block max)
+    PV   O^T += V^T . P^T     d_v / 32 x v_mfma_scale_f32_32x32x64_f8f6f4 (V^T by ds_read_b64_tr_b8,
+                              P^T straight from the byte pack, 2^-k as P's E8M0 scale)
+
+Ping-pong.  Waves w and w + 4 share a SIMD.  Group A (waves 0-3) and group B (waves 4-7)
+run the same pipeline one phase apart, phases separated by workgroup barriers: while one
+group is in a matrix phase (PV of block b - 1 and QK of block b, ``s_setprio 1``) the other
+is in its vector phase (SM of its current block), so the matrix pipe of every SIMD always
+has one wave feeding it::
+
+    phase       0       1       2            3            4 ...
+    group A     QK0     SM0     PV0 QK1      SM1          PV1 QK2
+    group B     -       QK0     SM0          PV0 QK1      SM1
+
+LDS holds two K stages and two V stages.  At the start of every even phase 2p all waves
+issue the buffer->LDS loads (``buffer_load_dwordx4 ... lds``) of K block p + 1 and V block
+p; they land before phase 2p + 2, where the first of them is read (two phases of latency
+hidden); the stages they overwrite were last read in phases 2p - 2 and 2p - 1.
+
+The P arithmetic is the ``gfx950`` recipe of ``zyfa_runtime.fp8_models``, bit for bit
+(``Recipe.byte_form == "pk_u8"``): with ``Smax`` the block's raw maximum score, per row
+
+    U = nextafter_up(fp32(Smax * 8c - K))          K = fp32(120 - LEAN_CENTRE)
+    y = fp32(S * 8c - U)        (one v_pk_fma_f32 per two scores)
+    P = clamp(rint(y), 0, 255)  (v_cvt_pk_u8_f32, nearest-even, saturating)
+
+Rounding U up makes ``y <= K`` for every score of the block, so no byte exceeds 120 (no
+e4m3 NaN can appear whatever the magnitudes) and the block's maximum gets code 120 (P =
+256 = 2^8 x its exact weight, less the centring offset).  The merge keeps O^T and the
+row sum relative to a per-row reference R with ``T_b - R`` an integer (``T_b =
+fp32(Smax c)``, the block's exact maximum in log2 units), so the block's factor is the
+power of two ``2^-k`` carried by the scaled MFMA, and O^T is rescaled in fp32 by
+``2^(R_old - R)`` once per block.
+
+Register map, cycle budgets and the stage functions are below; ``plan(v)`` holds every
+number that depends on the variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from zyfa_runtime import e4m3
+from zyfa_runtime.catalogue import Variant, kernarg_size, kernargs
+from zyfa_runtime.fp8_models import RECIPES
+
+RECIPE = RECIPES["gfx950"]
+WAVES = 8              # per workgroup; waves w and w + 4 share a SIMD
+ROWS = 32              # query rows per wave (the 32 columns of S^T)
+BLOCK_M = WAVES * ROWS
+BLOCK_N = RECIPE.block_keys          # 64 keys per block
+NEG_INF = "0xff800000"
+RSRC_WORD3 = "0x00020000"            # raw buffer: DATA_FORMAT 32, no swizzle, no ADD_TID
+KERNARG_SGPR = 8                     # the kernarg segment is loaded into s[8:...]
+VGPR_LIMIT = 256                     # VGPR + AGPR per wave with two waves per SIMD
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def lean_constant() -> np.float32:
+    """K = fp32(c0 - delta): the code of a score equal to the block maximum."""
+    return np.float32(RECIPE.c0 - RECIPE.code_offset)
+
+
+def _hex(x) -> str:
+    return f"0x{int(np.float32(x).view(np.uint32)):08x}"
+
+
+# --------------------------------------------------------------------------------------
+# The plan: every number that depends on the variant.
+
+class _Pool:
+    """A bump allocator of named, aligned register ranges."""
+
+    def __init__(self, kind: str, start: int = 0):
+        # v0 holds the work-item id until the lane setup is done: VGPR pools start at 1
+        self.kind, self.next, self.names = kind, start, {}
+
+    def take(self, name: str, n: int = 1, align: int = 1) -> int:
+        base = -(-self.next // align) * align
+        self.names[name] = (base, n)
+        self.next = base + n
+        return base
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    v: Variant
+    qk_steps: int          # 64-wide slices of d_qk (one MFMA K-step each)
+    pv_chunks: int         # 32-row chunks of O^T (d_v / 32)
+    pitch_k: int           # LDS row pitch of K and V (power of two >= 128 bytes)
+    pitch_v: int
+    k_slots: int           # 1 KiB buffer->LDS loads per wave per K block / V block
+    v_slots: int
+    lds_k: tuple           # byte offset of the two K stages
+    lds_v: tuple           # and of the two V stages
+    lds_bytes: int
+    frag_bufs: int         # LDS->VGPR operand buffers (1 when d = 256: the register budget)
+    vgpr: dict             # name -> register
+    agpr: dict
+    sgpr: dict
+    n_vgpr: int
+    n_agpr: int
+    n_sgpr: int
+
+
+def plan(v: Variant) -> Plan:
+    if not (v.arch == "gfx950" and v.dtype == "fp8_e4m3"):
+        raise ValueError(f"{v.name} is not a gfx950 FP8 variant")
+    qk_steps, pv_chunks = v.d_qk // 64, v.d_v // 32
+    pk, pv = max(128, _pow2(v.d_qk)), max(128, _pow2(v.d_v))
+    kb, vb = BLOCK_N * pk, BLOCK_N * pv
+    for frag_bufs in (2, 1):
+        vg = _Pool("v", 1)
+        # Persistent per-lane values (register map).
+        for name in ("kaddr", "vaddr", "lim0", "ooff", "loff", "kconst", "scale_a", "m", "r",
+                     "l", "t", "kf", "ki", "sb", "mx", "tmp", "mn", "rn", "ninf"):
+            vg.take(name)
+        vg.take("u", 2, 2)            # U (low half used by the packed FMA)
+        vg.take("x", 2, 2)            # rescale factor 2^(R_old - R) (low half)
+        for i in range(kb // 1024 // WAVES + vb // 1024 // WAVES):
+            vg.take(f"dma{i}")
+        vg.take("dmat")
+        # MFMA operand tuples need even alignment only (gfx90a and later)
+        vg.take("s", 2 * 16, 2)       # S^T: two 32-key halves x 16 registers
+        vg.take("p", 8, 2)            # P^T bytes: the B operand of PV (32 keys x 4 bytes)
+        vg.take("ls", 4, 2)           # row-sum MFMA result
+        vg.take("kf", 8 * frag_bufs, 2)
+        if frag_bufs == 2:
+            vg.take("vf", 8 * frag_bufs, 2)
+        else:                          # one operand buffer shared by QK and PV
+            vg.names["vf"] = vg.names["kf"]
+        vg.take("o", 16 * pv_chunks, 2)
+        # registers live in disjoint phases share: the matrix phase's LDS addresses and the
+        # row state's temporaries; the epilogue's pairs and S^T; the exponent and k
+        vg.names["kcur"], vg.names["vcur"] = vg.names["mn"], vg.names["rn"]
+        vg.names["e"] = vg.names["ki"]
+        vg.names["bf"], vg.names["inv"] = (vg.names["s"][0], 2), (vg.names["s"][0] + 2, 2)
+        ag = _Pool("a")
+        ag.take("q", 8 * qk_steps, 8)
+        ag.take("sel", 8, 8)
+        n_vgpr = -(-vg.next // 8) * 8
+        if n_vgpr + ag.next <= VGPR_LIMIT:
+            break
+    else:
+        raise ValueError(f"{v.name}: {vg.next} VGPRs + {ag.next} AGPRs exceed {VGPR_LIMIT}")
+    sg = _Pool("s", KERNARG_SGPR + -(-kernarg_size(kernargs(v)) // 4))
+    singles = ("c", "sq", "sk", "qf", "m0row", "diag", "wave", "grp", "wrow0", "nb", "wnb",
+               "wfull", "p", "q", "dv", "kstr64", "vstr64", "t4", "t5")
+    for name in singles:
+        sg.take(name)
+    for name, n in (("rk", 4), ("rv", 4), ("rq", 4), ("t0", 2), ("t2", 2), ("c8", 2)):
+        sg.take(name, n, n)
+    # set-up values whose registers are free again before their aliases are first written
+    for name, alias in (("dq", "p"), ("dk", "q"), ("kf", "wfull"), ("hk", "nb")):
+        sg.names[name] = sg.names[alias]
+    if sg.next > 102:
+        raise ValueError(f"{v.name}: {sg.next} SGPRs")
+    return Plan(v, qk_steps, pv_chunks, pk, pv, kb // 1024 // WAVES, vb // 1024 // WAVES,
+                (0, kb), (2 * kb, 2 * kb + vb), 2 * (kb + vb), frag_bufs,
+                {k: b for k, (b, _) in vg.names.items()}, {k: b for k, (b, _) in ag.names.items()},
+                {k: b for k, (b, _) in sg.names.items()}, n_vgpr, ag.next, sg.next)
+
+
+# --------------------------------------------------------------------------------------
+# Emission helpers
+
+class Asm:
+    def __init__(self, p: Plan):
+        self.p, self.lines, self._labels = p, [], 0
+
+    def __call__(self, text: str) -> None:
+        self.lines.append("  " + text)
+
+    def note(self, text: str) -> None:
+        self.lines.append("  // " + text)
+
+    def label(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+
+    def new_label(self, stem: str) -> str:
+        self._labels += 1
+        return f".L{stem}_{self._labels}"
+
+    # registers by name
+    def v(self, name: str, i: int = 0) -> str:
+        return f"v{self.p.vgpr[name] + i}"
+
+    def vr(self, name: str, i: int, n: int) -> str:
+        b = self.p.vgpr[name] + i
+        return f"v[{b}:{b + n - 1}]"
+
+    def ar(self, name: str, i: int, n: int) -> str:
+        b = self.p.agpr[name] + i
+        return f"a[{b}:{b + n - 1}]"
+
+    def s(self, name: str, i: int = 0) -> str:
+        return f"s{self.p.sgpr[name] + i}"
+
+    def sr(self, name: str, n: int) -> str:
+        b = self.p.sgpr[name]
+        return f"s[{b}:{b + n - 1}]"
+
+    def arg(self, name: str, n: int = 1) -> str:
+        a = next(a for a in kernargs(self.p.v) if a.name == name)
+        b = KERNARG_SGPR + a.offset // 4
+        return f"s{b}" if n == 1 else f"s[{b}:{b + n - 1}]"
+
+    def nops(self, states: int) -> None:
+        while states > 0:
+            self(f"s_nop {min(states, 16) - 1}")
+            states -= 16
+
+
+def _madd64(a: Asm, dst: str, idx: str, stride: str) -> None:
+    """64-bit ``dst += idx * stride`` (``dst`` and ``stride`` SGPR pairs given as their first
+    register index, ``idx`` a non-negative 32-bit SGPR)."""
+    d, st = int(dst[1:]), int(stride[1:])
+    t0, t1 = a.s("t2"), a.s("t2", 1)
+    a(f"s_mul_i32 {t0}, {idx}, s{st}")
+    a(f"s_mul_hi_u32 {t1}, {idx}, s{st}")
+    a(f"s_mul_i32 {a.s('t4')}, {idx}, s{st + 1}")
+    a(f"s_add_u32 {t1}, {t1}, {a.s('t4')}")
+    a(f"s_add_u32 s{d}, s{d}, {t0}")
+    a(f"s_addc_u32 s{d + 1}, s{d + 1}, {t1}")
+
+
+# --------------------------------------------------------------------------------------
+# Stages, top to bottom.
+
+def stage_arguments(a: Asm) -> None:
+    """Load the kernel arguments (layout from the catalogue) and the descales."""
+    dwords, reg = kernarg_size(kernargs(a.p.v)) // 4, KERNARG_SGPR
+    off = 0
+    for n in (16, 8, 4, 2, 1):
+        while dwords - off >= n:
+            dst = f"s[{reg + off}:{reg + off + n - 1}]" if n > 1 else f"s{reg + off}"
+            a(f"s_load_dword{'x' + str(n) if n > 1 else ''} {dst}, s[0:1], 0x{4 * off:x}")
+            off += n
+    a("s_waitcnt lgkmcnt(0)")
+    a(f"s_load_dword {a.s('dq')}, {a.arg('descale_q', 2)}, 0x0")
+    a(f"s_load_dword {a.s('dk')}, {a.arg('descale_k', 2)}, 0x0")
+    a(f"s_load_dword {a.s('dv')}, {a.arg('descale_v', 2)}, 0x0")
+    a("s_waitcnt lgkmcnt(0)")
+
+
+def stage_sequence(a: Asm) -> None:
+    """This workgroup's sequence (varlen through cu_seqlens), early exit, kv head."""
+    for t, cu, first, length, seqarg in (("q", "cu_seqlens_q", "qf", "sq", "seqlen_q"),
+                                         ("k", "cu_seqlens_k", "kf", "sk", "seqlen_k")):
+        done = a.new_label(f"fixed_{t}")
+        a(f"s_mov_b32 {a.s(first)}, 0")
+        a(f"s_mov_b32 {a.s(length)}, {a.arg(seqarg)}")
+        a(f"s_cmp_lg_u64 {a.arg(cu, 2)}, 0")
+        a(f"s_cbranch_scc0 {done}")
+        a(f"s_lshl_b32 {a.s('t4')}, s4, 2")
+        a(f"s_load_dwordx2 {a.sr('t0', 2)}, {a.arg(cu, 2)}, {a.s('t4')}")
+        a("s_waitcnt lgkmcnt(0)")
+        a(f"s_mov_b32 {a.s(first)}, {a.s('t0')}")
+        a(f"s_sub_u32 {a.s(length)}, {a.s('t0', 1)}, {a.s('t0')}")
+        a.label(done)
+    a.note("the workgroup's first row; a workgroup past the sequence leaves before any barrier")
+    a(f"s_lshl_b32 {a.s('m0row')}, s2, {int(math.log2(BLOCK_M))}")
+    a(f"s_cmp_ge_i32 {a.s('m0row')}, {a.s('sq')}")
+    a("s_cbranch_scc1 .Lend")
+    a.note("GQA: ratio = hq / hkv by subtraction, kv head = head / ratio")
+    ratio, acc = a.s("t4"), a.s("t5")
+    a(f"s_mov_b32 {ratio}, 0")
+    a(f"s_mov_b32 {acc}, 0")
+    a.label(".Lratio")
+    a(f"s_add_u32 {acc}, {acc}, {a.arg('hkv')}")
+    a(f"s_add_u32 {ratio}, {ratio}, 1")
+    a(f"s_cmp_lt_u32 {acc}, {a.arg('hq')}")
+    a("s_cbranch_scc1 .Lratio")
+    a(f"s_mov_b32 {a.s('hk')}, 0")
+    a(f"s_mov_b32 {acc}, {ratio}")
+    a.label(".Lkvhead")
+    a(f"s_cmp_gt_u32 {acc}, s3")
+    a("s_cbranch_scc1 .Lkvhead_done")
+    a(f"s_add_u32 {a.s('hk')}, {a.s('hk')}, 1")
+    a(f"s_add_u32 {acc}, {acc}, {ratio}")
+    a("s_branch .Lkvhead")
+    a.label(".Lkvhead_done")
+    a(f"s_sub_i32 {a.s('diag')}, {a.s('sk')}, {a.s('sq')}")
+
+
+def _resource(a: Asm, rsrc: str, tensor: str, head: str, first: str, cu: str,
+              rows: str, width: int, elem: int) -> None:
+    """Raw buffer resource of one (sequence, head) of ``tensor``: base = ptr + head *
+    stride_h + (varlen ? first * stride_s : batch * stride_b) (elements x ``elem`` bytes),
+    num_records = ((rows - 1) * stride_s + width) * elem, 0 when ``rows`` is 0."""
+    base = a.p.sgpr[rsrc]
+    t0 = a.s("t0")
+    a(f"s_mov_b64 s[{base}:{base + 1}], {a.arg(tensor, 2)}")
+    scale = int(math.log2(elem))
+    sh = a.arg(f"{tensor}_stride_h", 2)
+    if scale:   # strides in elements -> bytes
+        a(f"s_lshl_b64 {a.sr('t0', 2)}, {sh}, {scale}")
+        sh = a.sr("t0", 2)
+    _madd64(a, f"s{base}", head, sh.split(":")[0].replace("[", ""))
+    a(f"s_cmp_lg_u64 {a.arg(cu, 2)}, 0")
+    a(f"s_cselect_b32 {a.s('t5')}, {a.s(first)}, s4")
+    a(f"s_cselect_b64 {a.sr('t0', 2)}, {a.arg(tensor + '_stride_s', 2)}, {a.arg(tensor + '_stride_b', 2)}")
+    if scale:
+        a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.sr('t0', 2)}, {scale}")
+    _madd64(a, f"s{base}", a.s("t5"), a.s("t0"))
+    a(f"s_and_b32 s{base + 1}, s{base + 1}, 0xffff")
+    a(f"s_sub_u32 {t0}, {rows}, 1")
+    a(f"s_mul_i32 {t0}, {t0}, {a.arg(tensor + '_stride_s')}")
+    a(f"s_add_u32 {t0}, {t0}, {width}")
+    if scale:
+        a(f"s_lshl_b32 {t0}, {t0}, {scale}")
+    a(f"s_cmp_eq_u32 {rows}, 0")
+    a(f"s_cselect_b32 s{base + 2}, 0, {t0}")
+    a(f"s_mov_b32 s{base + 3}, {RSRC_WORD3}")
+
+
+def stage_constants(a: Asm) -> None:
+    """Buffer resources, the log2-domain score scale c (float64 like the model's), block
+    counts of the workgroup and of this wave."""
+    p, v = a.p, a.p.v
+    _resource(a, "rq", "q", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_qk, 1)
+    _resource(a, "rk", "k", a.s("hk"), "kf", "cu_seqlens_k", a.s("sk"), v.d_qk, 1)
+    _resource(a, "rv", "v", a.s("hk"), "kf", "cu_seqlens_k", a.s("sk"), v.d_v, 1)
+    a(f"s_mul_i32 {a.s('kstr64')}, {a.arg('k_stride_s')}, {BLOCK_N}")
+    a(f"s_mul_i32 {a.s('vstr64')}, {a.arg('v_stride_s')}, {BLOCK_N}")
+    a.note("c = fp32(softmax_scale * log2(e) * dq * dk), products in float64 (fp8_models.log2_scale)")
+    l2e = np.float64(1.4426950408889634).view(np.uint64)
+    t = a.p.vgpr["o"]               # O is free until it is zeroed below
+    a(f"s_mov_b32 {a.s('t2')}, 0x{int(l2e) & 0xffffffff:08x}")
+    a(f"s_mov_b32 {a.s('t2', 1)}, 0x{int(l2e) >> 32:08x}")
+    a(f"v_cvt_f64_f32 v[{t}:{t + 1}], {a.arg('softmax_scale')}")
+    a(f"v_mul_f64 v[{t}:{t + 1}], v[{t}:{t + 1}], {a.sr('t2', 2)}")
+    for d in ("dq", "dk"):
+        a(f"v_cvt_f64_f32 v[{t + 2}:{t + 3}], {a.s(d)}")
+        a(f"v_mul_f64 v[{t}:{t + 1}], v[{t}:{t + 1}], v[{t + 2}:{t + 3}]")
+    a(f"v_cvt_f32_f64 v{t + 4}, v[{t}:{t + 1}]")
+    a(f"v_mul_f32 v{t + 5}, 0x41000000, v{t + 4}")      # 8c, exact
+    a("s_nop 0")
+    a(f"v_readfirstlane_b32 {a.s('c')}, v{t + 4}")
+    a(f"v_readfirstlane_b32 {a.s('c8')}, v{t + 5}")
+    a(f"s_mov_b32 {a.s('c8', 1)}, {a.s('c8')}")
+    a.note("blocks: workgroup (nb), this wave's (wnb) and the unmasked ones (wfull)")
+    a(f"v_lshrrev_b32 v{t + 6}, 6, v0")
+    a("s_nop 0")
+    a(f"v_readfirstlane_b32 {a.s('wave')}, v{t + 6}")
+    a(f"s_lshr_b32 {a.s('grp')}, {a.s('wave')}, 2")
+    a(f"s_lshl_b32 {a.s('t4')}, {a.s('wave')}, 5")
+    a(f"s_add_u32 {a.s('wrow0')}, {a.s('m0row')}, {a.s('t4')}")
+    for out, extra, base, shift_round in (("nb", BLOCK_M, "m0row", True),
+                                          ("wnb", ROWS, "wrow0", True),
+                                          ("wfull", 1, "wrow0", False)):
+        e = a.s(out)
+        if v.causal:
+            a(f"s_add_i32 {e}, {a.s(base)}, {a.s('diag')}")
+            a(f"s_add_i32 {e}, {e}, {extra}")
+            a(f"s_min_i32 {e}, {e}, {a.s('sk')}")
+        else:
+            a(f"s_mov_b32 {e}, {a.s('sk')}")
+        a(f"s_max_i32 {e}, {e}, 0")
+        if shift_round:
+            a(f"s_add_u32 {e}, {e}, {BLOCK_N - 1}")
+        a(f"s_lshr_b32 {e}, {e}, {int(math.log2(BLOCK_N))}")
+
+
+def stage_lanes(a: Asm) -> None:
+    """Per-lane addresses and constants (register map in ``plan``).
+
+    lane l: query column j = l % 32 of S^T, g = l / 32 picks k items and accumulator rows.
+    """
+    p, v = a.p, a.p.v
+    tv = p.vgpr["o"]                  # scratch: O is zeroed at the end
+    lane, j, g, row, t1, t2, t3 = (f"v{tv + i}" for i in range(7))
+    a(f"v_and_b32 {lane}, 63, v0")
+    a(f"v_and_b32 {j}, 31, v0")
+    a(f"v_bfe_u32 {g}, v0, 5, 1")
+    a(f"v_add_u32 {row}, {a.s('wrow0')}, {j}")
+    a.note("Q^T -> AGPRs: B of S^T, lane holds query row, d = 64s + 16g + t (t < 16), 64s + 32 + 16g + t")
+    a(f"v_mul_lo_u32 {t1}, {row}, {a.arg('q_stride_s')}")
+    a(f"v_lshl_add_u32 {t1}, {g}, 4, {t1}")
+    qs = p.vgpr["s"]
+    for s in range(p.qk_steps):
+        for h in range(2):
+            r = qs + 8 * s + 4 * h
+            a(f"buffer_load_dwordx4 v[{r}:{r + 3}], {t1}, {a.sr('rq', 4)}, 0 offen offset:{64 * s + 32 * h}")
+    a("s_waitcnt vmcnt(0)")
+    for i in range(8 * p.qk_steps):
+        a(f"v_accvgpr_write_b32 a{p.agpr['q'] + i}, v{qs + i}")
+    a.note("selector of the row-sum MFMA: lane l holds row l%16 and the k group l/16 (see stage_softmax)")
+    a(f"v_bfe_u32 {t1}, v0, 4, 1")
+    a(f"v_bfe_u32 {t2}, v0, 2, 1")
+    a(f"v_cmp_eq_u32 vcc, {t1}, {t2}")
+    a(f"v_mov_b32 {t1}, 0x38383838")                   # four e4m3 1.0
+    a("s_nop 0")
+    a(f"v_cndmask_b32 {t1}, 0, {t1}, vcc")
+    for i in range(8):
+        a(f"v_accvgpr_write_b32 a{p.agpr['sel'] + i}, {t1}")
+    a.note(f"K read address: key j, d-offset 16g (pitch {p.pitch_k})")
+    a(f"v_lshlrev_b32 {t1}, {int(math.log2(p.pitch_k))}, {j}")
+    a(f"v_lshl_add_u32 {a.v('kaddr')}, {g}, 4, {t1}")
+    a.note("V^T read address (ds_read_b64_tr_b8): 16-lane group G = l/16 (g = G/2, dh = G%2), "
+           "lanes 2r, 2r+1 read key 8(r/4) + 4g + r%4 at d-offset 16dh + 8(l%2)")
+    a(f"v_bfe_u32 {t1}, v0, 3, 1")
+    a(f"v_lshlrev_b32 {t1}, 3, {t1}")
+    a(f"v_lshl_add_u32 {t1}, {g}, 2, {t1}")
+    a(f"v_bfe_u32 {t2}, v0, 1, 2")
+    a(f"v_add_u32 {t1}, {t1}, {t2}")
+    a(f"v_lshlrev_b32 {t1}, {int(math.log2(p.pitch_v))}, {t1}")
+    a(f"v_bfe_u32 {t2}, v0, 4, 1")
+    a(f"v_lshl_add_u32 {t1}, {t2}, 4, {t1}")
+    a(f"v_bfe_u32 {t2}, v0, 0, 1")
+    a(f"v_lshl_add_u32 {a.v('vaddr')}, {t2}, 3, {t1}")
+    a.note("mask limit: key < min(sk, row + diag + 1) (causal) or sk; minus this lane's 4g")
+    if v.causal:
+        a(f"v_add3_u32 {t1}, {row}, {a.s('diag')}, 1")
+        a(f"v_min_i32 {t1}, {a.s('sk')}, {t1}")
+    else:
+        a(f"v_mov_b32 {t1}, {a.s('sk')}")
+    a(f"v_lshlrev_b32 {t2}, 2, {g}")
+    a(f"v_sub_u32 {a.v('lim0')}, {t1}, {t2}")
+    a.note("O (bf16) byte offset: row, d = 4g + ...; LSE: row")
+    a(f"v_mul_lo_u32 {t1}, {row}, {a.arg('o_stride_s')}")
+    a(f"v_lshlrev_b32 {t1}, 1, {t1}")
+    a(f"v_lshl_add_u32 {a.v('ooff')}, {g}, 3, {t1}")
+    a(f"v_lshlrev_b32 {a.v('loff')}, 2, {row}")
+    a.note("buffer->LDS slots: chunk c = 8i + wave of the K (V) block, lane byte 1024c + 16l")
+    slot = 0
+    for kind, n, pitch, d, sbase in (("k", p.k_slots, p.pitch_k, v.d_qk, "k_stride_s"),
+                                     ("v", p.v_slots, p.pitch_v, v.d_v, "v_stride_s")):
+        for i in range(n):
+            a(f"s_lshl_b32 {a.s('t4')}, {a.s('wave')}, 10")
+            a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {8 * i * 1024}")
+            a(f"v_lshl_add_u32 {t1}, {lane}, 4, {a.s('t4')}")
+            a(f"v_lshrrev_b32 {t2}, {int(math.log2(pitch))}, {t1}")          # key in block
+            a(f"v_and_b32 {t1}, {pitch - 1}, {t1}")                           # column
+            if pitch > d:   # padding columns reload a valid chunk: never read
+                a(f"v_subrev_u32 {t3}, {d}, {t1}")
+                a(f"v_cmp_le_u32 vcc, {d}, {t1}")
+                a("s_nop 1")
+                a(f"v_cndmask_b32 {t1}, {t1}, {t3}, vcc")
+            a(f"v_mul_lo_u32 {t2}, {t2}, {a.arg(sbase)}")
+            a(f"v_add_u32 {a.v(f'dma{slot}')}, {t1}, {t2}")
+            slot += 1
+    a.note("constants and row state")
+    a(f"v_mov_b32 {a.v('kconst')}, {_hex(lean_constant())}")
+    a(f"v_mov_b32 {a.v('scale_a')}, 127")
+    a(f"v_mov_b32 {a.v('ninf')}, {NEG_INF}")
+    a(f"v_mov_b32 {a.v('m')}, {NEG_INF}")
+    a(f"v_mov_b32 {a.v('r')}, {NEG_INF}")
+    a(f"v_mov_b32 {a.v('l')}, 0")
+    for i in range(16 * p.pv_chunks):
+        a(f"v_mov_b32 {a.v('o', i)}, 0")
+
+
+def stage_dma(a: Asm, kind: str, block: str) -> None:
+    """Buffer->LDS loads of one K or V block (block index in SGPR ``block``) into its stage:
+    ``slots`` 1 KiB loads per wave (64 lanes x 16 bytes, LDS address M0 + 16 lane)."""
+    p = a.p
+    first = 0 if kind == "k" else p.k_slots
+    n = p.k_slots if kind == "k" else p.v_slots
+    stride, size = ("kstr64", BLOCK_N * p.pitch_k) if kind == "k" else ("vstr64", BLOCK_N * p.pitch_v)
+    region = p.lds_k[0] if kind == "k" else p.lds_v[0]
+    a(f"s_and_b32 {a.s('t5')}, {block}, 1")
+    a(f"s_mul_i32 {a.s('t5')}, {a.s('t5')}, {size}")
+    a(f"s_lshl_b32 {a.s('t4', 0)}, {a.s('wave')}, 10")   # this wave's 1 KiB chunk
+    a(f"s_add_u32 {a.s('t5')}, {a.s('t5')}, {a.s('t4')}")
+    a(f"s_mul_i32 {a.s('t4')}, {block}, {a.s(stride)}")
+    for i in range(n):
+        a(f"v_add_u32 {a.v('dmat')}, {a.s('t4')}, {a.v(f'dma{first + i}')}")
+        a(f"s_add_u32 m0, {a.s('t5')}, {region + 8 * i * 1024}")
+        a("s_nop 0")
+        a(f"buffer_load_dwordx4 {a.v('dmat')}, {a.sr('r' + kind, 4)}, 0 offen lds")
+
+
+def stage_qk(a: Asm, block: str) -> None:
+    """S^T = K . Q^T for one block: 2 halves x qk_steps MFMAs (64 cycles each), K operands by
+    ds_read_b128 (A: lane holds key 32h + j, d = 64s + 16g + t, 64s + 32 + 16g + t)."""
+    p = a.p
+    a(f"s_and_b32 {a.s('t4')}, {block}, 1")
+    a(f"s_mul_i32 {a.s('t4')}, {a.s('t4')}, {BLOCK_N * p.pitch_k}")
+    a(f"v_add_u32 {a.v('kcur')}, {a.s('t4')}, {a.v('kaddr')}")
+    frags = [(h, s) for h in range(2) for s in range(p.qk_steps)]
+    nb = p.frag_bufs
+
+    def read(i):
+        h, s = frags[i]
+        off = 32 * h * p.pitch_k + 64 * s
+        buf = 8 * (i % nb)
+        a(f"ds_read_b128 {a.vr('kf', buf, 4)}, {a.v('kcur')} offset:{off}")
+        a(f"ds_read_b128 {a.vr('kf', buf + 4, 4)}, {a.v('kcur')} offset:{off + 32}")
+
+    for i in range(min(nb, len(frags))):
+        read(i)
+    for i, (h, s) in enumerate(frags):
+        ahead = min(nb - 1, len(frags) - 1 - i)
+        a(f"s_waitcnt lgkmcnt({2 * ahead})")
+        c = "0" if s == 0 else a.vr("s", 16 * h, 16)
+        a(f"v_mfma_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {a.vr('kf', 8 * (i % nb), 8)}, "
+          f"{a.ar('q', 8 * s, 8)}, {c}")
+        if i + nb < len(frags):
+            read(i + nb)
+    a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
+    a.nops(20)
+
+
+def stage_pv(a: Asm, block: str) -> None:
+    """O^T += 2^-k V^T . P^T: pv_chunks scaled MFMAs (64 cycles each); V^T operands by
+    ds_read_b64_tr_b8 (read rd gives items 8rd..8rd+7 = keys 16rd + 8(r/4) + 4g + r%4)."""
+    p = a.p
+    a(f"s_and_b32 {a.s('t4')}, {block}, 1")
+    a(f"s_mul_i32 {a.s('t4')}, {a.s('t4')}, {BLOCK_N * p.pitch_v}")
+    a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {p.lds_v[0]}")
+    a(f"v_add_u32 {a.v('vcur')}, {a.s('t4')}, {a.v('vaddr')}")
+    nb = p.frag_bufs
+
+    def read(c):
+        buf = 8 * (c % nb)
+        for rd in range(4):
+            a(f"ds_read_b64_tr_b8 {a.vr('vf', buf + 2 * rd, 2)}, {a.v('vcur')} "
+              f"offset:{16 * rd * p.pitch_v + 32 * c}")
+
+    for c in range(min(nb, p.pv_chunks)):
+        read(c)
+    for c in range(p.pv_chunks):
+        ahead = min(nb - 1, p.pv_chunks - 1 - c)
+        a(f"s_waitcnt lgkmcnt({4 * ahead})")
+        o = a.vr("o", 16 * c, 16)
+        a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {a.vr('vf', 8 * (c % nb), 8)}, {a.vr('p', 0, 8)}, "
+          f"{o}, {a.v('scale_a')}, {a.v('sb')}")
+        if c + nb < p.pv_chunks:
+            read(c + nb)
+
+
+def _key_offset(h: int, r: int) -> int:
+    """Key (within the block, less 4g) of S^T half h, register r: 32h + 8(r/4) + r%4."""
+    return 32 * h + 8 * (r // 4) + r % 4
+
+
+def stage_softmax(a: Asm, block: str) -> None:
+    """Lean P, the row sum and the merge for one block (VALU slots per lane, d_v = 128):
+    max 16 + FMA 16 + byte pack 32 + row state ~20 + O rescale 32 = ~116 (464 cycles)."""
+    p = a.p
+    s0 = p.vgpr["s"]
+    mx, t = a.v("mx"), a.v("tmp")
+    unmasked = a.new_label("unmasked")
+    a(f"s_cmp_lt_u32 {block}, {a.s('wfull')}")
+    a(f"s_cbranch_scc1 {unmasked}")
+    a.note("boundary block: scores of keys the row must not see become -inf")
+    a(f"s_lshl_b32 {a.s('t4')}, {block}, {int(math.log2(BLOCK_N))}")
+    a(f"v_subrev_u32 {t}, {a.s('t4')}, {a.v('lim0')}")
+    # compares rotate over three masks so that each is read 2+ wait states after its write
+    masks = ("vcc", a.sr("t0", 2), a.sr("t2", 2))
+    idx = [(h, r) for h in range(2) for r in range(16)]
+
+    def select(i):
+        h, r = idx[i]
+        reg = f"v{s0 + 16 * h + r}"
+        a(f"v_cndmask_b32_e64 {reg}, {a.v('ninf')}, {reg}, {masks[i % 3]}")
+
+    for i, (h, r) in enumerate(idx):
+        a(f"v_cmp_lt_i32_e64 {masks[i % 3]}, {_key_offset(h, r)}, {t}")
+        if i >= 2:
+            select(i - 2)
+    select(len(idx) - 2)
+    select(len(idx) - 1)
+    a.label(unmasked)
+    a.note("block max of the row: 32 scores in-lane, then lanes l and l^32")
+    a(f"v_max3_f32 {mx}, v{s0}, v{s0 + 1}, v{s0 + 2}")
+    i = 3
+    while i < 32:
+        if i + 1 < 32:
+            a(f"v_max3_f32 {mx}, {mx}, v{s0 + i}, v{s0 + i + 1}")
+            i += 2
+        else:
+            a(f"v_max_f32 {mx}, {mx}, v{s0 + i}")
+            i += 1
+    a(f"v_mov_b32 {t}, {mx}")
+    a("s_nop 1")
+    a(f"v_permlane32_swap_b32 {t}, {mx}")
+    a(f"v_max_f32 {mx}, {mx}, {t}")
+    a.note("T = fp32(Smax c); U = nextafter_up(fp32(Smax 8c - K))")
+    a(f"v_mul_f32 {a.v('t')}, {a.s('c')}, {mx}")
+    u = a.v("u")
+    a(f"v_fma_f32 {u}, {mx}, {a.s('c8')}, -{a.v('kconst')}")
+    a(f"v_ashrrev_i32 {t}, 31, {u}")
+    a(f"v_lshl_add_u32 {u}, {t}, 1, {u}")
+    a(f"v_add_u32 {u}, 1, {u}")
+    a.note("y = fp32(S 8c - U): one packed FMA per two scores")
+    for i in range(16):
+        a(f"v_pk_fma_f32 {a.vr('s', 2 * i, 2)}, {a.vr('s', 2 * i, 2)}, {a.sr('c8', 2)}, "
+          f"{a.vr('u', 0, 2)} op_sel_hi:[1,0,0] neg_lo:[0,0,1] neg_hi:[0,0,1]")
+    a.note("P = clamp(rint(y), 0, 255) packed four to a register: item t = 16h + r")
+    for q in range(8):
+        for b in range(4):
+            src = "0" if b == 0 else a.v("p", q)
+            a(f"v_cvt_pk_u8_f32 {a.v('p', q)}, v{s0 + 4 * q + b}, {b}, {src}")
+    a.note("row sums of P: D[i][j] = sum over the lanes of k group g with g%2 == (i/4)%2 of "
+           "column j -> every lane gets its own query's sum")
+    a("s_nop 1")
+    a(f"v_mfma_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, {a.vr('p', 0, 8)}, 0")
+    a.note("merge: R = T + ceil(M - T) (so T - R = -k is an integer), O *= 2^(R_old - R)")
+    tt, m, r, mn, rn, kf, ki, sb, x = (a.v(n) for n in ("t", "m", "r", "mn", "rn", "kf", "ki", "sb", "x"))
+    a(f"v_max_f32 {mn}, {m}, {tt}")
+    a(f"v_sub_f32 {kf}, {mn}, {tt}")
+    a(f"v_ceil_f32 {kf}, {kf}")
+    a(f"v_add_f32 {rn}, {tt}, {kf}")
+    a(f"v_sub_f32 {x}, {r}, {rn}")
+    a(f"v_exp_f32 {x}, {x}")
+    a(f"v_cmp_neq_f32 vcc, {NEG_INF}, {tt}")        # the row sees a key of this block
+    a(f"v_cvt_i32_f32 {ki}, {kf}")
+    a("s_nop 0")
+    a(f"v_cndmask_b32 {rn}, {r}, {rn}, vcc")
+    a(f"v_cndmask_b32 {x}, 1.0, {x}, vcc")
+    a(f"v_sub_u32 {sb}, 127, {ki}")
+    a(f"v_max_i32 {sb}, 1, {sb}")                    # E8M0 scale byte of P: 2^-k, k <= 126
+    a(f"v_mov_b32 {m}, {mn}")
+    a(f"v_mov_b32 {r}, {rn}")
+    for i in range(8 * p.pv_chunks):
+        a(f"v_pk_mul_f32 {a.vr('o', 2 * i, 2)}, {a.vr('o', 2 * i, 2)}, {a.vr('x', 0, 2)} op_sel_hi:[1,0]")
+    a(f"v_subrev_u32 {a.v('e')}, 127, {sb}")
+    a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('e')}")
+    a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {x}, {t}")
+
+
+def stage_loop(a: Asm) -> None:
+    """The ping-pong pipeline (module docstring): iteration p = phases 2p and 2p + 1."""
+    p = a.p
+    sp, sq = a.s("p"), a.s("q")
+    a.note("prologue: K block 0")
+    skip = a.new_label("no_blocks")
+    a(f"s_cmp_eq_u32 {a.s('nb')}, 0")
+    a(f"s_cbranch_scc1 {skip}")
+    a(f"s_mov_b32 {sp}, 0")
+    stage_dma(a, "k", sp)
+    a.label(skip)
+    a("s_waitcnt vmcnt(0)")
+    a("s_barrier")
+    a(f"s_mov_b32 {sp}, 0")
+    a.label(".Lloop")
+    a.note("phase 2p: loads of K block p + 1 and V block p")
+    lk, lv = a.new_label("no_k"), a.new_label("no_v")
+    a(f"s_add_u32 {sq}, {sp}, 1")
+    a(f"s_cmp_lt_u32 {sq}, {a.s('nb')}")
+    a(f"s_cbranch_scc0 {lk}")
+    stage_dma(a, "k", sq)
+    a.label(lk)
+    a(f"s_cmp_lt_u32 {sp}, {a.s('nb')}")
+    a(f"s_cbranch_scc0 {lv}")
+    stage_dma(a, "v", sp)
+    a.label(lv)
+
+    def matrix_phase():
+        a("s_setprio 1")
+        l1, l2 = a.new_label("no_pv"), a.new_label("no_qk")
+        a(f"s_sub_u32 {sq}, {sp}, 1")
+        a(f"s_cmp_lt_u32 {sq}, {a.s('wnb')}")
+        a(f"s_cbranch_scc0 {l1}")
+        stage_pv(a, sq)
+        a.label(l1)
+        a(f"s_cmp_lt_u32 {sp}, {a.s('wnb')}")
+        a(f"s_cbranch_scc0 {l2}")
+        stage_qk(a, sp)
+        a.label(l2)
+        a("s_setprio 0")
+
+    def vector_phase(block_of_p: int):
+        l1 = a.new_label("no_sm")
+        if block_of_p:
+            a(f"s_sub_u32 {sq}, {sp}, {block_of_p}")
+        else:
+            a(f"s_mov_b32 {sq}, {sp}")
+        a(f"s_cmp_lt_u32 {sq}, {a.s('wnb')}")
+        a(f"s_cbranch_scc0 {l1}")
+        stage_softmax(a, sq)
+        a.label(l1)
+
+    for half in range(2):
+        other, join = a.new_label("group_b"), a.new_label("joined")
+        a(f"s_cmp_eq_u32 {a.s('grp')}, 0")
+        a(f"s_cbranch_scc0 {other}")
+        matrix_phase() if half == 0 else vector_phase(0)
+        a(f"s_branch {join}")
+        a.label(other)
+        vector_phase(1) if half == 0 else matrix_phase()
+        a.label(join)
+        a("s_waitcnt vmcnt(0) lgkmcnt(0)" if half else "s_waitcnt lgkmcnt(0)")
+        a("s_barrier")
+    a(f"s_add_u32 {sp}, {sp}, 1")
+    a(f"s_cmp_le_u32 {sp}, {a.s('nb')}")
+    a("s_cbranch_scc1 .Lloop")
+
+
+def stage_epilogue(a: Asm) -> None:
+    """out = O^T * dv / l in bf16 (l = 0: zeros), LSE = ln2 (R + log2 l - 8)."""
+    p, v = a.p, a.p.v
+    a.nops(20)     # the last PV MFMA's result
+    l, t = a.v("l"), a.v("tmp")
+    _resource(a, "rq", "o", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_v, 2)
+    a(f"v_cmp_lt_f32 vcc, 0, {l}")
+    a(f"v_rcp_f32 {t}, {l}")
+    a("s_nop 0")
+    a(f"v_mul_f32 {t}, {a.s('dv')}, {t}")
+    a(f"v_cndmask_b32 {t}, 0, {t}, vcc")
+    a(f"v_mov_b32 {a.v('inv')}, {t}")
+    for c in range(p.pv_chunks):
+        for q in range(4):
+            o = 16 * c + 4 * q
+            for k in (0, 2):
+                a(f"v_pk_mul_f32 {a.vr('o', o + k, 2)}, {a.vr('o', o + k, 2)}, {a.vr('inv', 0, 2)} "
+                  "op_sel_hi:[1,0]")
+            a(f"v_cvt_pk_bf16_f32 {a.v('bf')}, {a.v('o', o)}, {a.v('o', o + 1)}")
+            a(f"v_cvt_pk_bf16_f32 {a.v('bf', 1)}, {a.v('o', o + 2)}, {a.v('o', o + 3)}")
+            a(f"buffer_store_dwordx2 {a.vr('bf', 0, 2)}, {a.v('ooff')}, {a.sr('rq', 4)}, 0 offen "
+              f"offset:{64 * c + 16 * q}")
+    a(f"s_cmp_lg_u64 {a.arg('lse', 2)}, 0")
+    a("s_cbranch_scc0 .Lend")
+    lse_const = -math.log2(RECIPE.p_shift) + RECIPE.lse_offset
+    b = p.sgpr["rq"]
+    a(f"s_mov_b64 s[{b}:{b + 1}], {a.arg('lse', 2)}")
+    for idx, stride in (("s4", "lse_stride_b"), ("s3", "lse_stride_h")):   # fp32 elements
+        a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.arg(stride, 2)}, 2")
+        _madd64(a, f"s{b}", idx, a.s("t0"))
+    a(f"s_lshl_b32 {a.s('t0')}, {a.s('qf')}, 2")
+    a(f"s_add_u32 s{b}, s{b}, {a.s('t0')}")
+    a(f"s_addc_u32 s{b + 1}, s{b + 1}, 0")
+    a(f"s_and_b32 s{b + 1}, s{b + 1}, 0xffff")
+    a(f"s_lshl_b32 s{b + 2}, {a.s('sq')}, 2")
+    a(f"s_mov_b32 s{b + 3}, {RSRC_WORD3}")
+    a(f"v_log_f32 {t}, {l}")
+    a("s_nop 0")
+    a(f"v_add_f32 {t}, {a.v('r')}, {t}")
+    a(f"v_add_f32 {t}, {_hex(lse_const)}, {t}")
+    a(f"v_mul_f32 {t}, {_hex(math.log(2))}, {t}")
+    a("s_mov_b32 exec_hi, 0")                     # lanes 0..31 hold the 32 rows
+    a(f"buffer_store_dword {t}, {a.v('loff')}, {a.sr('rq', 4)}, 0 offen")
+    a("s_mov_b32 exec_hi, -1")
+
+
+# --------------------------------------------------------------------------------------
+# The code object
+
+def _descriptor(p: Plan) -> str:
+    v = p.v
+    accum = -(-p.n_vgpr // 4) * 4
+    return "\n".join([
+        ".rodata", ".p2align 6", f".amdhsa_kernel {v.symbol}",
+        f"  .amdhsa_group_segment_fixed_size {p.lds_bytes}",
+        "  .amdhsa_private_segment_fixed_size 0",
+        f"  .amdhsa_kernarg_size {kernarg_size(kernargs(v))}",
+        "  .amdhsa_user_sgpr_count 2",
+        "  .amdhsa_user_sgpr_kernarg_segment_ptr 1",
+        "  .amdhsa_system_sgpr_workgroup_id_x 1",
+        "  .amdhsa_system_sgpr_workgroup_id_y 1",
+        "  .amdhsa_system_sgpr_workgroup_id_z 1",
+        "  .amdhsa_system_vgpr_workitem_id 0",
+        f"  .amdhsa_next_free_vgpr {accum + p.n_agpr}",
+        f"  .amdhsa_accum_offset {accum}",
+        f"  .amdhsa_next_free_sgpr {p.n_sgpr}",
+        "  .amdhsa_reserve_vcc 1",
+        # MODE, chosen: fp32 and fp16/64 denormals kept (the model is IEEE fp32), round to
+        # nearest even, IEEE mode off, DX10 clamp on (a clamped NaN is 0), FP16_OVFL off (no
+        # conversion to FP8 happens on the device; an overflowing MFMA gives inf, not MAX).
+        "  .amdhsa_float_round_mode_32 0",
+        "  .amdhsa_float_round_mode_16_64 0",
+        "  .amdhsa_float_denorm_mode_32 3",
+        "  .amdhsa_float_denorm_mode_16_64 3",
+        "  .amdhsa_ieee_mode 0",
+        "  .amdhsa_dx10_clamp 1",
+        "  .amdhsa_fp16_overflow 0",
+        "  .amdhsa_tg_split 0",
+        ".end_amdhsa_kernel",
+    ])
+
+
+def _metadata(p: Plan) -> str:
+    v = p.v
+    args = []
+    for k in kernargs(v):
+        if k.type == "ptr":
+            args.append(f"      - {{.name: {k.name}, .offset: {k.offset}, .size: 8, "
+                        ".value_kind: global_buffer, .address_space: global}")
+        else:
+            vt = {"i64": "i64", "i32": "i32", "f32": "f32"}[k.type]
+            args.append(f"      - {{.name: {k.name}, .offset: {k.offset}, .size: {k.size}, "
+                        f".value_kind: by_value, .value_type: {vt}}}")
+    accum = -(-p.n_vgpr // 4) * 4
+    return "\n".join([
+        ".amdgpu_metadata", "---", "amdhsa.version: [1, 2]",
+        "amdhsa.target: amdgcn-amd-amdhsa--gfx950", "amdhsa.kernels:",
+        f"  - .name: {v.symbol}", f"    .symbol: {v.symbol}.kd",
+        f"    .kernarg_segment_size: {kernarg_size(kernargs(v))}",
+        "    .kernarg_segment_align: 8",
+        f"    .group_segment_fixed_size: {p.lds_bytes}",
+        "    .private_segment_fixed_size: 0", "    .wavefront_size: 64",
+        f"    .sgpr_count: {p.n_sgpr + 2}", f"    .vgpr_count: {accum + p.n_agpr}",
+        f"    .agpr_count: {p.n_agpr}",
+        f"    .max_flat_workgroup_size: {WAVES * 64}",
+        f"    .reqd_workgroup_size: [{WAVES * 64}, 1, 1]",
+        "    .args:", *args, "...", ".end_amdgpu_metadata", ""])
+
+
+def emit(v: Variant) -> str:
+    """The complete assembly source of gfx950 FP8 variant ``v``."""
+    p = plan(v)
+    a = Asm(p)
+    head = [f"// zyfa generated: {v.name} (generator/gfx950_fp8.py)",
+            f"// VGPR {p.n_vgpr} + AGPR {p.n_agpr}, SGPR {p.n_sgpr}, LDS {p.lds_bytes} bytes, "
+            f"operand buffers {p.frag_bufs}",
+            '.amdgcn_target "amdgcn-amd-amdhsa--gfx950"', ".amdhsa_code_object_version 6",
+            ".text", f".globl {v.symbol}", ".p2align 8", f".type {v.symbol},@function",
+            f"{v.symbol}:"]
+    stage_arguments(a)
+    stage_sequence(a)
+    stage_constants(a)
+    stage_lanes(a)
+    stage_loop(a)
+    stage_epilogue(a)
+    a.label(".Lend")
+    a("s_endpgm")
+    return "\n".join(head + a.lines + [_descriptor(p), _metadata(p)]) + "\n"
