@@ -330,7 +330,8 @@ def exec_generic(w, inst) -> None:
         if spec.fp and _denorm_in(w):
             d = nx.flush_f32(d)
         args.append(d)
-    r = spec.fn(*args)
+    with np.errstate(invalid="ignore", over="ignore"):   # IEEE results, no warnings
+        r = spec.fn(*args)
     out = spec.out
     if out in "fd":
         r = _finish_float(w, inst, r)

@@ -77,7 +77,7 @@ def cmd_info(args) -> int:
 
 def cmd_check(args) -> int:
     from .api import kernel_table
-    from .selfcheck import LSE_BOUND, O_BOUND, check_variant
+    from .selfcheck import LSE_BOUND, O_BOUND, RECIPE_FP64_BOUND, bounds, check_variant
     driver = _driver()
     dev = args.device
     table = kernel_table(driver)
@@ -88,14 +88,15 @@ def cmd_check(args) -> int:
         print(f"no kernels available for {arch}", file=sys.stderr)
         return 1
     print(f"zyfa {__version__} check on {driver.device_name(dev)} ({arch}), backend {driver.name}; "
-          f"bounds: O rel. error <= {O_BOUND:g}, LSE abs. error <= {LSE_BOUND:g}")
+          f"bounds: O rel. error <= {O_BOUND:g}, LSE abs. error <= {LSE_BOUND:g} against fp64; "
+          f"recipe kernels (FP8 Lean P) against their model, and <= {RECIPE_FP64_BOUND:g} against fp64")
     print(f"{'variant':<40} {'case':<22} {'O rel err':>10} {'LSE err':>10}  result")
     failures = 0
     for v in variants:
         for r in check_variant(driver, dev, v, seed=args.seed):
             failures += not r.ok
             print(f"{v.name:<40} {r.case:<22} {r.o_error:10.2e} {r.lse_error:10.2e}  "
-                  f"{'ok' if r.ok else 'FAIL'}", flush=True)
+                  f"{'ok' if r.ok else 'FAIL'}" + (f"  ({r.note})" if r.note else ""), flush=True)
     total = len(variants) * 4
     print(f"{total - failures}/{total} cases passed over {len(variants)} variants")
     return 1 if failures else 0
