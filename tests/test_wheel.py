@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TAG = "py3-none-manylinux_2_28_x86_64"
 WHEELS = {  # target -> (distribution, arch, kernels built)
     "cuda": ("zyfa-cuda13", "sm_90a", 16),
-    "rocm": ("zyfa-rocm7-2", "gfx950", 8),
+    "rocm": ("zyfa-rocm7-2", "gfx950", 16),
 }
 COMPILERS = ("nvcc", "clang", "clang++", "hipcc", "amdclang", "zig", "ld.lld")
 

@@ -1,0 +1,242 @@
+"""The gfx950 FP8 kernels (``generator/gfx950_fp8.py``) on the emulator, as a specification.
+
+Each launch runs through the runtime exactly as on hardware, hazard-checked, with only the
+host tensors the API hands over as valid memory (an access outside them fails), and is
+compared with
+
+* the ``gfx950`` recipe of ``zyfa_runtime.fp8_models``: every P byte identical (the model
+  evaluated on the kernel's own fp32 scores, captured from the S^T registers), O within
+  4e-3 (fp32 accumulation order and the final bf16 rounding) and the LSE within 1e-4;
+* the fp64 reference on the dequantised inputs, within the recipe's own error (0.05).
+
+Shapes: lengths that are no multiple of the 256-row / 64-key tiles, causal with Sq != Sk
+both ways (rows that see no key give zeros and -inf), GQA ratios 1, 3 and 8, strided views,
+and varlen batches with empty and single-token sequences.
+"""
+
+import zlib
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tests.backends import using_backend
+
+from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, fp8_models, reference
+from zyfa_runtime.catalogue import Variant
+from zyfa_runtime.selfcheck import MODEL_LSE_BOUND, MODEL_O_BOUND, RECIPE_FP64_BOUND
+
+ROOT = Path(__file__).resolve().parents[2]
+VARIANTS = [Variant("gfx950", "fp8_e4m3", dq, dv, causal)
+            for dq, dv in ((64, 64), (128, 128), (192, 128), (256, 256)) for causal in (False, True)]
+F8 = ml_dtypes.float8_e4m3fn
+pytestmark = pytest.mark.skipif(
+    not all((ROOT / "prebuilt" / f"{v.name}.hsaco").exists() for v in VARIANTS),
+    reason="gfx950 code objects not built (python build.py --arch gfx950)")
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
+                       ZYFA_EMULATOR_HAZARDS="1", ZYFA_EMULATOR_STRICT_HOST="1") as driver:
+        yield driver
+
+
+class PBytes:
+    """Observer: per (workgroup, wave, block) the S^T scores a softmax phase starts from and
+    the P^T bytes the row-sum MFMA consumes, mapped back to (query row, key)."""
+
+    def __init__(self, v: Variant):
+        from generator.gfx950_fp8 import plan
+        p = plan(v)
+        self.s0, self.p0 = p.vgpr["s"], p.vgpr["p"]
+        self.fresh: dict = {}       # wave -> True when its next v_max3 starts a softmax phase
+        self.block: dict = {}
+        self.scores: dict = {}      # (wg, wave, block) -> (32 rows, 64 keys) float32
+        self.codes: dict = {}
+
+    def __call__(self, w, inst):
+        key = (w.wg.id, w.index)
+        if inst.name == "v_max3_f32" and self.fresh.get(key, True):
+            self.fresh[key] = False
+            b = self.block.get(key, 0)
+            s = np.zeros((32, 64), np.float32)
+            for lane in range(64):
+                j, g = lane % 32, lane // 32
+                for h in range(2):
+                    for r in range(16):
+                        s[j, 32 * h + 8 * (r // 4) + 4 * g + r % 4] = \
+                            w.vf[self.s0 + 16 * h + r][lane]
+            self.scores[key + (b,)] = s
+        elif inst.name == "v_mfma_f32_16x16x128_f8f6f4":
+            b = self.block.get(key, 0)
+            c = np.zeros((32, 64), np.uint8)
+            for lane in range(64):
+                j, g = lane % 32, lane // 32
+                for t in range(32):
+                    word = int(w.v[self.p0 + t // 4][lane])
+                    h, r = divmod(t, 16)
+                    c[j, 32 * h + 8 * (r // 4) + 4 * g + r % 4] = (word >> (8 * (t % 4))) & 0xFF
+            self.codes[key + (b,)] = c
+            self.block[key] = b + 1
+            self.fresh[key] = True
+
+    def head(self, x: int, y: int, z: int, sq: int, sk: int):
+        """(scores, codes) of query head y of sequence z, rows of query block x, as (sq, sk)
+        arrays (scores -inf, codes 0 where the kernel computed no block)."""
+        s = np.full((sq, sk), -np.inf, np.float32)
+        c = np.zeros((sq, sk), np.uint8)
+        for (wg, wave, b), sc in self.scores.items():
+            if wg != (x, y, z):
+                continue
+            r0, k0 = 256 * x + 32 * wave, 64 * b
+            rows, keys = min(32, sq - r0), min(64, sk - k0)
+            if rows <= 0 or keys <= 0:
+                continue
+            s[r0:r0 + rows, k0:k0 + keys] = sc[:rows, :keys]
+            c[r0:r0 + rows, k0:k0 + keys] = self.codes[(wg, wave, b)][:rows, :keys]
+        return s, c
+
+
+def quantised(rng, shape, spread=1.0):
+    x = rng.standard_normal(shape).astype(np.float32) * spread
+    d = np.float32(np.abs(x).max() / 448.0)
+    return (x / d).astype(F8), d
+
+
+def run_dense(driver, v, rng, b, sq, sk, hq, hkv, strided=False, trace=False):
+    (q, dq), (k, dk), (vv, dv) = (quantised(rng, (b, sq, hq, v.d_qk), 2.0),
+                                  quantised(rng, (b, sk, hkv, v.d_qk), 2.0),
+                                  quantised(rng, (b, sk, hkv, v.d_v)))
+    args = [q, k, vv]
+    if strided:   # views into larger buffers: padded rows, heads and head dims
+        args = []
+        for x in (q, k, vv):
+            big = np.zeros((x.shape[0], x.shape[1] + 3, x.shape[2] + 1, x.shape[3] + 32), F8)
+            big[:, 1:1 + x.shape[1], 1:, :x.shape[3]] = x
+            args.append(big[:, 1:1 + x.shape[1], 1:, :x.shape[3]])
+    rec = PBytes(v) if trace else None
+    if rec:
+        driver.machine.observers.append(rec)
+    try:
+        out = np.full((b, sq, hq, v.d_v), np.nan, ml_dtypes.bfloat16)
+        _, lse = flash_attn_func(*args, causal=v.causal, out=out, return_lse=True,
+                                 descale_q=np.array([dq]), descale_k=np.array([dk]),
+                                 descale_v=np.array([dv]))
+    finally:
+        if rec:
+            driver.machine.observers.remove(rec)
+    scale = float(np.float32(1 / np.sqrt(v.d_qk)))
+    models = [fp8_models.sequence_forward(q[i], k[i], vv[i], "gfx950", descale_q=dq, descale_k=dk,
+                                          descale_v=dv, causal=v.causal, softmax_scale=scale)
+              for i in range(b)]
+    mo, ml = np.stack([m[0] for m in models]), np.stack([m[1] for m in models])
+    deq = [x.astype(np.float64) * d for x, d in ((q, dq), (k, dk), (vv, dv))]
+    ro, rl = reference.attention(*deq, causal=v.causal, return_lse=True)
+    return dict(out=out.astype(np.float64), lse=lse.numpy().astype(np.float64), model=(mo, ml),
+                ref=(ro, rl), inputs=(q, k, vv, dq, dk, dv, scale), trace=rec)
+
+
+def check_outputs(r):
+    out, lse = r["out"], r["lse"]
+    mo, ml = r["model"]
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ml)), "rows without keys differ"
+    assert reference.relative_error(out, mo) <= MODEL_O_BOUND
+    fin = np.isfinite(ml)
+    assert not fin.any() or np.abs(lse[fin] - ml[fin]).max() <= MODEL_LSE_BOUND
+    assert reference.relative_error(out, r["ref"][0]) <= RECIPE_FP64_BOUND
+
+
+CASES = {   # name: (b, sq, sk, hq, hkv)
+    "gqa3 ragged": (2, 77, 131, 6, 2),
+    "gqa8 sq<sk": (1, 45, 150, 8, 1),
+    "mha sq>sk": (1, 290, 45, 2, 2),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_dense_matches_model_and_fp64(emulator, v, case):
+    rng = np.random.default_rng(zlib.crc32((v.name + case).encode()))
+    check_outputs(run_dense(emulator, v, rng, *CASES[case]))
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_strided_views(emulator, v):
+    rng = np.random.default_rng(zlib.crc32(v.name.encode()))
+    check_outputs(run_dense(emulator, v, rng, 2, 70, 70, 4, 2, strided=True))
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_p_bytes_are_the_models(emulator, v):
+    """Every P byte the PV product consumes is the recipe's byte for the kernel's score."""
+    rng = np.random.default_rng(zlib.crc32(("bytes" + v.name).encode()))
+    b, sq, sk, hq, hkv = 1, 70, 150, 2, 1
+    r = run_dense(emulator, v, rng, b, sq, sk, hq, hkv, trace=True)
+    q, k, vv, dq, dk, dv, scale = r["inputs"]
+    checked = 0
+    for h in range(hq):
+        s, codes = r["trace"].head(0, h, 0, sq, sk)
+        res = fp8_models.head_forward(q[0, :, h], k[0, :, h // (hq // hkv)], vv[0, :, h // (hq // hkv)],
+                                      "gfx950", descale_q=dq, descale_k=dk, descale_v=dv,
+                                      causal=v.causal, softmax_scale=scale, scores=s)
+        assert np.array_equal(codes, res.p_codes)
+        assert codes.max() == fp8_models.RECIPES["gfx950"].c0      # each block's max is 256.0
+        checked += int((codes > 0).sum())
+    assert checked > 1000
+
+
+def test_p_bytes_never_exceed_the_block_max_code_at_extreme_magnitudes(emulator):
+    """Scores of 1e7 in log2 units (all-448 inputs, large descales): U rounded up keeps every
+    byte <= 120, so no e4m3 NaN reaches the MFMA and the output is finite and right."""
+    v = Variant("gfx950", "fp8_e4m3", 128, 128, False)
+    rng = np.random.default_rng(7)
+    q = np.full((1, 40, 1, 128), 448.0, np.float32).astype(F8)
+    k = np.where(rng.random((1, 70, 1, 128)) < 0.5, 448.0, 416.0).astype(F8)
+    vv = rng.standard_normal((1, 70, 1, 128)).astype(F8)
+    out = np.full((1, 40, 1, 128), np.nan, ml_dtypes.bfloat16)
+    flash_attn_func(q, k, vv, out=out, descale_q=np.array([np.float32(4)]),
+                    descale_k=np.array([np.float32(4)]), descale_v=np.array([np.float32(1)]))
+    mo, _ = fp8_models.sequence_forward(q[0], k[0], vv[0], "gfx950", descale_q=4.0, descale_k=4.0,
+                                        softmax_scale=float(np.float32(1 / np.sqrt(128))))
+    o = out.astype(np.float64)[0]
+    assert np.isfinite(o).all()
+    assert reference.relative_error(o, mo) <= MODEL_O_BOUND
+
+
+VARLEN = {   # name: (seq_q, seq_k, hq, hkv)
+    "empty and single-token": ([1, 0, 66, 3, 20], [1, 7, 80, 0, 20], 3, 1),
+    "one long, one empty k": ([300, 9], [130, 0], 2, 2),
+}
+
+
+@pytest.mark.parametrize("case", VARLEN)
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_varlen(emulator, v, case):
+    seq_q, seq_k, hq, hkv = VARLEN[case]
+    rng = np.random.default_rng(zlib.crc32((v.name + case).encode()))
+    cu_q = np.concatenate([[0], np.cumsum(seq_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(seq_k)]).astype(np.int32)
+    (q, dq), (k, dk), (vv, dv) = (quantised(rng, (cu_q[-1], hq, v.d_qk), 2.0),
+                                  quantised(rng, (cu_k[-1], hkv, v.d_qk), 2.0),
+                                  quantised(rng, (cu_k[-1], hkv, v.d_v)))
+    out = np.full((cu_q[-1], hq, v.d_v), np.nan, ml_dtypes.bfloat16)
+    _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                    max_seqlen_q=max(seq_q), max_seqlen_k=max(seq_k),
+                                    causal=v.causal, out=out, return_lse=True,
+                                    descale_q=np.array([dq]), descale_k=np.array([dk]),
+                                    descale_v=np.array([dv]))
+    scale = float(np.float32(1 / np.sqrt(v.d_qk)))
+    parts = [fp8_models.sequence_forward(q[cu_q[i]:cu_q[i + 1]], k[cu_k[i]:cu_k[i + 1]],
+                                         vv[cu_k[i]:cu_k[i + 1]], "gfx950", descale_q=dq,
+                                         descale_k=dk, descale_v=dv, causal=v.causal,
+                                         softmax_scale=scale) for i in range(len(seq_q))]
+    mo = np.concatenate([p[0] for p in parts])
+    ml = np.concatenate([p[1] for p in parts], axis=1)
+    deq = [x.astype(np.float64) * d for x, d in ((q, dq), (k, dk), (vv, dv))]
+    ro, rl = reference.attention(*deq, causal=v.causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                 return_lse=True)
+    check_outputs(dict(out=out.astype(np.float64), lse=lse.numpy().astype(np.float64),
+                       model=(mo, ml), ref=(ro, rl)))
