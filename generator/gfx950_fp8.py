@@ -58,6 +58,8 @@ from zyfa_runtime.fp8_models import RECIPES
 
 RECIPE = RECIPES["gfx950"]
 WAVES = 8              # per workgroup; waves w and w + 4 share a SIMD
+DMA_WAVES = 4          # group B issues every buffer->LDS load (in its vector phases)
+STAGES = 3             # LDS stages of K and of V: loads run two blocks ahead
 ROWS = 32              # query rows per wave (the 32 columns of S^T)
 BLOCK_M = WAVES * ROWS
 BLOCK_N = RECIPE.block_keys          # 64 keys per block
@@ -104,12 +106,12 @@ class Plan:
     pv_chunks: int         # 32-row chunks of O^T (d_v / 32)
     pitch_k: int           # LDS row pitch of K and V (power of two >= 128 bytes)
     pitch_v: int
-    k_slots: int           # 1 KiB buffer->LDS loads per wave per K block / V block
+    k_slots: int           # 1 KiB buffer->LDS loads per DMA wave per K block / V block
     v_slots: int
-    lds_k: tuple           # byte offset of the two K stages
-    lds_v: tuple           # and of the two V stages
+    lds_k: tuple           # byte offset of the STAGES K stages
+    lds_v: tuple           # and of the V stages
     lds_bytes: int
-    frag_bufs: int         # LDS->VGPR operand buffers (1 when d = 256: the register budget)
+    frag_bufs: int         # LDS->VGPR operand ring: 8-register buffers (as many as fit, <= 4)
     vgpr: dict             # name -> register
     agpr: dict
     sgpr: dict
@@ -123,27 +125,23 @@ def plan(v: Variant) -> Plan:
         raise ValueError(f"{v.name} is not a gfx950 FP8 variant")
     qk_steps, pv_chunks = v.d_qk // 64, v.d_v // 32
     pk, pv = max(128, _pow2(v.d_qk)), max(128, _pow2(v.d_v))
-    kb, vb = BLOCK_N * pk, BLOCK_N * pv
-    for frag_bufs in (2, 1):
+    kb, vb = BLOCK_N * pk, BLOCK_N * pv       # one K / V stage; STAGES of each
+    for frag_bufs in (4, 3, 2, 1):
         vg = _Pool("v", 1)
         # Persistent per-lane values (register map).
         for name in ("kaddr", "vaddr", "lim0", "ooff", "loff", "kconst", "scale_a", "m", "r",
-                     "l", "t", "kf", "ki", "sb", "mx", "tmp", "mn", "rn", "ninf"):
+                     "l", "t", "kfl", "ki", "sb", "mx", "tmp", "mn", "rn", "ninf"):
             vg.take(name)
         vg.take("u", 2, 2)            # U (low half used by the packed FMA)
         vg.take("x", 2, 2)            # rescale factor 2^(R_old - R) (low half)
-        for i in range(kb // 1024 // WAVES + vb // 1024 // WAVES):
-            vg.take(f"dma{i}")
+        vg.take("dmak")               # buffer->LDS source offsets of this lane (K, V)
+        vg.take("dmav")
         vg.take("dmat")
         # MFMA operand tuples need even alignment only (gfx90a and later)
         vg.take("s", 2 * 16, 2)       # S^T: two 32-key halves x 16 registers
         vg.take("p", 8, 2)            # P^T bytes: the B operand of PV (32 keys x 4 bytes)
         vg.take("ls", 4, 2)           # row-sum MFMA result
-        vg.take("kf", 8 * frag_bufs, 2)
-        if frag_bufs == 2:
-            vg.take("vf", 8 * frag_bufs, 2)
-        else:                          # one operand buffer shared by QK and PV
-            vg.names["vf"] = vg.names["kf"]
+        vg.take("fr", 8 * frag_bufs, 2)   # operand ring shared by the PV and QK steps
         vg.take("o", 16 * pv_chunks, 2)
         # registers live in disjoint phases share: the matrix phase's LDS addresses and the
         # row state's temporaries; the epilogue's pairs and S^T; the exponent and k
@@ -159,19 +157,20 @@ def plan(v: Variant) -> Plan:
     else:
         raise ValueError(f"{v.name}: {vg.next} VGPRs + {ag.next} AGPRs exceed {VGPR_LIMIT}")
     sg = _Pool("s", KERNARG_SGPR + -(-kernarg_size(kernargs(v)) // 4))
-    singles = ("c", "sq", "sk", "qf", "m0row", "diag", "wave", "grp", "wrow0", "nb", "wnb",
-               "wfull", "p", "q", "dv", "kstr64", "vstr64", "t4", "t5")
+    singles = ("c", "sq", "sk", "qf", "m0row", "diag", "wave", "wrow0", "nb", "wnb",
+               "wfull", "p", "pb", "qb", "dv", "kstr64", "vstr64", "t4", "t5")
     for name in singles:
         sg.take(name)
     for name, n in (("rk", 4), ("rv", 4), ("rq", 4), ("t0", 2), ("t2", 2), ("c8", 2)):
         sg.take(name, n, n)
     # set-up values whose registers are free again before their aliases are first written
-    for name, alias in (("dq", "p"), ("dk", "q"), ("kf", "wfull"), ("hk", "nb")):
+    for name, alias in (("dq", "p"), ("dk", "pb"), ("kf", "wfull"), ("hk", "nb")):
         sg.names[name] = sg.names[alias]
     if sg.next > 102:
         raise ValueError(f"{v.name}: {sg.next} SGPRs")
-    return Plan(v, qk_steps, pv_chunks, pk, pv, kb // 1024 // WAVES, vb // 1024 // WAVES,
-                (0, kb), (2 * kb, 2 * kb + vb), 2 * (kb + vb), frag_bufs,
+    return Plan(v, qk_steps, pv_chunks, pk, pv, kb // 1024 // DMA_WAVES, vb // 1024 // DMA_WAVES,
+                tuple(i * kb for i in range(STAGES)),
+                tuple(STAGES * kb + i * vb for i in range(STAGES)), STAGES * (kb + vb), frag_bufs,
                 {k: b for k, (b, _) in vg.names.items()}, {k: b for k, (b, _) in ag.names.items()},
                 {k: b for k, (b, _) in sg.names.items()}, n_vgpr, ag.next, sg.next)
 
@@ -224,6 +223,15 @@ class Asm:
         while states > 0:
             self(f"s_nop {min(states, 16) - 1}")
             states -= 16
+
+
+def _stage_offset(a: Asm, dst: str, block: str, size: int) -> None:
+    """``dst = (block mod 3) * size`` in SALU (block < 2^31): the LDS stage of a block."""
+    a(f"s_mul_hi_u32 {dst}, {block}, 0xaaaaaaab")
+    a(f"s_lshr_b32 {dst}, {dst}, 1")
+    a(f"s_mul_i32 {dst}, {dst}, 3")
+    a(f"s_sub_u32 {dst}, {block}, {dst}")
+    a(f"s_mul_i32 {dst}, {dst}, {size}")
 
 
 def _madd64(a: Asm, dst: str, idx: str, stride: str) -> None:
@@ -358,7 +366,6 @@ def stage_constants(a: Asm) -> None:
     a(f"v_lshrrev_b32 v{t + 6}, 6, v0")
     a("s_nop 0")
     a(f"v_readfirstlane_b32 {a.s('wave')}, v{t + 6}")
-    a(f"s_lshr_b32 {a.s('grp')}, {a.s('wave')}, 2")
     a(f"s_lshl_b32 {a.s('t4')}, {a.s('wave')}, 5")
     a(f"s_add_u32 {a.s('wrow0')}, {a.s('m0row')}, {a.s('t4')}")
     for out, extra, base, shift_round in (("nb", BLOCK_M, "m0row", True),
@@ -437,24 +444,23 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_lshlrev_b32 {t1}, 1, {t1}")
     a(f"v_lshl_add_u32 {a.v('ooff')}, {g}, 3, {t1}")
     a(f"v_lshlrev_b32 {a.v('loff')}, 2, {row}")
-    a.note("buffer->LDS slots: chunk c = 8i + wave of the K (V) block, lane byte 1024c + 16l")
-    slot = 0
-    for kind, n, pitch, d, sbase in (("k", p.k_slots, p.pitch_k, v.d_qk, "k_stride_s"),
-                                     ("v", p.v_slots, p.pitch_v, v.d_v, "v_stride_s")):
-        for i in range(n):
-            a(f"s_lshl_b32 {a.s('t4')}, {a.s('wave')}, 10")
-            a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {8 * i * 1024}")
-            a(f"v_lshl_add_u32 {t1}, {lane}, 4, {a.s('t4')}")
-            a(f"v_lshrrev_b32 {t2}, {int(math.log2(pitch))}, {t1}")          # key in block
-            a(f"v_and_b32 {t1}, {pitch - 1}, {t1}")                           # column
-            if pitch > d:   # padding columns reload a valid chunk: never read
-                a(f"v_subrev_u32 {t3}, {d}, {t1}")
-                a(f"v_cmp_le_u32 vcc, {d}, {t1}")
-                a("s_nop 1")
-                a(f"v_cndmask_b32 {t1}, {t1}, {t3}, vcc")
-            a(f"v_mul_lo_u32 {t2}, {t2}, {a.arg(sbase)}")
-            a(f"v_add_u32 {a.v(f'dma{slot}')}, {t1}, {t2}")
-            slot += 1
+    a.note("buffer->LDS: DMA wave w' = wave - 4 loads chunks c = 4i + w' (1 KiB each) of a K or "
+           "V block; lane l fills LDS byte 1024c + 16l = row (1024c + 16l) / pitch, column "
+           "(16l) % pitch; padding columns (pitch > d) reload a valid chunk, never read")
+    for kind, pitch, d, sbase in (("k", p.pitch_k, v.d_qk, "k_stride_s"),
+                                  ("v", p.pitch_v, v.d_v, "v_stride_s")):
+        a(f"s_and_b32 {a.s('t4')}, {a.s('wave')}, 3")
+        a(f"s_lshl_b32 {a.s('t4')}, {a.s('t4')}, 10")
+        a(f"v_lshl_add_u32 {t1}, {lane}, 4, {a.s('t4')}")
+        a(f"v_lshrrev_b32 {t2}, {int(math.log2(pitch))}, {t1}")          # key in block
+        a(f"v_and_b32 {t1}, {pitch - 1}, {t1}")                           # column
+        if pitch > d:
+            a(f"v_subrev_u32 {t3}, {d}, {t1}")
+            a(f"v_cmp_le_u32 vcc, {d}, {t1}")
+            a("s_nop 1")
+            a(f"v_cndmask_b32 {t1}, {t1}, {t3}, vcc")
+        a(f"v_mul_lo_u32 {t2}, {t2}, {a.arg(sbase)}")
+        a(f"v_add_u32 {a.v('dma' + kind)}, {t1}, {t2}")
     a.note("constants and row state")
     a(f"v_mov_b32 {a.v('kconst')}, {_hex(lean_constant())}")
     a(f"v_mov_b32 {a.v('scale_a')}, 127")
@@ -467,82 +473,136 @@ def stage_lanes(a: Asm) -> None:
 
 
 def stage_dma(a: Asm, kind: str, block: str) -> None:
-    """Buffer->LDS loads of one K or V block (block index in SGPR ``block``) into its stage:
-    ``slots`` 1 KiB loads per wave (64 lanes x 16 bytes, LDS address M0 + 16 lane)."""
+    """Buffer->LDS loads of K or V block ``block`` (an SGPR) into its stage, by a DMA wave:
+    ``slots`` loads of 1 KiB (64 lanes x 16 bytes to LDS M0 + 16 lane).  Chunk 4i + w' of the
+    block starts (4096 i / pitch) rows after chunk w'; rows past the sequence read as 0."""
     p = a.p
-    first = 0 if kind == "k" else p.k_slots
     n = p.k_slots if kind == "k" else p.v_slots
-    stride, size = ("kstr64", BLOCK_N * p.pitch_k) if kind == "k" else ("vstr64", BLOCK_N * p.pitch_v)
+    pitch = p.pitch_k if kind == "k" else p.pitch_v
+    stride = "kstr64" if kind == "k" else "vstr64"
     region = p.lds_k[0] if kind == "k" else p.lds_v[0]
-    a(f"s_and_b32 {a.s('t5')}, {block}, 1")
-    a(f"s_mul_i32 {a.s('t5')}, {a.s('t5')}, {size}")
-    a(f"s_lshl_b32 {a.s('t4', 0)}, {a.s('wave')}, 10")   # this wave's 1 KiB chunk
-    a(f"s_add_u32 {a.s('t5')}, {a.s('t5')}, {a.s('t4')}")
-    a(f"s_mul_i32 {a.s('t4')}, {block}, {a.s(stride)}")
+    t4, t5 = a.s("t4"), a.s("t5")
+    _stage_offset(a, t5, block, BLOCK_N * pitch)
+    a(f"s_and_b32 {t4}, {a.s('wave')}, 3")
+    a(f"s_lshl_b32 {t4}, {t4}, 10")
+    a(f"s_add_u32 {t5}, {t5}, {t4}")                 # stage + this wave's chunk, in LDS
+    a(f"s_mul_i32 {t4}, {block}, {a.s(stride)}")     # first row of the block, in bytes
     for i in range(n):
-        a(f"v_add_u32 {a.v('dmat')}, {a.s('t4')}, {a.v(f'dma{first + i}')}")
-        a(f"s_add_u32 m0, {a.s('t5')}, {region + 8 * i * 1024}")
+        if i:   # 4 chunks further: 4096 / pitch rows = stride64 >> log2(pitch / 64)
+            a(f"s_lshr_b32 m0, {a.s(stride)}, {int(math.log2(pitch // 64))}")
+            a(f"s_add_u32 {t4}, {t4}, m0")
+        a(f"v_add_u32 {a.v('dmat')}, {t4}, {a.v('dma' + kind)}")
+        a(f"s_add_u32 m0, {t5}, {region + 4 * i * 1024}")
         a("s_nop 0")
         a(f"buffer_load_dwordx4 {a.v('dmat')}, {a.sr('r' + kind, 4)}, 0 offen lds")
 
 
-def stage_qk(a: Asm, block: str) -> None:
-    """S^T = K . Q^T for one block: 2 halves x qk_steps MFMAs (64 cycles each), K operands by
-    ds_read_b128 (A: lane holds key 32h + j, d = 64s + 16g + t, 64s + 32 + 16g + t)."""
+def _matrix_steps(a: Asm, pv_block: str | None, qk_block: str | None, emit: bool) -> list:
+    """The MFMA steps of a matrix phase (and, with ``emit``, the LDS addresses they read)."""
     p = a.p
-    a(f"s_and_b32 {a.s('t4')}, {block}, 1")
-    a(f"s_mul_i32 {a.s('t4')}, {a.s('t4')}, {BLOCK_N * p.pitch_k}")
-    a(f"v_add_u32 {a.v('kcur')}, {a.s('t4')}, {a.v('kaddr')}")
-    frags = [(h, s) for h in range(2) for s in range(p.qk_steps)]
-    nb = p.frag_bufs
-
-    def read(i):
-        h, s = frags[i]
-        off = 32 * h * p.pitch_k + 64 * s
-        buf = 8 * (i % nb)
-        a(f"ds_read_b128 {a.vr('kf', buf, 4)}, {a.v('kcur')} offset:{off}")
-        a(f"ds_read_b128 {a.vr('kf', buf + 4, 4)}, {a.v('kcur')} offset:{off + 32}")
-
-    for i in range(min(nb, len(frags))):
-        read(i)
-    for i, (h, s) in enumerate(frags):
-        ahead = min(nb - 1, len(frags) - 1 - i)
-        a(f"s_waitcnt lgkmcnt({2 * ahead})")
-        c = "0" if s == 0 else a.vr("s", 16 * h, 16)
-        a(f"v_mfma_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {a.vr('kf', 8 * (i % nb), 8)}, "
-          f"{a.ar('q', 8 * s, 8)}, {c}")
-        if i + nb < len(frags):
-            read(i + nb)
-    a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
-    a.nops(20)
+    steps = []
+    if pv_block is not None:
+        if emit:
+            _stage_offset(a, a.s("t4"), pv_block, BLOCK_N * p.pitch_v)
+            a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {p.lds_v[0]}")
+            a(f"v_add_u32 {a.v('vcur')}, {a.s('t4')}, {a.v('vaddr')}")
+        steps += [("pv", c) for c in range(p.pv_chunks)]
+    if qk_block is not None:
+        if emit:
+            _stage_offset(a, a.s("t4"), qk_block, BLOCK_N * p.pitch_k)
+            a(f"v_add_u32 {a.v('kcur')}, {a.s('t4')}, {a.v('kaddr')}")
+        steps += [("qk", h, s) for h in range(2) for s in range(p.qk_steps)]
+    return steps
 
 
-def stage_pv(a: Asm, block: str) -> None:
-    """O^T += 2^-k V^T . P^T: pv_chunks scaled MFMAs (64 cycles each); V^T operands by
-    ds_read_b64_tr_b8 (read rd gives items 8rd..8rd+7 = keys 16rd + 8(r/4) + 4g + r%4)."""
+def _read(a: Asm, steps: list, i: int) -> None:
+    """LDS reads of step i's operand into ring buffer i % frag_bufs.
+
+    * PV step c: V^T rows 32c.. by 4 x ds_read_b64_tr_b8 (read rd gives items 8rd..8rd+7 =
+      keys 16rd + 8(r/4) + 4g + r%4: P^T's order);
+    * QK step (h, s): K rows 32h + j, d 64s + 16g.. by 2 x ds_read_b128.
+    """
     p = a.p
-    a(f"s_and_b32 {a.s('t4')}, {block}, 1")
-    a(f"s_mul_i32 {a.s('t4')}, {a.s('t4')}, {BLOCK_N * p.pitch_v}")
-    a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {p.lds_v[0]}")
-    a(f"v_add_u32 {a.v('vcur')}, {a.s('t4')}, {a.v('vaddr')}")
-    nb = p.frag_bufs
-
-    def read(c):
-        buf = 8 * (c % nb)
+    buf = 8 * (i % p.frag_bufs)
+    if steps[i][0] == "pv":
+        c = steps[i][1]
         for rd in range(4):
-            a(f"ds_read_b64_tr_b8 {a.vr('vf', buf + 2 * rd, 2)}, {a.v('vcur')} "
+            a(f"ds_read_b64_tr_b8 {a.vr('fr', buf + 2 * rd, 2)}, {a.v('vcur')} "
               f"offset:{16 * rd * p.pitch_v + 32 * c}")
+    else:
+        _, h, s = steps[i]
+        off = 32 * h * p.pitch_k + 64 * s
+        a(f"ds_read_b128 {a.vr('fr', buf, 4)}, {a.v('kcur')} offset:{off}")
+        a(f"ds_read_b128 {a.vr('fr', buf + 4, 4)}, {a.v('kcur')} offset:{off + 32}")
 
-    for c in range(min(nb, p.pv_chunks)):
-        read(c)
-    for c in range(p.pv_chunks):
-        ahead = min(nb - 1, p.pv_chunks - 1 - c)
-        a(f"s_waitcnt lgkmcnt({4 * ahead})")
-        o = a.vr("o", 16 * c, 16)
-        a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {a.vr('vf', 8 * (c % nb), 8)}, {a.vr('p', 0, 8)}, "
-          f"{o}, {a.v('scale_a')}, {a.v('sb')}")
-        if c + nb < p.pv_chunks:
-            read(c + nb)
+
+def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
+    """At the end of a vector phase: the first ``frag_bufs`` operand reads of the wave's next
+    matrix phase, so that its first MFMAs find their operands in registers."""
+    steps = _matrix_steps(a, pv_block, qk_block, emit=True)
+    for i in range(min(a.p.frag_bufs, len(steps))):
+        _read(a, steps, i)
+
+
+def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
+    """The matrix phase: PV of block ``pv_block`` (O^T += 2^-k V^T . P^T, then the row sums
+    of its P) and QK of block ``qk_block`` (S^T = K . Q^T), one software pipeline over the
+    MFMA steps whose operands are read ``frag_bufs`` steps ahead (the first ones by
+    ``stage_prefetch``).  Matrix pipe per wave and block (d = 128): 4 PV + 4 QK MFMAs of 64
+    cycles and the row sums' 32 = 544 cycles."""
+    p = a.p
+    steps = _matrix_steps(a, pv_block, qk_block, emit=False)
+    nb = p.frag_bufs
+    ops = [4 if st[0] == "pv" else 2 for st in steps]
+    issued = min(nb, len(steps))
+    for i, st in enumerate(steps):
+        a(f"s_waitcnt lgkmcnt({sum(ops[i + 1:issued])})")
+        frag = a.vr("fr", 8 * (i % nb), 8)
+        if st[0] == "pv":
+            o = a.vr("o", 16 * st[1], 16)
+            a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {frag}, {a.vr('p', 0, 8)}, {o}, "
+              f"{a.v('scale_a')}, {a.v('sb')}")
+            if i + 1 == len(steps) or steps[i + 1][0] != "pv":
+                a.note("row sums of P: D[i][j] sums the k groups g with g%2 == (i/4)%2 of "
+                       "column j, so every lane gets its own query's sum")
+                a(f"v_mfma_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, "
+                  f"{a.vr('p', 0, 8)}, 0")
+        else:
+            _, h, s = st
+            c = "0" if s == 0 else a.vr("s", 16 * h, 16)
+            a(f"v_mfma_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {frag}, "
+              f"{a.ar('q', 8 * s, 8)}, {c}")
+        if issued < len(steps):
+            _read(a, steps, issued)
+            issued += 1
+    a.note("S^T and the row sums are read by VALU next: 20 wait states after a 16-pass MFMA")
+    a.nops(20)
+    if pv_block is not None:
+        a.note("l = l x + 2^-k (row sum of the block's P)")
+        t = a.v("tmp")
+        a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('e')}")
+        a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {a.v('x')}, {t}")
+
+
+def _by_case(a: Asm, body) -> None:
+    """``body(pv_block, qk_block)`` for the blocks in SGPRs pb (PV) and qb (QK) that this wave
+    computes (index < wnb; pb = -1 is none): both, PV only or QK only."""
+    pb, qb, wnb = a.s("pb"), a.s("qb"), a.s("wnb")
+    no_pv, pv_only, done = a.new_label("no_pv"), a.new_label("pv_only"), a.new_label("case_done")
+    a(f"s_cmp_lt_u32 {pb}, {wnb}")
+    a(f"s_cbranch_scc0 {no_pv}")
+    a(f"s_cmp_lt_u32 {qb}, {wnb}")
+    a(f"s_cbranch_scc0 {pv_only}")
+    body(pb, qb)
+    a(f"s_branch {done}")
+    a.label(pv_only)
+    body(pb, None)
+    a(f"s_branch {done}")
+    a.label(no_pv)
+    a(f"s_cmp_lt_u32 {qb}, {wnb}")
+    a(f"s_cbranch_scc0 {done}")
+    body(None, qb)
+    a.label(done)
 
 
 def _key_offset(h: int, r: int) -> int:
@@ -608,12 +668,8 @@ def stage_softmax(a: Asm, block: str) -> None:
         for b in range(4):
             src = "0" if b == 0 else a.v("p", q)
             a(f"v_cvt_pk_u8_f32 {a.v('p', q)}, v{s0 + 4 * q + b}, {b}, {src}")
-    a.note("row sums of P: D[i][j] = sum over the lanes of k group g with g%2 == (i/4)%2 of "
-           "column j -> every lane gets its own query's sum")
-    a("s_nop 1")
-    a(f"v_mfma_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, {a.vr('p', 0, 8)}, 0")
     a.note("merge: R = T + ceil(M - T) (so T - R = -k is an integer), O *= 2^(R_old - R)")
-    tt, m, r, mn, rn, kf, ki, sb, x = (a.v(n) for n in ("t", "m", "r", "mn", "rn", "kf", "ki", "sb", "x"))
+    tt, m, r, mn, rn, kf, ki, sb, x = (a.v(n) for n in ("t", "m", "r", "mn", "rn", "kfl", "ki", "sb", "x"))
     a(f"v_max_f32 {mn}, {m}, {tt}")
     a(f"v_sub_f32 {kf}, {mn}, {tt}")
     a(f"v_ceil_f32 {kf}, {kf}")
@@ -632,72 +688,86 @@ def stage_softmax(a: Asm, block: str) -> None:
     for i in range(8 * p.pv_chunks):
         a(f"v_pk_mul_f32 {a.vr('o', 2 * i, 2)}, {a.vr('o', 2 * i, 2)}, {a.vr('x', 0, 2)} op_sel_hi:[1,0]")
     a(f"v_subrev_u32 {a.v('e')}, 127, {sb}")
-    a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('e')}")
-    a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {x}, {t}")
 
 
 def stage_loop(a: Asm) -> None:
-    """The ping-pong pipeline (module docstring): iteration p = phases 2p and 2p + 1."""
-    p = a.p
-    sp, sq = a.s("p"), a.s("q")
-    a.note("prologue: K block 0")
+    """The ping-pong pipeline (module docstring).  Iteration p is two phases:
+
+    ====== ================================= =========================================
+    phase  group A (waves 0-3)               group B (waves 4-7)
+    ====== ================================= =========================================
+    2p     M(p): PV(p-1), row sums, QK(p)    SM(p-1); loads of K(p+2), V(p+1);
+                                             prefetch M(p)
+    2p+1   SM(p); prefetch M(p+1)            M(p); wait for the loads of phase 2p
+    ====== ================================= =========================================
+
+    Loads run two blocks ahead into three stages of K and of V: K(p+2) and V(p+1) overwrite
+    K(p-1) and V(p-2), last read in phase 2p-1; they are waited for at the end of phase
+    2p+1, a full phase after their issue, and first read by the prefetch at the end of
+    phase 2p+3 (V(p+1) and K(p+2) at the end of 2p+3 and 2p+5)."""
+    sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
+    wave = a.s("wave")
+    a.note("prologue: K(0), K(1), V(0) (group B), then group A prefetches M(0) = QK(0)")
     skip = a.new_label("no_blocks")
-    a(f"s_cmp_eq_u32 {a.s('nb')}, 0")
-    a(f"s_cbranch_scc1 {skip}")
-    a(f"s_mov_b32 {sp}, 0")
-    stage_dma(a, "k", sp)
+    a(f"s_bitcmp1_b32 {wave}, 2")
+    a(f"s_cbranch_scc0 {skip}")
+    for kind, block in (("k", 0), ("v", 0), ("k", 1)):   # each block only if it exists
+        a(f"s_mov_b32 {sp}, {block}")
+        a(f"s_cmp_lt_u32 {sp}, {a.s('nb')}")
+        a(f"s_cbranch_scc0 {skip}")
+        stage_dma(a, kind, sp)
     a.label(skip)
     a("s_waitcnt vmcnt(0)")
     a("s_barrier")
     a(f"s_mov_b32 {sp}, 0")
+    group_b = a.new_label("prologue_b")
+    a(f"s_bitcmp1_b32 {wave}, 2")
+    a(f"s_cbranch_scc1 {group_b}")
+    a(f"s_mov_b32 {pb}, -1")
+    a(f"s_mov_b32 {qb}, 0")
+    _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
+    a.label(group_b)
     a.label(".Lloop")
-    a.note("phase 2p: loads of K block p + 1 and V block p")
-    lk, lv = a.new_label("no_k"), a.new_label("no_v")
-    a(f"s_add_u32 {sq}, {sp}, 1")
-    a(f"s_cmp_lt_u32 {sq}, {a.s('nb')}")
-    a(f"s_cbranch_scc0 {lk}")
-    stage_dma(a, "k", sq)
-    a.label(lk)
-    a(f"s_cmp_lt_u32 {sp}, {a.s('nb')}")
-    a(f"s_cbranch_scc0 {lv}")
-    stage_dma(a, "v", sp)
-    a.label(lv)
 
-    def matrix_phase():
+    def matrix(wait_loads: bool):
         a("s_setprio 1")
-        l1, l2 = a.new_label("no_pv"), a.new_label("no_qk")
-        a(f"s_sub_u32 {sq}, {sp}, 1")
-        a(f"s_cmp_lt_u32 {sq}, {a.s('wnb')}")
-        a(f"s_cbranch_scc0 {l1}")
-        stage_pv(a, sq)
-        a.label(l1)
-        a(f"s_cmp_lt_u32 {sp}, {a.s('wnb')}")
-        a(f"s_cbranch_scc0 {l2}")
-        stage_qk(a, sp)
-        a.label(l2)
+        a(f"s_sub_u32 {pb}, {sp}, 1")
+        a(f"s_mov_b32 {qb}, {sp}")
+        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk))
         a("s_setprio 0")
+        if wait_loads:
+            a("s_waitcnt vmcnt(0)")
 
-    def vector_phase(block_of_p: int):
-        l1 = a.new_label("no_sm")
-        if block_of_p:
-            a(f"s_sub_u32 {sq}, {sp}, {block_of_p}")
-        else:
-            a(f"s_mov_b32 {sq}, {sp}")
-        a(f"s_cmp_lt_u32 {sq}, {a.s('wnb')}")
-        a(f"s_cbranch_scc0 {l1}")
-        stage_softmax(a, sq)
-        a.label(l1)
+    def vector(block_of_p: int, loads: bool):
+        """SM of block p - block_of_p, then (group B) the loads, then the prefetch of the
+        wave's next matrix phase: PV(p - block_of_p), QK(p - block_of_p + 1)."""
+        no_sm = a.new_label("no_sm")
+        a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
+        a(f"s_cmp_lt_u32 {pb}, {a.s('wnb')}")
+        a(f"s_cbranch_scc0 {no_sm}")
+        stage_softmax(a, pb)
+        a.label(no_sm)
+        if loads:
+            for kind, ahead in (("k", 2), ("v", 1)):
+                nope = a.new_label("no_" + kind)
+                a(f"s_add_u32 {qb}, {sp}, {ahead}")
+                a(f"s_cmp_lt_u32 {qb}, {a.s('nb')}")
+                a(f"s_cbranch_scc0 {nope}")
+                stage_dma(a, kind, qb)
+                a.label(nope)
+        a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
+        a(f"s_add_u32 {qb}, {pb}, 1")
+        _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
 
     for half in range(2):
         other, join = a.new_label("group_b"), a.new_label("joined")
-        a(f"s_cmp_eq_u32 {a.s('grp')}, 0")
-        a(f"s_cbranch_scc0 {other}")
-        matrix_phase() if half == 0 else vector_phase(0)
+        a(f"s_bitcmp1_b32 {wave}, 2")
+        a(f"s_cbranch_scc1 {other}")
+        matrix(False) if half == 0 else vector(0, loads=False)
         a(f"s_branch {join}")
         a.label(other)
-        vector_phase(1) if half == 0 else matrix_phase()
+        vector(1, loads=True) if half == 0 else matrix(True)
         a.label(join)
-        a("s_waitcnt vmcnt(0) lgkmcnt(0)" if half else "s_waitcnt lgkmcnt(0)")
         a("s_barrier")
     a(f"s_add_u32 {sp}, {sp}, 1")
     a(f"s_cmp_le_u32 {sp}, {a.s('nb')}")

@@ -622,24 +622,31 @@ def kernel_figures(variant, batch=1, seqlen_q=256, seqlen_k=1024, heads=4, param
     rng = np.random.default_rng(seed)
     dq, dv = variant.d_qk, variant.d_v
 
-    def bf16(shape):
-        return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
-    q, k, v = bf16((batch, seqlen_q, heads, dq)), bf16((batch, seqlen_k, heads, dq)), \
-        bf16((batch, seqlen_k, heads, dv))
+    fp8 = variant.dtype == "fp8_e4m3"
+
+    def inputs(shape):
+        x = rng.standard_normal(shape).astype(np.float32)
+        if fp8:   # per-tensor scaled e4m3, as an FP8 user passes them
+            return (x * (448.0 / np.abs(x).max())).astype(ml_dtypes.float8_e4m3fn)
+        return x.astype(ml_dtypes.bfloat16)
+    q, k, v = inputs((batch, seqlen_q, heads, dq)), inputs((batch, seqlen_k, heads, dq)), \
+        inputs((batch, seqlen_k, heads, dv))
+    descales = {f"descale_{t}": np.ones(1, np.float32) / 64 for t in "qkv"} if fp8 else {}
     rec = TraceRecorder()
     m = drv.machine
     seen = []
     real_launch = drv.launch
     drv.launch = lambda *a: seen.append(a) or real_launch(*a)
     m.observers.append(rec)
-    for arr in (q, k, v):              # exact bounds (the host fallback needs none)
+    host = (q, k, v, *descales.values())
+    for arr in host:                   # exact bounds (the host fallback needs none)
         drv.register_host(arr)
     try:
-        flash_attn_func(q, k, v, causal=variant.causal)
+        flash_attn_func(q, k, v, causal=variant.causal, **descales)
     finally:
         m.observers.remove(rec)
         del drv.launch
-        for arr in (q, k, v):
+        for arr in host:
             drv.unregister_host(arr)
     kernel = seen[-1][0].handle
     wgs = rec.workgroups()
