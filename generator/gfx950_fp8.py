@@ -59,7 +59,7 @@ from zyfa_runtime.fp8_models import RECIPES
 RECIPE = RECIPES["gfx950"]
 WAVES = 8              # per workgroup; waves w and w + 4 share a SIMD
 DMA_WAVES = 4          # group B issues every buffer->LDS load (in its vector phases)
-STAGES = 3             # LDS stages of K and of V: loads run two blocks ahead
+STAGES = 4             # LDS stages of K and of V: loads run three blocks ahead
 ROWS = 32              # query rows per wave (the 32 columns of S^T)
 BLOCK_M = WAVES * ROWS
 BLOCK_N = RECIPE.block_keys          # 64 keys per block
@@ -129,23 +129,22 @@ def plan(v: Variant) -> Plan:
     for frag_bufs in (4, 3, 2, 1):
         vg = _Pool("v", 1)
         # Persistent per-lane values (register map).
-        for name in ("kaddr", "vaddr", "lim0", "ooff", "loff", "kconst", "scale_a", "m", "r",
+        for name in ("kaddr", "vaddr", "kcur", "vcur", "lim0", "ooff", "kconst", "scale_a", "m", "r",
                      "l", "t", "kfl", "ki", "sb", "mx", "tmp", "mn", "rn", "ninf"):
             vg.take(name)
         vg.take("u", 2, 2)            # U (low half used by the packed FMA)
         vg.take("x", 2, 2)            # rescale factor 2^(R_old - R) (low half)
         vg.take("dmak")               # buffer->LDS source offsets of this lane (K, V)
         vg.take("dmav")
-        vg.take("dmat")
         # MFMA operand tuples need even alignment only (gfx90a and later)
         vg.take("s", 2 * 16, 2)       # S^T: two 32-key halves x 16 registers
         vg.take("p", 8, 2)            # P^T bytes: the B operand of PV (32 keys x 4 bytes)
         vg.take("ls", 4, 2)           # row-sum MFMA result
         vg.take("fr", 8 * frag_bufs, 2)   # operand ring shared by the PV and QK steps
         vg.take("o", 16 * pv_chunks, 2)
-        # registers live in disjoint phases share: the matrix phase's LDS addresses and the
-        # row state's temporaries; the epilogue's pairs and S^T; the exponent and k
-        vg.names["kcur"], vg.names["vcur"] = vg.names["mn"], vg.names["rn"]
+        # registers live in disjoint phases share: the loads' offset and the block max (matrix
+        # / vector phase); the epilogue's pairs and S^T; the exponent and k
+        vg.names["dmat"] = vg.names["mx"]
         vg.names["e"] = vg.names["ki"]
         vg.names["bf"], vg.names["inv"] = (vg.names["s"][0], 2), (vg.names["s"][0] + 2, 2)
         ag = _Pool("a")
@@ -226,11 +225,8 @@ class Asm:
 
 
 def _stage_offset(a: Asm, dst: str, block: str, size: int) -> None:
-    """``dst = (block mod 3) * size`` in SALU (block < 2^31): the LDS stage of a block."""
-    a(f"s_mul_hi_u32 {dst}, {block}, 0xaaaaaaab")
-    a(f"s_lshr_b32 {dst}, {dst}, 1")
-    a(f"s_mul_i32 {dst}, {dst}, 3")
-    a(f"s_sub_u32 {dst}, {block}, {dst}")
+    """``dst = (block mod STAGES) * size``: the LDS stage of a block."""
+    a(f"s_and_b32 {dst}, {block}, {STAGES - 1}")
     a(f"s_mul_i32 {dst}, {dst}, {size}")
 
 
@@ -439,11 +435,10 @@ def stage_lanes(a: Asm) -> None:
         a(f"v_mov_b32 {t1}, {a.s('sk')}")
     a(f"v_lshlrev_b32 {t2}, 2, {g}")
     a(f"v_sub_u32 {a.v('lim0')}, {t1}, {t2}")
-    a.note("O (bf16) byte offset: row, d = 4g + ...; LSE: row")
+    a.note("O (bf16) byte offset: row, d = 4g + ...")
     a(f"v_mul_lo_u32 {t1}, {row}, {a.arg('o_stride_s')}")
     a(f"v_lshlrev_b32 {t1}, 1, {t1}")
     a(f"v_lshl_add_u32 {a.v('ooff')}, {g}, 3, {t1}")
-    a(f"v_lshlrev_b32 {a.v('loff')}, 2, {row}")
     a.note("buffer->LDS: DMA wave w' = wave - 4 loads chunks c = 4i + w' (1 KiB each) of a K or "
            "V block; lane l fills LDS byte 1024c + 16l = row (1024c + 16l) / pitch, column "
            "(16l) % pitch; padding columns (pitch > d) reload a valid chunk, never read")
@@ -544,12 +539,13 @@ def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
         _read(a, steps, i)
 
 
-def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
+def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None) -> None:
     """The matrix phase: PV of block ``pv_block`` (O^T += 2^-k V^T . P^T, then the row sums
     of its P) and QK of block ``qk_block`` (S^T = K . Q^T), one software pipeline over the
     MFMA steps whose operands are read ``frag_bufs`` steps ahead (the first ones by
     ``stage_prefetch``).  Matrix pipe per wave and block (d = 128): 4 PV + 4 QK MFMAs of 64
-    cycles and the row sums' 32 = 544 cycles."""
+    cycles and the row sums' 32 = 544 cycles.  ``loads()`` (group B's buffer->LDS loads)
+    is emitted in the shadow of the first MFMA."""
     p = a.p
     steps = _matrix_steps(a, pv_block, qk_block, emit=False)
     nb = p.frag_bufs
@@ -575,6 +571,8 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
         if issued < len(steps):
             _read(a, steps, issued)
             issued += 1
+        if i == 0 and loads is not None:
+            loads()
     a.note("S^T and the row sums are read by VALU next: 20 wait states after a 16-pass MFMA")
     a.nops(20)
     if pv_block is not None:
@@ -584,9 +582,10 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
         a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {a.v('x')}, {t}")
 
 
-def _by_case(a: Asm, body) -> None:
+def _by_case(a: Asm, body, none=None) -> None:
     """``body(pv_block, qk_block)`` for the blocks in SGPRs pb (PV) and qb (QK) that this wave
-    computes (index < wnb; pb = -1 is none): both, PV only or QK only."""
+    computes (index < wnb; pb = -1 is none): both, PV only or QK only; ``none()`` when it
+    computes neither."""
     pb, qb, wnb = a.s("pb"), a.s("qb"), a.s("wnb")
     no_pv, pv_only, done = a.new_label("no_pv"), a.new_label("pv_only"), a.new_label("case_done")
     a(f"s_cmp_lt_u32 {pb}, {wnb}")
@@ -600,8 +599,16 @@ def _by_case(a: Asm, body) -> None:
     a(f"s_branch {done}")
     a.label(no_pv)
     a(f"s_cmp_lt_u32 {qb}, {wnb}")
-    a(f"s_cbranch_scc0 {done}")
-    body(None, qb)
+    if none is None:
+        a(f"s_cbranch_scc0 {done}")
+        body(None, qb)
+    else:
+        neither = a.new_label("neither")
+        a(f"s_cbranch_scc0 {neither}")
+        body(None, qb)
+        a(f"s_branch {done}")
+        a.label(neither)
+        none()
     a.label(done)
 
 
@@ -693,25 +700,27 @@ def stage_softmax(a: Asm, block: str) -> None:
 def stage_loop(a: Asm) -> None:
     """The ping-pong pipeline (module docstring).  Iteration p is two phases:
 
-    ====== ================================= =========================================
-    phase  group A (waves 0-3)               group B (waves 4-7)
-    ====== ================================= =========================================
-    2p     M(p): PV(p-1), row sums, QK(p)    SM(p-1); loads of K(p+2), V(p+1);
-                                             prefetch M(p)
-    2p+1   SM(p); prefetch M(p+1)            M(p); wait for the loads of phase 2p
-    ====== ================================= =========================================
+    ====== ========================================= ==================================
+    phase  group A (waves 0-3)                       group B (waves 4-7)
+    ====== ========================================= ==================================
+    2p     M(p): PV(p-1), row sums, QK(p);           SM(p-1); wait for its loads
+           prefetch M(p+1)
+    2p+1   SM(p)                                     M(p) with the loads of V(p+2),
+                                                     K(p+3); prefetch M(p+1)
+    ====== ========================================= ==================================
 
-    Loads run two blocks ahead into three stages of K and of V: K(p+2) and V(p+1) overwrite
-    K(p-1) and V(p-2), last read in phase 2p-1; they are waited for at the end of phase
-    2p+1, a full phase after their issue, and first read by the prefetch at the end of
-    phase 2p+3 (V(p+1) and K(p+2) at the end of 2p+3 and 2p+5)."""
+    Loads run three blocks ahead into four stages of K and of V: in phase 2p+1 K(p+3) and
+    V(p+2) overwrite K(p-1) and V(p-2), whose last reads were in phase 2p-1; they are
+    waited for at the end of phase 2p+2 and first read by a prefetch at the end of phase
+    2p+4.  The vector phases hold nothing but the softmax, the matrix phases everything that
+    needs issue slots besides it."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
     wave = a.s("wave")
-    a.note("prologue: K(0), K(1), V(0) (group B), then group A prefetches M(0) = QK(0)")
+    a.note("prologue: K(0..2), V(0..1) (group B); both groups prefetch M(0) = QK(0)")
     skip = a.new_label("no_blocks")
     a(f"s_bitcmp1_b32 {wave}, 2")
     a(f"s_cbranch_scc0 {skip}")
-    for kind, block in (("k", 0), ("v", 0), ("k", 1)):   # each block only if it exists
+    for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):   # while they exist
         a(f"s_mov_b32 {sp}, {block}")
         a(f"s_cmp_lt_u32 {sp}, {a.s('nb')}")
         a(f"s_cbranch_scc0 {skip}")
@@ -720,53 +729,54 @@ def stage_loop(a: Asm) -> None:
     a("s_waitcnt vmcnt(0)")
     a("s_barrier")
     a(f"s_mov_b32 {sp}, 0")
-    group_b = a.new_label("prologue_b")
-    a(f"s_bitcmp1_b32 {wave}, 2")
-    a(f"s_cbranch_scc1 {group_b}")
     a(f"s_mov_b32 {pb}, -1")
     a(f"s_mov_b32 {qb}, 0")
     _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
-    a.label(group_b)
     a.label(".Lloop")
 
-    def matrix(wait_loads: bool):
+    def loads():
+        for kind, ahead in (("v", 2), ("k", 3)):
+            nope = a.new_label("no_" + kind)
+            a(f"s_add_u32 {a.s('t5')}, {sp}, {ahead}")
+            a(f"s_cmp_lt_u32 {a.s('t5')}, {a.s('nb')}")
+            a(f"s_cbranch_scc0 {nope}")
+            a(f"s_mov_b32 {qb}, {a.s('t5')}")
+            stage_dma(a, kind, qb)
+            a.label(nope)
+            a(f"s_mov_b32 {qb}, {sp}")
+
+    def matrix(with_loads: bool):
+        """M(p), then the prefetch of M(p + 1)."""
         a("s_setprio 1")
         a(f"s_sub_u32 {pb}, {sp}, 1")
         a(f"s_mov_b32 {qb}, {sp}")
-        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk))
+        hook = loads if with_loads else None
+        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, hook), none=hook)
         a("s_setprio 0")
-        if wait_loads:
-            a("s_waitcnt vmcnt(0)")
+        a(f"s_mov_b32 {pb}, {sp}")
+        a(f"s_add_u32 {qb}, {sp}, 1")
+        _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
 
-    def vector(block_of_p: int, loads: bool):
-        """SM of block p - block_of_p, then (group B) the loads, then the prefetch of the
-        wave's next matrix phase: PV(p - block_of_p), QK(p - block_of_p + 1)."""
+    def vector(block_of_p: int):
         no_sm = a.new_label("no_sm")
         a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
         a(f"s_cmp_lt_u32 {pb}, {a.s('wnb')}")
         a(f"s_cbranch_scc0 {no_sm}")
         stage_softmax(a, pb)
         a.label(no_sm)
-        if loads:
-            for kind, ahead in (("k", 2), ("v", 1)):
-                nope = a.new_label("no_" + kind)
-                a(f"s_add_u32 {qb}, {sp}, {ahead}")
-                a(f"s_cmp_lt_u32 {qb}, {a.s('nb')}")
-                a(f"s_cbranch_scc0 {nope}")
-                stage_dma(a, kind, qb)
-                a.label(nope)
-        a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
-        a(f"s_add_u32 {qb}, {pb}, 1")
-        _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
 
     for half in range(2):
         other, join = a.new_label("group_b"), a.new_label("joined")
         a(f"s_bitcmp1_b32 {wave}, 2")
         a(f"s_cbranch_scc1 {other}")
-        matrix(False) if half == 0 else vector(0, loads=False)
+        matrix(False) if half == 0 else vector(0)
         a(f"s_branch {join}")
         a.label(other)
-        vector(1, loads=True) if half == 0 else matrix(True)
+        if half == 0:
+            vector(1)
+            a("s_waitcnt vmcnt(0)")
+        else:
+            matrix(True)
         a.label(join)
         a("s_barrier")
     a(f"s_add_u32 {sp}, {sp}, 1")
@@ -816,7 +826,10 @@ def stage_epilogue(a: Asm) -> None:
     a(f"v_add_f32 {t}, {_hex(lse_const)}, {t}")
     a(f"v_mul_f32 {t}, {_hex(math.log(2))}, {t}")
     a("s_mov_b32 exec_hi, 0")                     # lanes 0..31 hold the 32 rows
-    a(f"buffer_store_dword {t}, {a.v('loff')}, {a.sr('rq', 4)}, 0 offen")
+    a(f"v_and_b32 {a.v('mx')}, 31, v0")                 # LSE byte offset: 4 row
+    a(f"v_add_u32 {a.v('mx')}, {a.s('wrow0')}, {a.v('mx')}")
+    a(f"v_lshlrev_b32 {a.v('mx')}, 2, {a.v('mx')}")
+    a(f"buffer_store_dword {t}, {a.v('mx')}, {a.sr('rq', 4)}, 0 offen")
     a("s_mov_b32 exec_hi, -1")
 
 
