@@ -157,11 +157,13 @@ def plan(v: Variant) -> Plan:
         raise ValueError(f"{v.name}: {vg.next} VGPRs + {ag.next} AGPRs exceed {VGPR_LIMIT}")
     sg = _Pool("s", KERNARG_SGPR + -(-kernarg_size(kernargs(v)) // 4))
     singles = ("c", "sq", "sk", "qf", "m0row", "diag", "wave", "wrow0", "nb", "wnb",
-               "wfull", "p", "pb", "qb", "dv", "kstr64", "vstr64", "t4", "t5")
-    for name in singles:
+               "wfull", "p", "pb", "qb", "dv", "kstr64", "vstr64", "t4", "t5", "dl", "dr")
+    for name in singles[:2]:          # fill up to the quads' alignment
         sg.take(name)
     for name, n in (("rk", 4), ("rv", 4), ("rq", 4), ("t0", 2), ("t2", 2), ("c8", 2)):
         sg.take(name, n, n)
+    for name in singles[2:]:
+        sg.take(name)
     # set-up values whose registers are free again before their aliases are first written
     for name, alias in (("dq", "p"), ("dk", "pb"), ("kf", "wfull"), ("hk", "nb")):
         sg.names[name] = sg.names[alias]
@@ -217,6 +219,25 @@ class Asm:
         a = next(a for a in kernargs(self.p.v) if a.name == name)
         b = KERNARG_SGPR + a.offset // 4
         return f"s{b}" if n == 1 else f"s[{b}:{b + n - 1}]"
+
+    def instructions_since(self, mark: int) -> int:
+        """Instructions after line ``mark`` on every path (a lower bound of the wait states
+        between them): what a forward branch may skip does not count."""
+        n, skipping = 0, None
+        for line in self.lines[mark:]:
+            text = line.strip()
+            if not text or text.startswith("//"):
+                continue
+            if text.endswith(":"):
+                if text[:-1] == skipping:
+                    skipping = None
+                continue
+            if skipping:
+                continue
+            n += 1
+            if text.startswith("s_cbranch"):
+                skipping = text.split()[-1]
+        return n
 
     def nops(self, states: int) -> None:
         while states > 0:
@@ -467,119 +488,206 @@ def stage_lanes(a: Asm) -> None:
         a(f"v_mov_b32 {a.v('o', i)}, 0")
 
 
-def stage_dma(a: Asm, kind: str, block: str) -> None:
-    """Buffer->LDS loads of K or V block ``block`` (an SGPR) into its stage, by a DMA wave:
+def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
+    """Buffer->LDS loads of K or V block ``block + ahead`` (``block`` an SGPR) into its
+    stage, by a DMA wave, as a list of emitters (spread over MFMA shadows by the caller):
     ``slots`` loads of 1 KiB (64 lanes x 16 bytes to LDS M0 + 16 lane).  Chunk 4i + w' of the
-    block starts (4096 i / pitch) rows after chunk w'; rows past the sequence read as 0."""
+    block starts (4096 i / pitch) rows after chunk w'; rows past the sequence read as 0
+    (buffer range check).  Blocks past the last are not loaded.  State between the emitters
+    lives in SGPRs dl (LDS address) and dr (first row, bytes)."""
     p = a.p
     n = p.k_slots if kind == "k" else p.v_slots
     pitch = p.pitch_k if kind == "k" else p.pitch_v
     stride = "kstr64" if kind == "k" else "vstr64"
     region = p.lds_k[0] if kind == "k" else p.lds_v[0]
-    t4, t5 = a.s("t4"), a.s("t5")
-    _stage_offset(a, t5, block, BLOCK_N * pitch)
-    a(f"s_and_b32 {t4}, {a.s('wave')}, 3")
-    a(f"s_lshl_b32 {t4}, {t4}, 10")
-    a(f"s_add_u32 {t5}, {t5}, {t4}")                 # stage + this wave's chunk, in LDS
-    a(f"s_mul_i32 {t4}, {block}, {a.s(stride)}")     # first row of the block, in bytes
-    for i in range(n):
-        if i:   # 4 chunks further: 4096 / pitch rows = stride64 >> log2(pitch / 64)
-            a(f"s_lshr_b32 m0, {a.s(stride)}, {int(math.log2(pitch // 64))}")
-            a(f"s_add_u32 {t4}, {t4}, m0")
-        a(f"v_add_u32 {a.v('dmat')}, {t4}, {a.v('dma' + kind)}")
-        a(f"s_add_u32 m0, {t5}, {region + 4 * i * 1024}")
-        a("s_nop 0")
-        a(f"buffer_load_dwordx4 {a.v('dmat')}, {a.sr('r' + kind, 4)}, 0 offen lds")
+    dl, dr, t4 = a.s("dl"), a.s("dr"), a.s("t4")
+
+    def setup():
+        a(f"s_add_u32 {dr}, {block}, {ahead}")
+        a(f"s_and_b32 {dl}, {dr}, {STAGES - 1}")
+        a(f"s_mul_i32 {dl}, {dl}, {BLOCK_N * pitch}")
+        a(f"s_mul_i32 {dr}, {dr}, {a.s(stride)}")       # first row of the block, in bytes
+        a(f"s_and_b32 {t4}, {a.s('wave')}, 3")
+        a(f"s_lshl_b32 {t4}, {t4}, 10")
+        a(f"s_add_u32 {dl}, {dl}, {t4}")                 # stage + this wave's chunk, in LDS
+
+    def load(i):
+        def emit():
+            if i:   # 4 chunks further: 4096 / pitch rows = stride64 >> log2(pitch / 64)
+                a(f"s_lshr_b32 m0, {a.s(stride)}, {int(math.log2(pitch // 64))}")
+                a(f"s_add_u32 {dr}, {dr}, m0")
+            a(f"v_add_u32 {a.v('dmat')}, {dr}, {a.v('dma' + kind)}")
+            a(f"s_add_u32 m0, {dl}, {region + 4 * i * 1024}")
+            a("s_nop 0")
+            a(f"buffer_load_dwordx4 {a.v('dmat')}, {a.sr('r' + kind, 4)}, 0 offen lds")
+        return emit
+
+    def only_if_the_block_exists(emit):
+        def guarded():
+            skip = a.new_label("no_load")
+            a(f"s_add_u32 {a.s('t5')}, {block}, {ahead}")
+            a(f"s_cmp_lt_u32 {a.s('t5')}, {a.s('nb')}")
+            a(f"s_cbranch_scc0 {skip}")
+            emit()
+            a.label(skip)
+        return guarded
+
+    def first():
+        setup()
+        load(0)()
+    return [only_if_the_block_exists(e) for e in [first] + [load(i) for i in range(1, n)]]
 
 
-def _matrix_steps(a: Asm, pv_block: str | None, qk_block: str | None, emit: bool) -> list:
-    """The MFMA steps of a matrix phase (and, with ``emit``, the LDS addresses they read)."""
+def stage_dma(a: Asm, kind: str, block: str) -> None:
+    """All the loads of one block, in a row (the prologue)."""
+    for emit in dma_chunks(a, kind, block):
+        emit()
+
+
+def _address(a: Asm, kind: str, block: str) -> None:
+    """kcur / vcur = this lane's LDS read address in the stage of K / V block ``block``."""
     p = a.p
-    steps = []
-    if pv_block is not None:
-        if emit:
-            _stage_offset(a, a.s("t4"), pv_block, BLOCK_N * p.pitch_v)
-            a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {p.lds_v[0]}")
-            a(f"v_add_u32 {a.v('vcur')}, {a.s('t4')}, {a.v('vaddr')}")
-        steps += [("pv", c) for c in range(p.pv_chunks)]
-    if qk_block is not None:
-        if emit:
-            _stage_offset(a, a.s("t4"), qk_block, BLOCK_N * p.pitch_k)
-            a(f"v_add_u32 {a.v('kcur')}, {a.s('t4')}, {a.v('kaddr')}")
-        steps += [("qk", h, s) for h in range(2) for s in range(p.qk_steps)]
-    return steps
+    if kind == "v":
+        _stage_offset(a, a.s("t4"), block, BLOCK_N * p.pitch_v)
+        a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {p.lds_v[0]}")
+        a(f"v_add_u32 {a.v('vcur')}, {a.s('t4')}, {a.v('vaddr')}")
+    else:
+        _stage_offset(a, a.s("t4"), block, BLOCK_N * p.pitch_k)
+        a(f"v_add_u32 {a.v('kcur')}, {a.s('t4')}, {a.v('kaddr')}")
 
 
-def _read(a: Asm, steps: list, i: int) -> None:
-    """LDS reads of step i's operand into ring buffer i % frag_bufs.
+def _steps(p: Plan, pv: bool, qk: bool) -> list:
+    """The MFMA steps of a matrix phase: PV chunks, then QK (half, d-step) pairs."""
+    return ([("pv", c) for c in range(p.pv_chunks)] if pv else []) + \
+        ([("qk", h, s) for h in range(2) for s in range(p.qk_steps)] if qk else [])
+
+
+def _read(a: Asm, step: tuple, buf: int) -> None:
+    """LDS reads of one step's operand into ring buffer ``buf`` (from vcur / kcur).
 
     * PV step c: V^T rows 32c.. by 4 x ds_read_b64_tr_b8 (read rd gives items 8rd..8rd+7 =
       keys 16rd + 8(r/4) + 4g + r%4: P^T's order);
     * QK step (h, s): K rows 32h + j, d 64s + 16g.. by 2 x ds_read_b128.
     """
     p = a.p
-    buf = 8 * (i % p.frag_bufs)
-    if steps[i][0] == "pv":
-        c = steps[i][1]
+    b = 8 * buf
+    if step[0] == "pv":
+        c = step[1]
         for rd in range(4):
-            a(f"ds_read_b64_tr_b8 {a.vr('fr', buf + 2 * rd, 2)}, {a.v('vcur')} "
+            a(f"ds_read_b64_tr_b8 {a.vr('fr', b + 2 * rd, 2)}, {a.v('vcur')} "
               f"offset:{16 * rd * p.pitch_v + 32 * c}")
     else:
-        _, h, s = steps[i]
+        _, h, s = step
         off = 32 * h * p.pitch_k + 64 * s
-        a(f"ds_read_b128 {a.vr('fr', buf, 4)}, {a.v('kcur')} offset:{off}")
-        a(f"ds_read_b128 {a.vr('fr', buf + 4, 4)}, {a.v('kcur')} offset:{off + 32}")
+        a(f"ds_read_b128 {a.vr('fr', b, 4)}, {a.v('kcur')} offset:{off}")
+        a(f"ds_read_b128 {a.vr('fr', b + 4, 4)}, {a.v('kcur')} offset:{off + 32}")
+
+
+def _ops(step: tuple) -> int:
+    return 4 if step[0] == "pv" else 2
 
 
 def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
-    """At the end of a vector phase: the first ``frag_bufs`` operand reads of the wave's next
-    matrix phase, so that its first MFMAs find their operands in registers."""
-    steps = _matrix_steps(a, pv_block, qk_block, emit=True)
+    """Before the first matrix phase: its first ``frag_bufs`` operand reads."""
+    if pv_block is not None:
+        _address(a, "v", pv_block)
+    if qk_block is not None:
+        _address(a, "k", qk_block)
+    steps = _steps(a.p, pv_block is not None, qk_block is not None)
     for i in range(min(a.p.frag_bufs, len(steps))):
-        _read(a, steps, i)
+        _read(a, steps[i], i)
 
 
 def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None) -> None:
     """The matrix phase: PV of block ``pv_block`` (O^T += 2^-k V^T . P^T, then the row sums
-    of its P) and QK of block ``qk_block`` (S^T = K . Q^T), one software pipeline over the
-    MFMA steps whose operands are read ``frag_bufs`` steps ahead (the first ones by
-    ``stage_prefetch``).  Matrix pipe per wave and block (d = 128): 4 PV + 4 QK MFMAs of 64
-    cycles and the row sums' 32 = 544 cycles.  ``loads()`` (group B's buffer->LDS loads)
-    is emitted in the shadow of the first MFMA."""
+    of its P) and QK of block ``qk_block`` (S^T = K . Q^T) as one software pipeline whose
+    operands are read ``frag_bufs`` steps ahead in a ring of 8-register buffers.  The ring
+    runs on into the wave's next matrix phase (PV of ``qk_block``, QK of the block after): a
+    buffer's last MFMA here is followed by the read of that buffer's first step there, so a
+    matrix phase starts with its operands in registers.  (The next phase's QK reads are
+    issued even when that phase will have no QK: they are harmless reads of a stage.)
+    Matrix pipe per wave and block (d = 128): 4 PV + 4 QK MFMAs of 64 cycles and the row
+    sums' 32 = 544 cycles.  ``loads`` (group B's buffer->LDS loads, a list of emitters) go
+    one per MFMA shadow."""
     p = a.p
-    steps = _matrix_steps(a, pv_block, qk_block, emit=False)
     nb = p.frag_bufs
-    ops = [4 if st[0] == "pv" else 2 for st in steps]
-    issued = min(nb, len(steps))
+    loads = list(loads or [])
+    steps = _steps(p, pv_block is not None, qk_block is not None)
+    n = len(steps)
+    nxt = _steps(p, True, True)[:nb] if qk_block is not None else []
+    # the next phase's read j goes to buffer j once this phase's last MFMA using it has
+    # issued, and after read j - 1 (the next phase counts its reads in this order)
+    at, pos = -1, {}
+    for j in range(len(nxt)):
+        at = max(at, max((i for i in range(n) if i % nb == j), default=-1))
+        pos[j] = at
+    issued = min(nb, n)                     # reads of this phase in flight (prefetched)
+    outstanding = [_ops(st) for st in steps[:issued]]
+    ahead = [0]                             # ops of the next phase's reads issued so far
+    moved = set()
+
+    def next_reads(after: int):
+        for j in range(len(nxt)):
+            if pos[j] != after:
+                continue
+            kind = "v" if nxt[j][0] == "pv" else "k"
+            if kind not in moved:          # this phase has issued its last read of the kind
+                moved.add(kind)
+                a(f"s_add_u32 {a.s('t5')}, {qk_block}, {0 if kind == 'v' else 1}")
+                _address(a, kind, a.s("t5"))
+            _read(a, nxt[j], j)
+            ahead[0] += _ops(nxt[j])
+
+    # addresses of the steps this phase reads itself (the first `issued` were read before)
+    if pv_block is not None and p.pv_chunks > issued:
+        _address(a, "v", pv_block)
+    if qk_block is not None and n > issued:
+        _address(a, "k", qk_block)
+    next_reads(-1)
+    tail = 0
     for i, st in enumerate(steps):
-        a(f"s_waitcnt lgkmcnt({sum(ops[i + 1:issued])})")
+        a(f"s_waitcnt lgkmcnt({min(15, sum(outstanding[1:]) + ahead[0])})")
+        outstanding.pop(0)
         frag = a.vr("fr", 8 * (i % nb), 8)
         if st[0] == "pv":
             o = a.vr("o", 16 * st[1], 16)
             a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {frag}, {a.vr('p', 0, 8)}, {o}, "
               f"{a.v('scale_a')}, {a.v('sb')}")
-            if i + 1 == len(steps) or steps[i + 1][0] != "pv":
+            if i + 1 == n or steps[i + 1][0] != "pv":
                 a.note("row sums of P: D[i][j] sums the k groups g with g%2 == (i/4)%2 of "
                        "column j, so every lane gets its own query's sum")
                 a(f"v_mfma_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, "
                   f"{a.vr('p', 0, 8)}, 0")
+                sums_at = len(a.lines)
         else:
             _, h, s = st
             c = "0" if s == 0 else a.vr("s", 16 * h, 16)
             a(f"v_mfma_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {frag}, "
               f"{a.ar('q', 8 * s, 8)}, {c}")
-        if issued < len(steps):
-            _read(a, steps, issued)
+        mark = len(a.lines)
+        if issued < n:
+            _read(a, steps[issued], issued % nb)
+            outstanding.append(_ops(steps[issued]))
             issued += 1
-        if i == 0 and loads is not None:
-            loads()
-    a.note("S^T and the row sums are read by VALU next: 20 wait states after a 16-pass MFMA")
-    a.nops(20)
+        next_reads(i)
+        if loads:
+            loads.pop(0)()
+        if i == n - 1:
+            tail = a.instructions_since(mark)
+    mark = len(a.lines)
+    for emit in loads:                  # more loads than MFMAs
+        emit()
+    tail += a.instructions_since(mark)
     if pv_block is not None:
-        a.note("l = l x + 2^-k (row sum of the block's P)")
+        a.note("l = l x + 2^-k (row sum of the block's P): 12 wait states after its MFMA")
+        a.nops(12 - a.instructions_since(sums_at))
+        mark = len(a.lines)
         t = a.v("tmp")
         a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('e')}")
         a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {a.v('x')}, {t}")
+        tail += a.instructions_since(mark)
+    a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
+    a.nops(20 - tail)
 
 
 def _by_case(a: Asm, body, none=None) -> None:
@@ -703,16 +811,14 @@ def stage_loop(a: Asm) -> None:
     ====== ========================================= ==================================
     phase  group A (waves 0-3)                       group B (waves 4-7)
     ====== ========================================= ==================================
-    2p     M(p): PV(p-1), row sums, QK(p);           SM(p-1); wait for its loads
-           prefetch M(p+1)
-    2p+1   SM(p)                                     M(p) with the loads of V(p+2),
-                                                     K(p+3); prefetch M(p+1)
+    2p     M(p): PV(p-1), row sums, QK(p)            SM(p-1); wait for its loads
+    2p+1   SM(p)                                     M(p) with the loads of V(p+2), K(p+3)
     ====== ========================================= ==================================
 
     Loads run three blocks ahead into four stages of K and of V: in phase 2p+1 K(p+3) and
     V(p+2) overwrite K(p-1) and V(p-2), whose last reads were in phase 2p-1; they are
-    waited for at the end of phase 2p+2 and first read by a prefetch at the end of phase
-    2p+4.  The vector phases hold nothing but the softmax, the matrix phases everything that
+    waited for at the end of phase 2p+2 and first read in phase 2p+4 (M(p+2) reads the
+    first operands of M(p+3)).  The vector phases hold nothing but the softmax, the matrix phases everything that
     needs issue slots besides it."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
     wave = a.s("wave")
@@ -720,11 +826,10 @@ def stage_loop(a: Asm) -> None:
     skip = a.new_label("no_blocks")
     a(f"s_bitcmp1_b32 {wave}, 2")
     a(f"s_cbranch_scc0 {skip}")
-    for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):   # while they exist
-        a(f"s_mov_b32 {sp}, {block}")
-        a(f"s_cmp_lt_u32 {sp}, {a.s('nb')}")
-        a(f"s_cbranch_scc0 {skip}")
-        stage_dma(a, kind, sp)
+    a(f"s_mov_b32 {sp}, 0")
+    for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):   # those that exist
+        for emit in dma_chunks(a, kind, sp, block):
+            emit()
     a.label(skip)
     a("s_waitcnt vmcnt(0)")
     a("s_barrier")
@@ -735,27 +840,17 @@ def stage_loop(a: Asm) -> None:
     a.label(".Lloop")
 
     def loads():
-        for kind, ahead in (("v", 2), ("k", 3)):
-            nope = a.new_label("no_" + kind)
-            a(f"s_add_u32 {a.s('t5')}, {sp}, {ahead}")
-            a(f"s_cmp_lt_u32 {a.s('t5')}, {a.s('nb')}")
-            a(f"s_cbranch_scc0 {nope}")
-            a(f"s_mov_b32 {qb}, {a.s('t5')}")
-            stage_dma(a, kind, qb)
-            a.label(nope)
-            a(f"s_mov_b32 {qb}, {sp}")
+        """V(p+2) and K(p+3), as emitters for the MFMA shadows."""
+        return dma_chunks(a, "v", sp, 2) + dma_chunks(a, "k", sp, 3)
 
     def matrix(with_loads: bool):
-        """M(p), then the prefetch of M(p + 1)."""
+        """M(p), which also reads the first operands of M(p + 1)."""
         a("s_setprio 1")
         a(f"s_sub_u32 {pb}, {sp}, 1")
         a(f"s_mov_b32 {qb}, {sp}")
-        hook = loads if with_loads else None
-        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, hook), none=hook)
+        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, loads() if with_loads else None),
+                 none=(lambda: [emit() for emit in loads()]) if with_loads else None)
         a("s_setprio 0")
-        a(f"s_mov_b32 {pb}, {sp}")
-        a(f"s_add_u32 {qb}, {sp}, 1")
-        _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
 
     def vector(block_of_p: int):
         no_sm = a.new_label("no_sm")
