@@ -165,7 +165,8 @@ def plan(v: Variant) -> Plan:
     for name in singles[2:]:
         sg.take(name)
     # set-up values whose registers are free again before their aliases are first written
-    for name, alias in (("dq", "p"), ("dk", "pb"), ("kf", "wfull"), ("hk", "nb")):
+    for name, alias in (("dq", "p"), ("dk", "pb"), ("kf", "wfull"), ("hk", "nb"),
+                        ("wchunk", "m0row")):
         sg.names[name] = sg.names[alias]
     if sg.next > 102:
         raise ValueError(f"{v.name}: {sg.next} SGPRs")
@@ -460,6 +461,8 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_mul_lo_u32 {t1}, {row}, {a.arg('o_stride_s')}")
     a(f"v_lshlrev_b32 {t1}, 1, {t1}")
     a(f"v_lshl_add_u32 {a.v('ooff')}, {g}, 3, {t1}")
+    a(f"s_and_b32 {a.s('wchunk')}, {a.s('wave')}, 3")
+    a(f"s_lshl_b32 {a.s('wchunk')}, {a.s('wchunk')}, 10")      # this DMA wave's 1 KiB chunk
     a.note("buffer->LDS: DMA wave w' = wave - 4 loads chunks c = 4i + w' (1 KiB each) of a K or "
            "V block; lane l fills LDS byte 1024c + 16l = row (1024c + 16l) / pitch, column "
            "(16l) % pitch; padding columns (pitch > d) reload a valid chunk, never read")
@@ -492,24 +495,24 @@ def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
     """Buffer->LDS loads of K or V block ``block + ahead`` (``block`` an SGPR) into its
     stage, by a DMA wave, as a list of emitters (spread over MFMA shadows by the caller):
     ``slots`` loads of 1 KiB (64 lanes x 16 bytes to LDS M0 + 16 lane).  Chunk 4i + w' of the
-    block starts (4096 i / pitch) rows after chunk w'; rows past the sequence read as 0
-    (buffer range check).  Blocks past the last are not loaded.  State between the emitters
-    lives in SGPRs dl (LDS address) and dr (first row, bytes)."""
+    block starts (4096 i / pitch) rows after chunk w'.  Rows past the sequence read as 0
+    (buffer range check), so the (up to three) blocks past the last are loaded too, as
+    zeros or as rows no row of the workgroup sees, into the stages they would own: those
+    stages' previous blocks are no longer read.  State between the emitters lives in
+    SGPRs dl (LDS address) and dr (first row, bytes)."""
     p = a.p
     n = p.k_slots if kind == "k" else p.v_slots
     pitch = p.pitch_k if kind == "k" else p.pitch_v
     stride = "kstr64" if kind == "k" else "vstr64"
     region = p.lds_k[0] if kind == "k" else p.lds_v[0]
-    dl, dr, t4 = a.s("dl"), a.s("dr"), a.s("t4")
+    dl, dr = a.s("dl"), a.s("dr")
 
     def setup():
         a(f"s_add_u32 {dr}, {block}, {ahead}")
         a(f"s_and_b32 {dl}, {dr}, {STAGES - 1}")
         a(f"s_mul_i32 {dl}, {dl}, {BLOCK_N * pitch}")
         a(f"s_mul_i32 {dr}, {dr}, {a.s(stride)}")       # first row of the block, in bytes
-        a(f"s_and_b32 {t4}, {a.s('wave')}, 3")
-        a(f"s_lshl_b32 {t4}, {t4}, 10")
-        a(f"s_add_u32 {dl}, {dl}, {t4}")                 # stage + this wave's chunk, in LDS
+        a(f"s_add_u32 {dl}, {dl}, {a.s('wchunk')}")      # stage + this wave's chunk, in LDS
 
     def load(i):
         def emit():
@@ -522,20 +525,10 @@ def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
             a(f"buffer_load_dwordx4 {a.v('dmat')}, {a.sr('r' + kind, 4)}, 0 offen lds")
         return emit
 
-    def only_if_the_block_exists(emit):
-        def guarded():
-            skip = a.new_label("no_load")
-            a(f"s_add_u32 {a.s('t5')}, {block}, {ahead}")
-            a(f"s_cmp_lt_u32 {a.s('t5')}, {a.s('nb')}")
-            a(f"s_cbranch_scc0 {skip}")
-            emit()
-            a.label(skip)
-        return guarded
-
     def first():
         setup()
         load(0)()
-    return [only_if_the_block_exists(e) for e in [first] + [load(i) for i in range(1, n)]]
+    return [first] + [load(i) for i in range(1, n)]
 
 
 def stage_dma(a: Asm, kind: str, block: str) -> None:
@@ -690,32 +683,35 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None)
     a.nops(20 - tail)
 
 
-def _by_case(a: Asm, body, none=None) -> None:
+def _by_case(a: Asm, body, none=None, prefix=None) -> None:
     """``body(pv_block, qk_block)`` for the blocks in SGPRs pb (PV) and qb (QK) that this wave
     computes (index < wnb; pb = -1 is none): both, PV only or QK only; ``none()`` when it
-    computes neither."""
+    computes neither.  ``prefix()`` opens every case (the phase's barrier: the dispatch is
+    decided before it)."""
     pb, qb, wnb = a.s("pb"), a.s("qb"), a.s("wnb")
     no_pv, pv_only, done = a.new_label("no_pv"), a.new_label("pv_only"), a.new_label("case_done")
+    neither = a.new_label("neither")
+    start = prefix or (lambda: None)
     a(f"s_cmp_lt_u32 {pb}, {wnb}")
     a(f"s_cbranch_scc0 {no_pv}")
     a(f"s_cmp_lt_u32 {qb}, {wnb}")
     a(f"s_cbranch_scc0 {pv_only}")
+    start()
     body(pb, qb)
     a(f"s_branch {done}")
     a.label(pv_only)
+    start()
     body(pb, None)
     a(f"s_branch {done}")
     a.label(no_pv)
     a(f"s_cmp_lt_u32 {qb}, {wnb}")
-    if none is None:
-        a(f"s_cbranch_scc0 {done}")
-        body(None, qb)
-    else:
-        neither = a.new_label("neither")
-        a(f"s_cbranch_scc0 {neither}")
-        body(None, qb)
-        a(f"s_branch {done}")
-        a.label(neither)
+    a(f"s_cbranch_scc0 {neither}")
+    start()
+    body(None, qb)
+    a(f"s_branch {done}")
+    a.label(neither)
+    start()
+    if none is not None:
         none()
     a.label(done)
 
@@ -827,7 +823,7 @@ def stage_loop(a: Asm) -> None:
     a(f"s_bitcmp1_b32 {wave}, 2")
     a(f"s_cbranch_scc0 {skip}")
     a(f"s_mov_b32 {sp}, 0")
-    for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):   # those that exist
+    for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):
         for emit in dma_chunks(a, kind, sp, block):
             emit()
     a.label(skip)
@@ -837,46 +833,59 @@ def stage_loop(a: Asm) -> None:
     a(f"s_mov_b32 {pb}, -1")
     a(f"s_mov_b32 {qb}, 0")
     _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
-    a.label(".Lloop")
 
     def loads():
         """V(p+2) and K(p+3), as emitters for the MFMA shadows."""
         return dma_chunks(a, "v", sp, 2) + dma_chunks(a, "k", sp, 3)
 
     def matrix(with_loads: bool):
-        """M(p), which also reads the first operands of M(p + 1)."""
-        a("s_setprio 1")
+        """Barrier, then M(p), which also reads the first operands of M(p + 1).  The case
+        is dispatched before the barrier, so the first MFMA follows it directly."""
         a(f"s_sub_u32 {pb}, {sp}, 1")
         a(f"s_mov_b32 {qb}, {sp}")
+
+        def open_phase():
+            a("s_barrier")
+            a("s_setprio 1")
         _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, loads() if with_loads else None),
-                 none=(lambda: [emit() for emit in loads()]) if with_loads else None)
+                 none=(lambda: [emit() for emit in loads()]) if with_loads else None,
+                 prefix=open_phase)
         a("s_setprio 0")
 
     def vector(block_of_p: int):
-        no_sm = a.new_label("no_sm")
+        """Barrier, then SM(p - block_of_p) if this wave computes that block."""
+        no_sm, done = a.new_label("no_sm"), a.new_label("sm_done")
         a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
         a(f"s_cmp_lt_u32 {pb}, {a.s('wnb')}")
         a(f"s_cbranch_scc0 {no_sm}")
-        stage_softmax(a, pb)
-        a.label(no_sm)
-
-    for half in range(2):
-        other, join = a.new_label("group_b"), a.new_label("joined")
-        a(f"s_bitcmp1_b32 {wave}, 2")
-        a(f"s_cbranch_scc1 {other}")
-        matrix(False) if half == 0 else vector(0)
-        a(f"s_branch {join}")
-        a.label(other)
-        if half == 0:
-            vector(1)
-            a("s_waitcnt vmcnt(0)")
-        else:
-            matrix(True)
-        a.label(join)
         a("s_barrier")
-    a(f"s_add_u32 {sp}, {sp}, 1")
-    a(f"s_cmp_le_u32 {sp}, {a.s('nb')}")
-    a("s_cbranch_scc1 .Lloop")
+        stage_softmax(a, pb)
+        a(f"s_branch {done}")
+        a.label(no_sm)
+        a("s_barrier")
+        a.label(done)
+
+    def next_iteration(loop: str):
+        a(f"s_add_u32 {sp}, {sp}, 1")
+        a(f"s_cmp_le_u32 {sp}, {a.s('nb')}")
+        a(f"s_cbranch_scc1 {loop}")
+
+    a.note("group A: phase 2p M(p), phase 2p+1 SM(p); every phase opens with a barrier")
+    a(f"s_bitcmp1_b32 {wave}, 2")
+    a("s_cbranch_scc1 .Lloop_b")
+    a.label(".Lloop_a")
+    matrix(False)
+    vector(0)
+    next_iteration(".Lloop_a")
+    a("s_branch .Lloop_end")
+    a.note("group B: phase 2p SM(p-1) and the wait for its loads, phase 2p+1 M(p) with loads")
+    a.label(".Lloop_b")
+    vector(1)
+    a("s_waitcnt vmcnt(0)")
+    matrix(True)
+    next_iteration(".Lloop_b")
+    a.label(".Lloop_end")
+    a("s_waitcnt vmcnt(0)")       # the loads past the last block (group B) land before the end
 
 
 def stage_epilogue(a: Asm) -> None:
