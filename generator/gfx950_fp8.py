@@ -58,7 +58,7 @@ from zyfa_runtime.fp8_models import RECIPES
 
 RECIPE = RECIPES["gfx950"]
 WAVES = 8              # per workgroup; waves w and w + 4 share a SIMD
-DMA_WAVES = 4          # group B issues every buffer->LDS load (in its vector phases)
+DMA_WAVES = 8          # every wave issues its share of the buffer->LDS loads (matrix phase)
 STAGES = 4             # LDS stages of K and of V: loads run three blocks ahead
 ROWS = 32              # query rows per wave (the 32 columns of S^T)
 BLOCK_M = WAVES * ROWS
@@ -461,16 +461,13 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_mul_lo_u32 {t1}, {row}, {a.arg('o_stride_s')}")
     a(f"v_lshlrev_b32 {t1}, 1, {t1}")
     a(f"v_lshl_add_u32 {a.v('ooff')}, {g}, 3, {t1}")
-    a(f"s_and_b32 {a.s('wchunk')}, {a.s('wave')}, 3")
-    a(f"s_lshl_b32 {a.s('wchunk')}, {a.s('wchunk')}, 10")      # this DMA wave's 1 KiB chunk
-    a.note("buffer->LDS: DMA wave w' = wave - 4 loads chunks c = 4i + w' (1 KiB each) of a K or "
-           "V block; lane l fills LDS byte 1024c + 16l = row (1024c + 16l) / pitch, column "
-           "(16l) % pitch; padding columns (pitch > d) reload a valid chunk, never read")
+    a(f"s_lshl_b32 {a.s('wchunk')}, {a.s('wave')}, 10")      # this wave's 1 KiB chunk
+    a.note("buffer->LDS: wave w loads chunks c = 8i + w (1 KiB each) of a K or V block; lane "
+           "l fills LDS byte 1024c + 16l = row (1024c + 16l) / pitch, column (16l) % pitch; "
+           "padding columns (pitch > d) reload a valid chunk, never read")
     for kind, pitch, d, sbase in (("k", p.pitch_k, v.d_qk, "k_stride_s"),
                                   ("v", p.pitch_v, v.d_v, "v_stride_s")):
-        a(f"s_and_b32 {a.s('t4')}, {a.s('wave')}, 3")
-        a(f"s_lshl_b32 {a.s('t4')}, {a.s('t4')}, 10")
-        a(f"v_lshl_add_u32 {t1}, {lane}, 4, {a.s('t4')}")
+        a(f"v_lshl_add_u32 {t1}, {lane}, 4, {a.s('wchunk')}")
         a(f"v_lshrrev_b32 {t2}, {int(math.log2(pitch))}, {t1}")          # key in block
         a(f"v_and_b32 {t1}, {pitch - 1}, {t1}")                           # column
         if pitch > d:
@@ -493,9 +490,9 @@ def stage_lanes(a: Asm) -> None:
 
 def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
     """Buffer->LDS loads of K or V block ``block + ahead`` (``block`` an SGPR) into its
-    stage, by a DMA wave, as a list of emitters (spread over MFMA shadows by the caller):
-    ``slots`` loads of 1 KiB (64 lanes x 16 bytes to LDS M0 + 16 lane).  Chunk 4i + w' of the
-    block starts (4096 i / pitch) rows after chunk w'.  Rows past the sequence read as 0
+    stage, by this wave, as a list of emitters (spread over MFMA shadows by the caller):
+    ``slots`` loads of 1 KiB (64 lanes x 16 bytes to LDS M0 + 16 lane).  Chunk 8i + w of the
+    block starts (8192 i / pitch) rows after chunk w.  Rows past the sequence read as 0
     (buffer range check), so the (up to three) blocks past the last are loaded too, as
     zeros or as rows no row of the workgroup sees, into the stages they would own: those
     stages' previous blocks are no longer read.  State between the emitters lives in
@@ -516,11 +513,11 @@ def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
 
     def load(i):
         def emit():
-            if i:   # 4 chunks further: 4096 / pitch rows = stride64 >> log2(pitch / 64)
-                a(f"s_lshr_b32 m0, {a.s(stride)}, {int(math.log2(pitch // 64))}")
+            if i:   # 8 chunks further: 8192 / pitch rows = stride64 >> log2(pitch / 128)
+                a(f"s_lshr_b32 m0, {a.s(stride)}, {int(math.log2(pitch // 128))}")
                 a(f"s_add_u32 {dr}, {dr}, m0")
             a(f"v_add_u32 {a.v('dmat')}, {dr}, {a.v('dma' + kind)}")
-            a(f"s_add_u32 m0, {dl}, {region + 4 * i * 1024}")
+            a(f"s_add_u32 m0, {dl}, {region + 8 * i * 1024}")
             a("s_nop 0")
             a(f"buffer_load_dwordx4 {a.v('dmat')}, {a.sr('r' + kind, 4)}, 0 offen lds")
         return emit
@@ -818,15 +815,11 @@ def stage_loop(a: Asm) -> None:
     needs issue slots besides it."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
     wave = a.s("wave")
-    a.note("prologue: K(0..2), V(0..1) (group B); both groups prefetch M(0) = QK(0)")
-    skip = a.new_label("no_blocks")
-    a(f"s_bitcmp1_b32 {wave}, 2")
-    a(f"s_cbranch_scc0 {skip}")
+    a.note("prologue: K(0..2), V(0..1); both groups prefetch M(0) = QK(0)")
     a(f"s_mov_b32 {sp}, 0")
     for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):
         for emit in dma_chunks(a, kind, sp, block):
             emit()
-    a.label(skip)
     a("s_waitcnt vmcnt(0)")
     a("s_barrier")
     a(f"s_mov_b32 {sp}, 0")
@@ -870,12 +863,14 @@ def stage_loop(a: Asm) -> None:
         a(f"s_cmp_le_u32 {sp}, {a.s('nb')}")
         a(f"s_cbranch_scc1 {loop}")
 
-    a.note("group A: phase 2p M(p), phase 2p+1 SM(p); every phase opens with a barrier")
+    a.note("group A: phase 2p M(p) with its loads, phase 2p+1 SM(p) and the wait for them; "
+           "every phase opens with a barrier")
     a(f"s_bitcmp1_b32 {wave}, 2")
     a("s_cbranch_scc1 .Lloop_b")
     a.label(".Lloop_a")
-    matrix(False)
+    matrix(True)
     vector(0)
+    a("s_waitcnt vmcnt(0)")
     next_iteration(".Lloop_a")
     a("s_branch .Lloop_end")
     a.note("group B: phase 2p SM(p-1) and the wait for its loads, phase 2p+1 M(p) with loads")
@@ -885,7 +880,7 @@ def stage_loop(a: Asm) -> None:
     matrix(True)
     next_iteration(".Lloop_b")
     a.label(".Lloop_end")
-    a("s_waitcnt vmcnt(0)")       # the loads past the last block (group B) land before the end
+    a("s_waitcnt vmcnt(0)")       # the loads past the last block land before the end
 
 
 def stage_epilogue(a: Asm) -> None:
