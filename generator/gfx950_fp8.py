@@ -484,6 +484,10 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_mov_b32 {a.v('m')}, {NEG_INF}")
     a(f"v_mov_b32 {a.v('r')}, {NEG_INF}")
     a(f"v_mov_b32 {a.v('l')}, 0")
+    a(f"v_mov_b32 {a.v('x')}, 1.0")
+    a(f"v_mov_b32 {a.v('e')}, 0")
+    for i in range(4):
+        a(f"v_mov_b32 {a.v('ls', i)}, 0")
     for i in range(16 * p.pv_chunks):
         a(f"v_mov_b32 {a.v('o', i)}, 0")
 
@@ -547,9 +551,10 @@ def _address(a: Asm, kind: str, block: str) -> None:
 
 
 def _steps(p: Plan, pv: bool, qk: bool) -> list:
-    """The MFMA steps of a matrix phase: PV chunks, then QK (half, d-step) pairs."""
-    return ([("pv", c) for c in range(p.pv_chunks)] if pv else []) + \
-        ([("qk", h, s) for h in range(2) for s in range(p.qk_steps)] if qk else [])
+    """The MFMA steps of a matrix phase: QK (half, d-step) pairs, then PV chunks (S^T is then
+    written early and the phase ends on the O^T accumulators, which VALU touches last)."""
+    return ([("qk", h, s) for h in range(2) for s in range(p.qk_steps)] if qk else []) + \
+        ([("pv", c) for c in range(p.pv_chunks)] if pv else [])
 
 
 def _read(a: Asm, step: tuple, buf: int) -> None:
@@ -589,16 +594,16 @@ def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
 
 
 def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None) -> None:
-    """The matrix phase: PV of block ``pv_block`` (O^T += 2^-k V^T . P^T, then the row sums
-    of its P) and QK of block ``qk_block`` (S^T = K . Q^T) as one software pipeline whose
-    operands are read ``frag_bufs`` steps ahead in a ring of 8-register buffers.  The ring
-    runs on into the wave's next matrix phase (PV of ``qk_block``, QK of the block after): a
-    buffer's last MFMA here is followed by the read of that buffer's first step there, so a
-    matrix phase starts with its operands in registers.  (The next phase's QK reads are
-    issued even when that phase will have no QK: they are harmless reads of a stage.)
-    Matrix pipe per wave and block (d = 128): 4 PV + 4 QK MFMAs of 64 cycles and the row
-    sums' 32 = 544 cycles.  ``loads`` (group B's buffer->LDS loads, a list of emitters) go
-    one per MFMA shadow."""
+    """The matrix phase: QK of block ``qk_block`` (S^T = K . Q^T) and PV of block
+    ``pv_block`` (O^T += 2^-k V^T . P^T, then the row sums of its P) as one software
+    pipeline whose operands are read ``frag_bufs`` steps ahead in a ring of 8-register
+    buffers.  The ring runs on into the wave's next matrix phase (QK of the block after
+    ``qk_block``, PV of ``qk_block``): a buffer's last MFMA here is followed by the read of
+    that buffer's first step there, so a matrix phase starts with its operands in
+    registers.  (Those reads are issued even when the next phase has no QK, the last one,
+    which then reads its own operands.)  Matrix pipe per wave and block (d = 128): 4 QK +
+    4 PV MFMAs of 64 cycles and the row sums' 32 = 544 cycles.  ``loads`` (the wave's
+    buffer->LDS loads, a list of emitters) go one per MFMA shadow."""
     p = a.p
     nb = p.frag_bufs
     loads = list(loads or [])
@@ -611,7 +616,12 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None)
     for j in range(len(nxt)):
         at = max(at, max((i for i in range(n) if i % nb == j), default=-1))
         pos[j] = at
-    issued = min(nb, n)                     # reads of this phase in flight (prefetched)
+    # a phase without QK (the last) follows one that read ahead for a QK: it waits for
+    # those reads and reads its own operands
+    prefetched = qk_block is not None
+    if not prefetched:
+        a("s_waitcnt lgkmcnt(0)")
+    issued = min(nb, n) if prefetched else 0
     outstanding = [_ops(st) for st in steps[:issued]]
     ahead = [0]                             # ops of the next phase's reads issued so far
     moved = set()
@@ -628,13 +638,17 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None)
             _read(a, nxt[j], j)
             ahead[0] += _ops(nxt[j])
 
-    # addresses of the steps this phase reads itself (the first `issued` were read before)
-    if pv_block is not None and p.pv_chunks > issued:
-        _address(a, "v", pv_block)
-    if qk_block is not None and n > issued:
+    # addresses of the steps this phase reads itself
+    if qk_block is not None and 2 * p.qk_steps > issued:
         _address(a, "k", qk_block)
+    if pv_block is not None and n > issued:
+        _address(a, "v", pv_block)
+    while issued < min(nb, n):
+        _read(a, steps[issued], issued % nb)
+        outstanding.append(_ops(steps[issued]))
+        issued += 1
     next_reads(-1)
-    tail = 0
+    qk_done = None
     for i, st in enumerate(steps):
         a(f"s_waitcnt lgkmcnt({min(15, sum(outstanding[1:]) + ahead[0])})")
         outstanding.pop(0)
@@ -643,18 +657,19 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None)
             o = a.vr("o", 16 * st[1], 16)
             a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {frag}, {a.vr('p', 0, 8)}, {o}, "
               f"{a.v('scale_a')}, {a.v('sb')}")
-            if i + 1 == n or steps[i + 1][0] != "pv":
+            if i + 1 == n:
                 a.note("row sums of P: D[i][j] sums the k groups g with g%2 == (i/4)%2 of "
-                       "column j, so every lane gets its own query's sum")
+                       "column j, so every lane gets its own query's sum (used by the next "
+                       "vector phase or the epilogue, 12+ wait states later)")
                 a(f"v_mfma_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, "
                   f"{a.vr('p', 0, 8)}, 0")
-                sums_at = len(a.lines)
         else:
             _, h, s = st
             c = "0" if s == 0 else a.vr("s", 16 * h, 16)
             a(f"v_mfma_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {frag}, "
               f"{a.ar('q', 8 * s, 8)}, {c}")
-        mark = len(a.lines)
+            if i + 1 == n or steps[i + 1][0] != "qk":
+                qk_done = len(a.lines)
         if issued < n:
             _read(a, steps[issued], issued % nb)
             outstanding.append(_ops(steps[issued]))
@@ -662,22 +677,19 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None)
         next_reads(i)
         if loads:
             loads.pop(0)()
-        if i == n - 1:
-            tail = a.instructions_since(mark)
-    mark = len(a.lines)
     for emit in loads:                  # more loads than MFMAs
         emit()
-    tail += a.instructions_since(mark)
-    if pv_block is not None:
-        a.note("l = l x + 2^-k (row sum of the block's P): 12 wait states after its MFMA")
-        a.nops(12 - a.instructions_since(sums_at))
-        mark = len(a.lines)
-        t = a.v("tmp")
-        a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('e')}")
-        a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {a.v('x')}, {t}")
-        tail += a.instructions_since(mark)
-    a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
-    a.nops(20 - tail)
+    if qk_done is not None:
+        a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
+        a.nops(20 - a.instructions_since(qk_done))
+
+
+def stage_row_sums(a: Asm) -> None:
+    """l = l x + 2^-k (row sum of the last PV'd block's P), with that block's x and k (the
+    state starts as l = 0, x = 1: a no-op before the first block)."""
+    t = a.v("kfl")          # free here: the row state's k comes later
+    a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('e')}")
+    a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {a.v('x')}, {t}")
 
 
 def _by_case(a: Asm, body, none=None, prefix=None) -> None:
@@ -718,18 +730,17 @@ def _key_offset(h: int, r: int) -> int:
     return 32 * h + 8 * (r // 4) + r % 4
 
 
-def stage_softmax(a: Asm, block: str) -> None:
+def stage_softmax(a: Asm, block: str, masked: bool) -> None:
     """Lean P, the row sum and the merge for one block (VALU slots per lane, d_v = 128):
-    max 16 + FMA 16 + byte pack 32 + row state ~20 + O rescale 32 = ~116 (464 cycles)."""
+    max 16 + exchange 3 + FMA 16 + byte pack 32 + row state 19 + O rescale 32 = 118
+    (472 cycles); a boundary block (``masked``) adds 64 for the mask."""
     p = a.p
     s0 = p.vgpr["s"]
     mx, t = a.v("mx"), a.v("tmp")
-    unmasked = a.new_label("unmasked")
-    a(f"s_cmp_lt_u32 {block}, {a.s('wfull')}")
-    a(f"s_cbranch_scc1 {unmasked}")
-    a.note("boundary block: scores of keys the row must not see become -inf")
-    a(f"s_lshl_b32 {a.s('t4')}, {block}, {int(math.log2(BLOCK_N))}")
-    a(f"v_subrev_u32 {t}, {a.s('t4')}, {a.v('lim0')}")
+    if masked:
+        a.note("boundary block: scores of keys the row must not see become -inf")
+        a(f"s_lshl_b32 {a.s('t4')}, {block}, {int(math.log2(BLOCK_N))}")
+        a(f"v_subrev_u32 {t}, {a.s('t4')}, {a.v('lim0')}")
     # compares rotate over three masks so that each is read 2+ wait states after its write
     masks = ("vcc", a.sr("t0", 2), a.sr("t2", 2))
     idx = [(h, r) for h in range(2) for r in range(16)]
@@ -739,13 +750,13 @@ def stage_softmax(a: Asm, block: str) -> None:
         reg = f"v{s0 + 16 * h + r}"
         a(f"v_cndmask_b32_e64 {reg}, {a.v('ninf')}, {reg}, {masks[i % 3]}")
 
-    for i, (h, r) in enumerate(idx):
+    for i, (h, r) in enumerate(idx if masked else []):
         a(f"v_cmp_lt_i32_e64 {masks[i % 3]}, {_key_offset(h, r)}, {t}")
         if i >= 2:
             select(i - 2)
-    select(len(idx) - 2)
-    select(len(idx) - 1)
-    a.label(unmasked)
+    if masked:
+        select(len(idx) - 2)
+        select(len(idx) - 1)
     a.note("block max of the row: 32 scores in-lane, then lanes l and l^32")
     a(f"v_max3_f32 {mx}, v{s0}, v{s0 + 1}, v{s0 + 2}")
     i = 3
@@ -757,11 +768,12 @@ def stage_softmax(a: Asm, block: str) -> None:
             a(f"v_max_f32 {mx}, {mx}, v{s0 + i}")
             i += 1
     a(f"v_mov_b32 {t}, {mx}")
-    a("s_nop 1")
+    stage_row_sums(a)                  # the previous block's (x, k): also the permlane's wait
     a(f"v_permlane32_swap_b32 {t}, {mx}")
     a(f"v_max_f32 {mx}, {mx}, {t}")
     a.note("T = fp32(Smax c); U = nextafter_up(fp32(Smax 8c - K))")
     a(f"v_mul_f32 {a.v('t')}, {a.s('c')}, {mx}")
+    a(f"v_cmp_neq_f32 vcc, {NEG_INF}, {a.v('t')}")   # the row sees a key of this block (for the merge)
     u = a.v("u")
     a(f"v_fma_f32 {u}, {mx}, {a.s('c8')}, -{a.v('kconst')}")
     a(f"v_ashrrev_i32 {t}, 31, {u}")
@@ -778,21 +790,17 @@ def stage_softmax(a: Asm, block: str) -> None:
             a(f"v_cvt_pk_u8_f32 {a.v('p', q)}, v{s0 + 4 * q + b}, {b}, {src}")
     a.note("merge: R = T + ceil(M - T) (so T - R = -k is an integer), O *= 2^(R_old - R)")
     tt, m, r, mn, rn, kf, ki, sb, x = (a.v(n) for n in ("t", "m", "r", "mn", "rn", "kfl", "ki", "sb", "x"))
-    a(f"v_max_f32 {mn}, {m}, {tt}")
-    a(f"v_sub_f32 {kf}, {mn}, {tt}")
+    a(f"v_max_f32 {m}, {m}, {tt}")
+    a(f"v_sub_f32 {kf}, {m}, {tt}")
     a(f"v_ceil_f32 {kf}, {kf}")
     a(f"v_add_f32 {rn}, {tt}, {kf}")
     a(f"v_sub_f32 {x}, {r}, {rn}")
     a(f"v_exp_f32 {x}, {x}")
-    a(f"v_cmp_neq_f32 vcc, {NEG_INF}, {tt}")        # the row sees a key of this block
     a(f"v_cvt_i32_f32 {ki}, {kf}")
-    a("s_nop 0")
-    a(f"v_cndmask_b32 {rn}, {r}, {rn}, vcc")
+    a(f"v_cndmask_b32 {r}, {r}, {rn}, vcc")
     a(f"v_cndmask_b32 {x}, 1.0, {x}, vcc")
     a(f"v_sub_u32 {sb}, 127, {ki}")
     a(f"v_max_i32 {sb}, 1, {sb}")                    # E8M0 scale byte of P: 2^-k, k <= 126
-    a(f"v_mov_b32 {m}, {mn}")
-    a(f"v_mov_b32 {r}, {rn}")
     for i in range(8 * p.pv_chunks):
         a(f"v_pk_mul_f32 {a.vr('o', 2 * i, 2)}, {a.vr('o', 2 * i, 2)}, {a.vr('x', 0, 2)} op_sel_hi:[1,0]")
     a(f"v_subrev_u32 {a.v('e')}, 127, {sb}")
@@ -846,13 +854,20 @@ def stage_loop(a: Asm) -> None:
         a("s_setprio 0")
 
     def vector(block_of_p: int):
-        """Barrier, then SM(p - block_of_p) if this wave computes that block."""
-        no_sm, done = a.new_label("no_sm"), a.new_label("sm_done")
+        """Barrier, then SM(q), q = p - block_of_p, if this wave computes block q: an
+        interior block (q < wfull, one compare on the common path) or a boundary block."""
+        masked, no_sm, done = a.new_label("masked"), a.new_label("no_sm"), a.new_label("sm_done")
         a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
+        a(f"s_cmp_lt_u32 {pb}, {a.s('wfull')}")
+        a(f"s_cbranch_scc0 {masked}")
+        a("s_barrier")
+        stage_softmax(a, pb, masked=False)
+        a(f"s_branch {done}")
+        a.label(masked)
         a(f"s_cmp_lt_u32 {pb}, {a.s('wnb')}")
         a(f"s_cbranch_scc0 {no_sm}")
         a("s_barrier")
-        stage_softmax(a, pb)
+        stage_softmax(a, pb, masked=True)
         a(f"s_branch {done}")
         a.label(no_sm)
         a("s_barrier")
@@ -887,6 +902,7 @@ def stage_epilogue(a: Asm) -> None:
     """out = O^T * dv / l in bf16 (l = 0: zeros), LSE = ln2 (R + log2 l - 8)."""
     p, v = a.p, a.p.v
     a.nops(20)     # the last PV MFMA's result
+    stage_row_sums(a)
     l, t = a.v("l"), a.v("tmp")
     _resource(a, "rq", "o", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_v, 2)
     a(f"v_cmp_lt_f32 vcc, 0, {l}")
