@@ -325,10 +325,12 @@ def stage_sequence(a: Asm) -> None:
 
 
 def _resource(a: Asm, rsrc: str, tensor: str, head: str, first: str, cu: str,
-              rows: str, width: int, elem: int) -> None:
+              rows: str, width: int, elem: int, first_row: str | None = None) -> None:
     """Raw buffer resource of one (sequence, head) of ``tensor``: base = ptr + head *
     stride_h + (varlen ? first * stride_s : batch * stride_b) (elements x ``elem`` bytes),
-    num_records = ((rows - 1) * stride_s + width) * elem, 0 when ``rows`` is 0."""
+    num_records = ((rows - 1) * stride_s + width) * elem, 0 when ``rows`` is 0.  With
+    ``first_row`` (Q and O: the workgroup's first row) the resource starts at that row, so
+    offsets stay small (32-bit) however long the sequence."""
     base = a.p.sgpr[rsrc]
     t0 = a.s("t0")
     a(f"s_mov_b64 s[{base}:{base + 1}], {a.arg(tensor, 2)}")
@@ -344,6 +346,11 @@ def _resource(a: Asm, rsrc: str, tensor: str, head: str, first: str, cu: str,
     if scale:
         a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.sr('t0', 2)}, {scale}")
     _madd64(a, f"s{base}", a.s("t5"), a.s("t0"))
+    if first_row is not None:
+        a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.arg(tensor + '_stride_s', 2)}, {scale}")
+        _madd64(a, f"s{base}", first_row, a.s("t0"))
+        a(f"s_sub_u32 {a.s('t5')}, {rows}, {first_row}")     # rows from the first one on
+        rows = a.s("t5")
     a(f"s_and_b32 s{base + 1}, s{base + 1}, 0xffff")
     a(f"s_sub_u32 {t0}, {rows}, 1")
     a(f"s_mul_i32 {t0}, {t0}, {a.arg(tensor + '_stride_s')}")
@@ -359,7 +366,7 @@ def stage_constants(a: Asm) -> None:
     """Buffer resources, the log2-domain score scale c (float64 like the model's), block
     counts of the workgroup and of this wave."""
     p, v = a.p, a.p.v
-    _resource(a, "rq", "q", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_qk, 1)
+    _resource(a, "rq", "q", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_qk, 1, a.s("m0row"))
     _resource(a, "rk", "k", a.s("hk"), "kf", "cu_seqlens_k", a.s("sk"), v.d_qk, 1)
     _resource(a, "rv", "v", a.s("hk"), "kf", "cu_seqlens_k", a.s("sk"), v.d_v, 1)
     a(f"s_mul_i32 {a.s('kstr64')}, {a.arg('k_stride_s')}, {BLOCK_N}")
@@ -409,13 +416,14 @@ def stage_lanes(a: Asm) -> None:
     """
     p, v = a.p, a.p.v
     tv = p.vgpr["o"]                  # scratch: O is zeroed at the end
-    lane, j, g, row, t1, t2, t3 = (f"v{tv + i}" for i in range(7))
+    lane, j, g, row, t1, t2, t3, lrow = (f"v{tv + i}" for i in range(8))
     a(f"v_and_b32 {lane}, 63, v0")
     a(f"v_and_b32 {j}, 31, v0")
     a(f"v_bfe_u32 {g}, v0, 5, 1")
     a(f"v_add_u32 {row}, {a.s('wrow0')}, {j}")
+    a(f"v_subrev_u32 {lrow}, {a.s('m0row')}, {row}")    # row within the workgroup (Q, O)
     a.note("Q^T -> AGPRs: B of S^T, lane holds query row, d = 64s + 16g + t (t < 16), 64s + 32 + 16g + t")
-    a(f"v_mul_lo_u32 {t1}, {row}, {a.arg('q_stride_s')}")
+    a(f"v_mul_lo_u32 {t1}, {lrow}, {a.arg('q_stride_s')}")
     a(f"v_lshl_add_u32 {t1}, {g}, 4, {t1}")
     qs = p.vgpr["s"]
     for s in range(p.qk_steps):
@@ -458,7 +466,7 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_lshlrev_b32 {t2}, 2, {g}")
     a(f"v_sub_u32 {a.v('lim0')}, {t1}, {t2}")
     a.note("O (bf16) byte offset: row, d = 4g + ...")
-    a(f"v_mul_lo_u32 {t1}, {row}, {a.arg('o_stride_s')}")
+    a(f"v_mul_lo_u32 {t1}, {lrow}, {a.arg('o_stride_s')}")
     a(f"v_lshlrev_b32 {t1}, 1, {t1}")
     a(f"v_lshl_add_u32 {a.v('ooff')}, {g}, 3, {t1}")
     a(f"s_lshl_b32 {a.s('wchunk')}, {a.s('wave')}, 10")      # this wave's 1 KiB chunk
@@ -904,7 +912,8 @@ def stage_epilogue(a: Asm) -> None:
     a.nops(20)     # the last PV MFMA's result
     stage_row_sums(a)
     l, t = a.v("l"), a.v("tmp")
-    _resource(a, "rq", "o", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_v, 2)
+    a(f"s_lshl_b32 {a.s('dl')}, s2, {int(math.log2(BLOCK_M))}")      # the first row again
+    _resource(a, "rq", "o", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_v, 2, a.s("dl"))
     a(f"v_cmp_lt_f32 vcc, 0, {l}")
     a(f"v_rcp_f32 {t}, {l}")
     a("s_nop 0")
@@ -929,11 +938,13 @@ def stage_epilogue(a: Asm) -> None:
     for idx, stride in (("s4", "lse_stride_b"), ("s3", "lse_stride_h")):   # fp32 elements
         a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.arg(stride, 2)}, 2")
         _madd64(a, f"s{b}", idx, a.s("t0"))
-    a(f"s_lshl_b32 {a.s('t0')}, {a.s('qf')}, 2")
+    a(f"s_add_u32 {a.s('t0')}, {a.s('qf')}, {a.s('dl')}")   # the workgroup's first row
+    a(f"s_lshl_b32 {a.s('t0')}, {a.s('t0')}, 2")
     a(f"s_add_u32 s{b}, s{b}, {a.s('t0')}")
     a(f"s_addc_u32 s{b + 1}, s{b + 1}, 0")
     a(f"s_and_b32 s{b + 1}, s{b + 1}, 0xffff")
-    a(f"s_lshl_b32 s{b + 2}, {a.s('sq')}, 2")
+    a(f"s_sub_u32 s{b + 2}, {a.s('sq')}, {a.s('dl')}")
+    a(f"s_lshl_b32 s{b + 2}, s{b + 2}, 2")
     a(f"s_mov_b32 s{b + 3}, {RSRC_WORD3}")
     a(f"v_log_f32 {t}, {l}")
     a("s_nop 0")
@@ -941,8 +952,9 @@ def stage_epilogue(a: Asm) -> None:
     a(f"v_add_f32 {t}, {_hex(lse_const)}, {t}")
     a(f"v_mul_f32 {t}, {_hex(math.log(2))}, {t}")
     a("s_mov_b32 exec_hi, 0")                     # lanes 0..31 hold the 32 rows
-    a(f"v_and_b32 {a.v('mx')}, 31, v0")                 # LSE byte offset: 4 row
+    a(f"v_and_b32 {a.v('mx')}, 31, v0")                 # LSE byte offset: 4 x row in the WG
     a(f"v_add_u32 {a.v('mx')}, {a.s('wrow0')}, {a.v('mx')}")
+    a(f"v_subrev_u32 {a.v('mx')}, {a.s('dl')}, {a.v('mx')}")
     a(f"v_lshlrev_b32 {a.v('mx')}, 2, {a.v('mx')}")
     a(f"buffer_store_dword {t}, {a.v('mx')}, {a.sr('rq', 4)}, 0 offen")
     a("s_mov_b32 exec_hi, -1")

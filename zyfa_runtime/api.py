@@ -89,6 +89,35 @@ def _cu_values(driver, ref: TensorRef | None) -> np.ndarray | None:
     return host
 
 
+#: The gfx950 FP8 kernels address each (sequence, head) slice of a tensor through a buffer
+#: resource: 32-bit offsets and range checks, rows past the sequence read as zeros.
+BUFFER_SPAN_LIMIT = 2**31
+
+
+def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
+    """What the buffer addressing of the gfx950 FP8 kernels needs, as a clear error: the rows
+    one buffer covers span less than 2 GiB (K and V: a whole sequence of one head; Q and O:
+    the 256 rows of a workgroup), and rows do not overlap (a row stride of at least the head
+    dim: the range check that ends a sequence relies on it)."""
+    b_ = 0 if problem.varlen else 1
+    block_m = Variant("gfx950", problem.dtype, problem.d_qk, problem.d_v, problem.causal).tile.block_m
+    rows_q = min(problem.seqlen_q, block_m)
+    checks = [("q", q, rows_q, problem.d_qk, 1), ("k", k, problem.seqlen_k, problem.d_qk, 1),
+              ("v", v, problem.seqlen_k, problem.d_v, 1)]
+    if out is not None:
+        checks.append(("out", out, rows_q, problem.d_v, 2))
+    for name, t, rows, d, elem in checks:
+        stride = int(t.strides[b_])
+        if rows > 1 and stride < d:
+            raise ValueError(f"{name}: a sequence stride of {stride} elements is below the head "
+                             f"dim {d}: rows overlap, which the gfx950 FP8 kernels do not support")
+        span = ((max(rows, 1) - 1) * stride + d) * elem
+        if span >= BUFFER_SPAN_LIMIT:
+            raise ValueError(f"{name}: the rows one buffer of the gfx950 FP8 kernels covers span "
+                             f"{span} bytes, more than {BUFFER_SPAN_LIMIT - 1} (32-bit offsets): "
+                             "use a smaller row stride or shorter key sequences")
+
+
 def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: int,
          driver, lse_shape, lse_strides):
     kind, device = problem.device
@@ -96,6 +125,8 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     arch = table.device_arch(device)
     variant = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
     kernel = table.get(device, variant)
+    if variant.built_from == "asm-generator":
+        _check_buffer_spans(problem, q, k, v, out)
 
     out_arr = None
     if out is None:

@@ -255,3 +255,22 @@ def test_cycle_model_keeps_the_matrix_pipe_busy(emulator):
         busy[lds] = f.loop.mfma_busy
         assert f.loop.valu_busy > 0.6
     assert busy[256] >= 0.85 and busy[128] >= 0.80, busy
+
+
+def test_bad_layouts_are_refused_before_launch(emulator):
+    """Overlapping rows, or a key sequence whose rows span 2 GiB (32-bit buffer offsets),
+    give a clear ValueError and launch nothing."""
+    from zyfa_runtime import TensorRef
+    launches = emulator.machine.instructions
+    q = np.zeros((1, 4, 1, 64), F8)
+    kv = np.zeros((1, 8, 1, 64), F8)
+    # the same buffer viewed with a row stride of 32 < 64: rows overlap
+    overlap = TensorRef(ptr=kv.ctypes.data, shape=(1, 8, 1, 64), strides=(512, 32, 64, 1),
+                        dtype="fp8_e4m3", device=("cpu", 0))
+    with pytest.raises(ValueError, match="rows overlap"):
+        flash_attn_func(q, overlap, kv)
+    huge = TensorRef(ptr=kv.ctypes.data, shape=(1, 2**16 + 1, 1, 64), strides=(2**32, 2**15, 64, 1),
+                     dtype="fp8_e4m3", device=("cpu", 0))
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        flash_attn_func(q, huge, huge)
+    assert emulator.machine.instructions == launches
