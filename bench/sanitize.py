@@ -1,0 +1,46 @@
+"""Every available variant on small shapes, for ``compute-sanitizer`` (memcheck, racecheck).
+
+Dense with GQA and ragged lengths (Sq < Sk and Sq > Sk, so causal rows that see no key
+exist), strided views, and varlen with empty and single-token sequences: the cases of
+``zyfa_runtime.selfcheck`` plus one more varlen batch.  Each result is also checked against
+its reference, so a run that the tool lets through still has to be right.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
+    compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from zyfa_runtime.api import kernel_table  # noqa: E402
+from zyfa_runtime.driver import get_driver  # noqa: E402
+from zyfa_runtime.selfcheck import bounds, check_variant, varlen_case  # noqa: E402
+
+
+def main() -> int:
+    driver = get_driver()
+    table = kernel_table(driver)
+    arch = table.device_arch(0)
+    rng = np.random.default_rng(0)
+    bad = 0
+    variants = table.available(arch)
+    for v in variants:
+        for r in check_variant(driver, 0, v, seed=1):
+            bad += not r.ok
+            print(f"{v.name:<40} {r.case:<22} O {r.o_error:.2e} LSE {r.lse_error:.2e} "
+                  f"{'ok' if r.ok else 'FAIL'}", flush=True)
+        (o, lse), _ = varlen_case(driver, 0, v, rng, seq_q=[1, 0, 40, 1], seq_k=[1, 5, 0, 70],
+                                  hq=4, hkv=2)
+        ok = o <= bounds(v)[0] and lse <= bounds(v)[1]
+        bad += not ok
+        print(f"{v.name:<40} {'varlen 1/0 tokens':<22} O {o:.2e} LSE {lse:.2e} "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
+    print(f"{len(variants)} variants, {bad} failures")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
