@@ -74,6 +74,9 @@ class KernelTable:
             raise ZyfaError(f"no kernel {variant.name} in the manifest")
         if not entry.get("built"):
             raise ZyfaError(f"kernel {variant.name} is listed but not built: {entry.get('reason', '')}")
+        arch = self.device_arch(device)
+        if variant.arch != arch:
+            raise ZyfaError(f"kernel {variant.name} is for {variant.arch}; device {device} is {arch}")
         dirs = cache.search_dirs(self.manifest, variant.arch, self.prebuilt)
         image = cache.read_code_object(entry, dirs)   # sha256-verified bytes
         self.driver.make_current(device)
