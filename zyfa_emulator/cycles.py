@@ -736,17 +736,22 @@ def _main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--trans", type=int, default=4, help="cycles per transcendental VALU op")
     ap.add_argument("--only", default="", help="substring of the variant name")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp8_e4m3"),
+                    help="the gfx950 kernels of this dtype (fp8_e4m3: the assembly generator's)")
+    ap.add_argument("--lds", type=int, default=Params.lds_bytes_per_clk,
+                    help="LDS bytes per cycle per CU")
     args = ap.parse_args(argv)
     os.environ.setdefault("ZYFA_BACKEND", "emulator")
     from zyfa_runtime.catalogue import Variant
     rows = []
     for dq, dv in ((64, 64), (128, 128), (192, 128), (256, 256)):
         for causal in (False, True):
-            v = Variant("gfx950", "bf16", dq, dv, causal)
+            v = Variant("gfx950", args.dtype, dq, dv, causal)
             if args.only and args.only not in v.name:
                 continue
             f = kernel_figures(v, seqlen_q=args.seqlen_q, seqlen_k=args.seqlen_k,
-                               heads=args.heads, params=Params(trans=args.trans))
+                               heads=args.heads,
+                               params=Params(trans=args.trans, lds_bytes_per_clk=args.lds))
             lf = f.loop
             rows.append(f"| {v.name} | {v.tile.block_m} x {v.tile.block_n} | "
                         f"{f.resident_workgroups} | "
@@ -754,7 +759,8 @@ def _main(argv=None) -> int:
                         f"{100 * lf.valu_busy:.0f} % | {f.tflops_loop:.0f} | "
                         f"{f.tflops_stream:.0f} | {f.tflops_whole:.0f} |")
     print(f"B=1 Hq=Hkv={args.heads} Sq={args.seqlen_q} Sk={args.seqlen_k}, "
-          f"{f.workgroups} workgroups streamed through one CU, trans={args.trans}")
+          f"{f.workgroups} workgroups streamed through one CU, trans={args.trans}, "
+          f"LDS {args.lds} B/clk")
     print("| kernel | tile (q x keys) | WGs/CU | cycles per KV tile (per wave) | MFMA busy "
           "| VALU busy | TFLOP/s (loop) | TFLOP/s (stream) | TFLOP/s (whole run) |")
     print("|---|---|---|---|---|---|---|---|---|")
