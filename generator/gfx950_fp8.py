@@ -486,7 +486,15 @@ def stage_lanes(a: Asm) -> None:
         a(f"v_mul_lo_u32 {t2}, {t2}, {a.arg(sbase)}")
         a(f"v_add_u32 {a.v('dma' + kind)}, {t1}, {t2}")
     a.note("constants and row state")
+    a.note("K, or K + 1/2 where v_cvt_pk_u8_f32 truncates instead of rounding to nearest (the "
+           "ISA's flt32_to_uint8 is read as nearest-even; a probe settles it on the device)")
+    a(f"v_mov_b32 {t1}, 0x3fc00000")                   # 1.5: nearest-even gives 2, truncation 1
+    a(f"v_cvt_pk_u8_f32 {t2}, {t1}, 0, 0")
     a(f"v_mov_b32 {a.v('kconst')}, {_hex(lean_constant())}")
+    a(f"v_add_f32 {t3}, 0.5, {a.v('kconst')}")
+    a(f"v_cmp_eq_u32 vcc, 1, {t2}")
+    a("s_nop 1")
+    a(f"v_cndmask_b32 {a.v('kconst')}, {a.v('kconst')}, {t3}, vcc")
     a(f"v_mov_b32 {a.v('scale_a')}, 127")
     a(f"v_mov_b32 {a.v('ninf')}, {NEG_INF}")
     a(f"v_mov_b32 {a.v('m')}, {NEG_INF}")
