@@ -15,7 +15,8 @@ unit of ``zyfa_emulator.cycles`` and the steady state of the KV loop is cut out:
   a workgroup see its diagonal: its blocks are counted per workgroup.
 
 Two LDS read rates: 128 bytes/cycle/CU (the model's calibrated default, which reproduces
-the published ping-pong figure) and 256 (CDNA4's documented LDS read rate).  Nothing here
+the published ping-pong figure) and 256 (CDNA4's documented LDS read rate); LDS bank
+conflicts charged (``Params.lds_bank_conflicts``).  Nothing here
 is measured on an MI355X; bandwidth beyond the CU (L2, HBM), bank conflicts and clocks
 under power limits are not modelled.
 
@@ -97,14 +98,17 @@ def predict(period: float, fixed: float, hq: int, s: int, d_qk: int, d_v: int,
 def main() -> int:
     rows, data = [], {}
     for lds in (128, 256):
-        params = cycles.Params(lds_bytes_per_clk=lds)
+        params = cycles.Params(lds_bytes_per_clk=lds, lds_bank_conflicts=True)
         for d_qk, d_v in HEAD_DIMS:
             for causal in (False, True):
                 v = Variant("gfx950", "fp8_e4m3", d_qk, d_v, causal)
                 f = cycles.kernel_figures(v, seqlen_q=256, seqlen_k=1024, heads=2, params=params)
                 lf = f.loop
                 sm = softmax_valu(f.sim)
-                entry = dict(variant=v.name, lds_bytes_per_clk=lds,
+                conflicted = sum(len(t.conflicts) for t in f.sim.traces)
+                ds = sum(1 for t in f.sim.traces for i in t.insts if i.fmt == "DS")
+                entry = dict(variant=v.name, lds_bytes_per_clk=lds, ds_ops=ds,
+                             ds_ops_with_bank_conflicts=conflicted,
                              period=lf.cycles_per_iteration, mfma_busy=lf.mfma_busy,
                              valu_busy=lf.valu_busy, softmax_valu_per_block=sm,
                              softmax_cycles_32x128=8 * sm, fixed_cycles=fixed_cycles(f),
@@ -118,12 +122,16 @@ def main() -> int:
              "(`zyfa_emulator/cycles.py`; assumptions in docs/emulator.md).  Not modelled: L2/HBM "
              "bandwidth, LDS bank conflicts, clocks under the power limit.", "",
              "## Steady state of the KV loop (per SIMD; 2 waves in ping-pong)", "",
+             "LDS bank conflicts are modelled (64 banks of 4 bytes; `zyfa_emulator.cycles."
+             "lds_conflict_factor`): the K and V stages are XOR-swizzled and no access conflicts.", "",
              "| kernel | LDS B/clk | cycles per 64-key block | MFMA busy | VALU busy | softmax VALU "
-             "cycles per 32x128 block |", "|---|---|---|---|---|---|"]
+             "cycles per 32x128 block | DS accesses with bank conflicts |",
+             "|---|---|---|---|---|---|---|"]
     for e in data.values():
         lines.append(f"| {e['variant']} | {e['lds_bytes_per_clk']} | {e['period']:.0f} | "
                      f"{100 * e['mfma_busy']:.1f} % | {100 * e['valu_busy']:.1f} % | "
-                     f"{e['softmax_cycles_32x128']:.0f} |")
+                     f"{e['softmax_cycles_32x128']:.0f} | {e['ds_ops_with_bank_conflicts']} of "
+                     f"{e['ds_ops']} |")
     lines += ["", "## Predicted MI355X TFLOP/s (B = 1, FP8 in, BF16 out)", "",
               "One workgroup per CU, 256 CUs at 2.4 GHz; per workgroup a fixed prologue/epilogue "
               "plus its 64-key blocks at the steady-state period above (LDS 256 B/clk row first, "

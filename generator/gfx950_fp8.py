@@ -183,6 +183,8 @@ def plan(v: Variant) -> Plan:
 class Asm:
     def __init__(self, p: Plan):
         self.p, self.lines, self._labels = p, [], 0
+        self._xpool = [f"v{p.vgpr['tmp']}", f"v{p.vgpr['mn']}"]   # free in matrix phases
+        self._xcache: dict = {}
 
     def __call__(self, text: str) -> None:
         self.lines.append("  " + text)
@@ -221,6 +223,28 @@ class Asm:
         b = KERNARG_SGPR + a.offset // 4
         return f"s{b}" if n == 1 else f"s[{b}:{b + n - 1}]"
 
+    def swizzled(self, base: str, flip: int) -> str:
+        """A VGPR holding ``base ^ flip`` (a swizzled LDS read address): made once and kept
+        in one of two matrix-phase temporaries while ``base`` is unchanged."""
+        if not flip:
+            return base
+        key = (base, flip)
+        if key in self._xcache:
+            return self._xcache[key]
+        used = set(self._xcache.values())
+        reg = next((r for r in self._xpool if r not in used), None)
+        if reg is None:                      # evict the oldest
+            old = next(iter(self._xcache))
+            reg = self._xcache.pop(old)
+        self(f"v_xor_b32 {reg}, {flip}, {base}")
+        self._xcache[key] = reg
+        return reg
+
+    def forget_swizzled(self, base: str | None = None) -> None:
+        """``base`` changed (or, with None, the temporaries were used elsewhere)."""
+        for key in [k for k in self._xcache if base is None or k[0] == base]:
+            del self._xcache[key]
+
     def instructions_since(self, mark: int) -> int:
         """Instructions after line ``mark`` on every path (a lower bound of the wait states
         between them): what a forward branch may skip does not count."""
@@ -244,6 +268,27 @@ class Asm:
         while states > 0:
             self(f"s_nop {min(states, 16) - 1}")
             states -= 16
+
+
+def swizzle(key: int, pitch: int) -> int:
+    """The XOR applied to a row's 16-byte chunk index in LDS (K and V stages): a bijection
+    of the key's low bits chosen so that the 16 keys one ds_read_b128 group reads, and the
+    8 keys x 2 chunks one ds_read_b64_tr_b8 group reads, fall in distinct banks (64 banks of
+    4 bytes).  Pitch 128 (8 chunks, rows alternate bank halves): bits (k2, k1, k3); pitch
+    256 (16 chunks): bits (k2, k0, k1, k3)."""
+    bit = [(key >> i) & 1 for i in range(4)]
+    if pitch == 128:
+        return bit[2] | bit[1] << 1 | bit[3] << 2
+    return bit[2] | bit[0] << 1 | bit[1] << 2 | bit[3] << 3
+
+
+def _swizzle_asm(a: Asm, dst: str, key: str, pitch: int, tmp: str) -> None:
+    """``dst = swizzle(key, pitch)`` for a per-lane key (VGPRs; ``tmp`` is clobbered)."""
+    order = (2, 1, 3) if pitch == 128 else (2, 0, 1, 3)
+    a(f"v_bfe_u32 {dst}, {key}, {order[0]}, 1")
+    for pos, bit in enumerate(order[1:], 1):
+        a(f"v_bfe_u32 {tmp}, {key}, {bit}, 1")
+        a(f"v_lshl_or_b32 {dst}, {tmp}, {pos}, {dst}")
 
 
 def _stage_offset(a: Asm, dst: str, block: str, size: int) -> None:
@@ -416,7 +461,7 @@ def stage_lanes(a: Asm) -> None:
     """
     p, v = a.p, a.p.v
     tv = p.vgpr["o"]                  # scratch: O is zeroed at the end
-    lane, j, g, row, t1, t2, t3, lrow = (f"v{tv + i}" for i in range(8))
+    lane, j, g, row, t1, t2, t3, lrow, lane_key = (f"v{tv + i}" for i in range(9))
     a(f"v_and_b32 {lane}, 63, v0")
     a(f"v_and_b32 {j}, 31, v0")
     a(f"v_bfe_u32 {g}, v0, 5, 1")
@@ -442,19 +487,25 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_cndmask_b32 {t1}, 0, {t1}, vcc")
     for i in range(8):
         a(f"v_accvgpr_write_b32 a{p.agpr['sel'] + i}, {t1}")
-    a.note(f"K read address: key j, d-offset 16g (pitch {p.pitch_k})")
+    a.note(f"K read address: key j, chunk g ^ swizzle(j) (pitch {p.pitch_k}); a read of chunk "
+           "c = 4s + 2t + g XORs 16 (4s + 2t) into it (below the row bits)")
+    _swizzle_asm(a, t3, j, p.pitch_k, t2)
+    a(f"v_xor_b32 {t3}, {g}, {t3}")
     a(f"v_lshlrev_b32 {t1}, {int(math.log2(p.pitch_k))}, {j}")
-    a(f"v_lshl_add_u32 {a.v('kaddr')}, {g}, 4, {t1}")
+    a(f"v_lshl_add_u32 {a.v('kaddr')}, {t3}, 4, {t1}")
     a.note("V^T read address (ds_read_b64_tr_b8): 16-lane group G = l/16 (g = G/2, dh = G%2), "
-           "lanes 2r, 2r+1 read key 8(r/4) + 4g + r%4 at d-offset 16dh + 8(l%2)")
+           "lanes 2r, 2r+1 read key 8(r/4) + 4g + r%4 at chunk dh ^ swizzle(key), byte 8(l%2); "
+           "chunk pair c XORs 32c in")
     a(f"v_bfe_u32 {t1}, v0, 3, 1")
     a(f"v_lshlrev_b32 {t1}, 3, {t1}")
     a(f"v_lshl_add_u32 {t1}, {g}, 2, {t1}")
     a(f"v_bfe_u32 {t2}, v0, 1, 2")
-    a(f"v_add_u32 {t1}, {t1}, {t2}")
-    a(f"v_lshlrev_b32 {t1}, {int(math.log2(p.pitch_v))}, {t1}")
+    a(f"v_add_u32 {lane_key}, {t1}, {t2}")                  # the key this lane reads
+    _swizzle_asm(a, t3, lane_key, p.pitch_v, t2)
     a(f"v_bfe_u32 {t2}, v0, 4, 1")
-    a(f"v_lshl_add_u32 {t1}, {t2}, 4, {t1}")
+    a(f"v_xor_b32 {t3}, {t2}, {t3}")                        # chunk dh ^ swizzle(key)
+    a(f"v_lshlrev_b32 {t1}, {int(math.log2(p.pitch_v))}, {lane_key}")
+    a(f"v_lshl_add_u32 {t1}, {t3}, 4, {t1}")
     a(f"v_bfe_u32 {t2}, v0, 0, 1")
     a(f"v_lshl_add_u32 {a.v('vaddr')}, {t2}, 3, {t1}")
     a.note("mask limit: key < min(sk, row + diag + 1) (causal) or sk; minus this lane's 4g")
@@ -471,13 +522,17 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_lshl_add_u32 {a.v('ooff')}, {g}, 3, {t1}")
     a(f"s_lshl_b32 {a.s('wchunk')}, {a.s('wave')}, 10")      # this wave's 1 KiB chunk
     a.note("buffer->LDS: wave w loads chunks c = 8i + w (1 KiB each) of a K or V block; lane "
-           "l fills LDS byte 1024c + 16l = row (1024c + 16l) / pitch, column (16l) % pitch; "
-           "padding columns (pitch > d) reload a valid chunk, never read")
+           "l fills LDS byte 1024c + 16l = row (1024c + 16l) / pitch, chunk ((16l) % pitch) / 16, "
+           "which holds the row's chunk chunk ^ swizzle(row); padding columns (pitch > d) "
+           "reload a valid chunk, never read")
     for kind, pitch, d, sbase in (("k", p.pitch_k, v.d_qk, "k_stride_s"),
                                   ("v", p.pitch_v, v.d_v, "v_stride_s")):
         a(f"v_lshl_add_u32 {t1}, {lane}, 4, {a.s('wchunk')}")
         a(f"v_lshrrev_b32 {t2}, {int(math.log2(pitch))}, {t1}")          # key in block
-        a(f"v_and_b32 {t1}, {pitch - 1}, {t1}")                           # column
+        a(f"v_bfe_u32 {t1}, {t1}, 4, {int(math.log2(pitch // 16))}")     # chunk in the row
+        _swizzle_asm(a, t3, t2, pitch, lane_key)
+        a(f"v_xor_b32 {t1}, {t1}, {t3}")                                  # the chunk it holds
+        a(f"v_lshlrev_b32 {t1}, 4, {t1}")                                 # column
         if pitch > d:
             a(f"v_subrev_u32 {t3}, {d}, {t1}")
             a(f"v_cmp_le_u32 vcc, {d}, {t1}")
@@ -557,6 +612,7 @@ def stage_dma(a: Asm, kind: str, block: str) -> None:
 def _address(a: Asm, kind: str, block: str) -> None:
     """kcur / vcur = this lane's LDS read address in the stage of K / V block ``block``."""
     p = a.p
+    a.forget_swizzled(a.v("vcur" if kind == "v" else "kcur"))
     if kind == "v":
         _stage_offset(a, a.s("t4"), block, BLOCK_N * p.pitch_v)
         a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {p.lds_v[0]}")
@@ -569,7 +625,7 @@ def _address(a: Asm, kind: str, block: str) -> None:
 def _steps(p: Plan, pv: bool, qk: bool) -> list:
     """The MFMA steps of a matrix phase: QK (half, d-step) pairs, then PV chunks (S^T is then
     written early and the phase ends on the O^T accumulators, which VALU touches last)."""
-    return ([("qk", h, s) for h in range(2) for s in range(p.qk_steps)] if qk else []) + \
+    return ([("qk", h, s) for s in range(p.qk_steps) for h in range(2)] if qk else []) + \
         ([("pv", c) for c in range(p.pv_chunks)] if pv else [])
 
 
@@ -582,16 +638,17 @@ def _read(a: Asm, step: tuple, buf: int) -> None:
     """
     p = a.p
     b = 8 * buf
+    swizzled = a.swizzled
     if step[0] == "pv":
         c = step[1]
+        addr = swizzled(a.v("vcur"), 32 * c)
         for rd in range(4):
-            a(f"ds_read_b64_tr_b8 {a.vr('fr', b + 2 * rd, 2)}, {a.v('vcur')} "
-              f"offset:{16 * rd * p.pitch_v + 32 * c}")
+            a(f"ds_read_b64_tr_b8 {a.vr('fr', b + 2 * rd, 2)}, {addr} offset:{16 * rd * p.pitch_v}")
     else:
         _, h, s = step
-        off = 32 * h * p.pitch_k + 64 * s
-        a(f"ds_read_b128 {a.vr('fr', b, 4)}, {a.v('kcur')} offset:{off}")
-        a(f"ds_read_b128 {a.vr('fr', b + 4, 4)}, {a.v('kcur')} offset:{off + 32}")
+        for t in range(2):
+            addr = swizzled(a.v("kcur"), 16 * (4 * s + 2 * t))
+            a(f"ds_read_b128 {a.vr('fr', b + 4 * t, 4)}, {addr} offset:{32 * h * p.pitch_k}")
 
 
 def _ops(step: tuple) -> int:
@@ -600,6 +657,7 @@ def _ops(step: tuple) -> int:
 
 def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
     """Before the first matrix phase: its first ``frag_bufs`` operand reads."""
+    a.forget_swizzled()
     if pv_block is not None:
         _address(a, "v", pv_block)
     if qk_block is not None:
@@ -621,6 +679,7 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None)
     4 PV MFMAs of 64 cycles and the row sums' 32 = 544 cycles.  ``loads`` (the wave's
     buffer->LDS loads, a list of emitters) go one per MFMA shadow."""
     p = a.p
+    a.forget_swizzled()                  # the vector phase used the temporaries
     nb = p.frag_bufs
     loads = list(loads or [])
     steps = _steps(p, pv_block is not None, qk_block is not None)

@@ -91,6 +91,7 @@ class Params:
     vmem_bytes_per_clk: int = 64
     smem_latency: int = 200
     barrier_latency: int = 16
+    lds_bank_conflicts: bool = False   # charge DS accesses their bank conflicts (see below)
 
 
 # --------------------------------------------------------------------------------------
@@ -103,6 +104,7 @@ class WaveTrace:
     accum_offset: int
     insts: list                    # decoded instructions, in execution order
     lanes: list                    # active lanes at issue (EXEC popcount)
+    conflicts: dict = dataclasses.field(default_factory=dict)   # index -> LDS bank-conflict factor
 
 
 class TraceRecorder:
@@ -120,6 +122,11 @@ class TraceRecorder:
             self.traces.append(t)
         t.insts.append(inst)
         t.lanes.append((wave.s[126] | wave.s[127] << 32).bit_count())
+        if inst.fmt == "DS" and inst.name.startswith(("ds_read", "ds_write")) \
+                and "2" not in inst.name.split("_")[1]:
+            f = lds_conflict_factor(wave, inst)
+            if f > 1:
+                t.conflicts[len(t.insts) - 1] = f
         if inst.name == "s_endpgm":
             del self._by_wave[wave]
 
@@ -130,6 +137,30 @@ class TraceRecorder:
         for ws in out.values():
             ws.sort(key=lambda t: t.index)
         return out
+
+
+def lds_conflict_factor(wave, inst) -> float:
+    """Bank-conflict factor of one DS access (a model, not a documented rule): CDNA4's LDS has
+    64 banks of 4 bytes (256 bytes per clock); the active lanes go in groups that move 256
+    bytes (16 lanes of a 16-byte access, 32 of an 8-byte one, 64 of a 4-byte one); a group
+    takes as many cycles as the largest number of distinct dwords one bank serves (lanes
+    reading the same dword share it).  Factor = cycles / the conflict-free count."""
+    import numpy as np
+    nbytes = _ds_bytes(inst.name)
+    mask = wave.execmask() if hasattr(wave, "execmask") else None
+    base = wave.v[inst.addr - 256].astype(np.int64) + inst.offset
+    lanes = np.nonzero(mask)[0] if mask is not None else np.arange(64)
+    if len(lanes) == 0:
+        return 1.0
+    group = max(1, 256 // max(nbytes, 4))
+    words = max(1, nbytes // 4)
+    cycles = 0
+    for g0 in range(0, len(lanes), group):
+        addr = base[lanes[g0:g0 + group]]
+        dw = np.unique((addr[:, None] // 4 + np.arange(words)[None, :]).ravel())
+        cycles += int(np.bincount(dw % 64, minlength=64).max())
+    ideal = -(-len(lanes) // group)
+    return cycles / ideal
 
 
 # --------------------------------------------------------------------------------------
@@ -406,6 +437,8 @@ def simulate(traces: list, params: Params | None = None, simd_of=None,
             w.lgkm = _lgkm_retire(w.lgkm, LGKM_MAX - 1, t)
             nbytes = extra * max(1, w.trace.lanes[w.pos])
             occ = max(1, -(-nbytes // p.lds_bytes_per_clk))
+            if p.lds_bank_conflicts:
+                occ = int(round(occ * w.trace.conflicts.get(w.pos, 1.0)))
             lds_free = t + occ
             w.lgkm.append((t + occ + p.lds_latency, False))
             if w.mfma_ready:
