@@ -126,14 +126,21 @@ def plan(v: Variant) -> Plan:
     qk_steps, pv_chunks = v.d_qk // 64, v.d_v // 32
     pk, pv = max(128, _pow2(v.d_qk)), max(128, _pow2(v.d_v))
     kb, vb = BLOCK_N * pk, BLOCK_N * pv       # one K / V stage; STAGES of each
-    for frag_bufs in (4, 3, 2, 1):
+    flips_k = sorted({16 * (4 * st + 2 * t) for st in range(qk_steps) for t in range(2)} - {0})
+    flips_v = sorted({32 * c for c in range(pv_chunks)} - {0})
+    for frag_bufs, fixed in ((4, True), (4, False), (3, False), (2, False), (1, False)):
         vg = _Pool("v", 1)
         # Persistent per-lane values (register map).
-        for name in ("kaddr", "vaddr", "kcur", "vcur", "lim0", "ooff", "kconst", "scale_a", "m", "r",
+        for name in ("kaddr", "vaddr", "lim0", "ooff", "kconst", "scale_a", "m", "r",
                      "l", "t", "kfl", "ki", "sb", "mx", "tmp", "mn", "rn", "ninf"):
             vg.take(name)
         vg.take("u", 2, 2)            # U (low half used by the packed FMA)
         vg.take("x", 2, 2)            # rescale factor 2^(R_old - R) (low half)
+        if fixed:                     # the swizzled read addresses, made once
+            for f in flips_k:
+                vg.take(f"kx{f}")
+            for f in flips_v:
+                vg.take(f"vx{f}")
         vg.take("dmak")               # buffer->LDS source offsets of this lane (K, V)
         vg.take("dmav")
         # MFMA operand tuples need even alignment only (gfx90a and later)
@@ -185,6 +192,12 @@ class Asm:
         self.p, self.lines, self._labels = p, [], 0
         self._xpool = [f"v{p.vgpr['tmp']}", f"v{p.vgpr['mn']}"]   # free in matrix phases
         self._xcache: dict = {}
+        self.fixed = {}                      # (base, flip) -> VGPR holding base ^ flip
+        for kind in ("k", "v"):
+            for name, reg in p.vgpr.items():
+                if name.startswith(kind + "x"):
+                    self.fixed[(f"v{p.vgpr[kind + 'addr']}", int(name[2:]))] = f"v{reg}"
+        self.stage = {"k": 0, "v": 0}        # the LDS stage the next K / V reads use
 
     def __call__(self, text: str) -> None:
         self.lines.append("  " + text)
@@ -229,6 +242,8 @@ class Asm:
         if not flip:
             return base
         key = (base, flip)
+        if key in self.fixed:
+            return self.fixed[key]
         if key in self._xcache:
             return self._xcache[key]
         used = set(self._xcache.values())
@@ -508,6 +523,9 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_lshl_add_u32 {t1}, {t3}, 4, {t1}")
     a(f"v_bfe_u32 {t2}, v0, 0, 1")
     a(f"v_lshl_add_u32 {a.v('vaddr')}, {t2}, 3, {t1}")
+    a(f"v_add_u32 {a.v('vaddr')}, {p.lds_v[0]}, {a.v('vaddr')}")   # the V region (bits above the XORs)
+    for key, reg in a.fixed.items():
+        a(f"v_xor_b32 {reg}, {key[1]}, {key[0]}")
     a.note("mask limit: key < min(sk, row + diag + 1) (causal) or sk; minus this lane's 4g")
     if v.causal:
         a(f"v_add3_u32 {t1}, {row}, {a.s('diag')}, 1")
@@ -609,17 +627,10 @@ def stage_dma(a: Asm, kind: str, block: str) -> None:
         emit()
 
 
-def _address(a: Asm, kind: str, block: str) -> None:
-    """kcur / vcur = this lane's LDS read address in the stage of K / V block ``block``."""
-    p = a.p
-    a.forget_swizzled(a.v("vcur" if kind == "v" else "kcur"))
-    if kind == "v":
-        _stage_offset(a, a.s("t4"), block, BLOCK_N * p.pitch_v)
-        a(f"s_add_u32 {a.s('t4')}, {a.s('t4')}, {p.lds_v[0]}")
-        a(f"v_add_u32 {a.v('vcur')}, {a.s('t4')}, {a.v('vaddr')}")
-    else:
-        _stage_offset(a, a.s("t4"), block, BLOCK_N * p.pitch_k)
-        a(f"v_add_u32 {a.v('kcur')}, {a.s('t4')}, {a.v('kaddr')}")
+def _address(a: Asm, kind: str, stage: int) -> None:
+    """The K / V reads that follow use LDS stage ``stage`` (an immediate: the loop is
+    unrolled over the stages)."""
+    a.stage[kind] = stage
 
 
 def _steps(p: Plan, pv: bool, qk: bool) -> list:
@@ -630,7 +641,8 @@ def _steps(p: Plan, pv: bool, qk: bool) -> list:
 
 
 def _read(a: Asm, step: tuple, buf: int) -> None:
-    """LDS reads of one step's operand into ring buffer ``buf`` (from vcur / kcur).
+    """LDS reads of one step's operand into ring buffer ``buf``: the lane's swizzled base
+    (kaddr / vaddr XOR the step's chunk offset) plus the stage as an immediate offset.
 
     * PV step c: V^T rows 32c.. by 4 x ds_read_b64_tr_b8 (read rd gives items 8rd..8rd+7 =
       keys 16rd + 8(r/4) + 4g + r%4: P^T's order);
@@ -641,14 +653,17 @@ def _read(a: Asm, step: tuple, buf: int) -> None:
     swizzled = a.swizzled
     if step[0] == "pv":
         c = step[1]
-        addr = swizzled(a.v("vcur"), 32 * c)
+        addr = swizzled(a.v("vaddr"), 32 * c)
+        base = a.stage["v"] * BLOCK_N * p.pitch_v
         for rd in range(4):
-            a(f"ds_read_b64_tr_b8 {a.vr('fr', b + 2 * rd, 2)}, {addr} offset:{16 * rd * p.pitch_v}")
+            a(f"ds_read_b64_tr_b8 {a.vr('fr', b + 2 * rd, 2)}, {addr} "
+              f"offset:{base + 16 * rd * p.pitch_v}")
     else:
         _, h, s = step
+        base = a.stage["k"] * BLOCK_N * p.pitch_k
         for t in range(2):
-            addr = swizzled(a.v("kcur"), 16 * (4 * s + 2 * t))
-            a(f"ds_read_b128 {a.vr('fr', b + 4 * t, 4)}, {addr} offset:{32 * h * p.pitch_k}")
+            addr = swizzled(a.v("kaddr"), 16 * (4 * s + 2 * t))
+            a(f"ds_read_b128 {a.vr('fr', b + 4 * t, 4)}, {addr} offset:{base + 32 * h * p.pitch_k}")
 
 
 def _ops(step: tuple) -> int:
@@ -658,16 +673,14 @@ def _ops(step: tuple) -> int:
 def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
     """Before the first matrix phase: its first ``frag_bufs`` operand reads."""
     a.forget_swizzled()
-    if pv_block is not None:
-        _address(a, "v", pv_block)
-    if qk_block is not None:
-        _address(a, "k", qk_block)
+    _address(a, "k", 0)
     steps = _steps(a.p, pv_block is not None, qk_block is not None)
     for i in range(min(a.p.frag_bufs, len(steps))):
         _read(a, steps[i], i)
 
 
-def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None) -> None:
+def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
+                 u: int = 0) -> None:
     """The matrix phase: QK of block ``qk_block`` (S^T = K . Q^T) and PV of block
     ``pv_block`` (O^T += 2^-k V^T . P^T, then the row sums of its P) as one software
     pipeline whose operands are read ``frag_bufs`` steps ahead in a ring of 8-register
@@ -707,17 +720,14 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None)
                 continue
             kind = "v" if nxt[j][0] == "pv" else "k"
             if kind not in moved:          # this phase has issued its last read of the kind
-                moved.add(kind)
-                a(f"s_add_u32 {a.s('t5')}, {qk_block}, {0 if kind == 'v' else 1}")
-                _address(a, kind, a.s("t5"))
+                moved.add(kind)            # next phase: V of this QK block, K of the next
+                _address(a, kind, u if kind == "v" else (u + 1) % STAGES)
             _read(a, nxt[j], j)
             ahead[0] += _ops(nxt[j])
 
-    # addresses of the steps this phase reads itself
-    if qk_block is not None and 2 * p.qk_steps > issued:
-        _address(a, "k", qk_block)
-    if pv_block is not None and n > issued:
-        _address(a, "v", pv_block)
+    # stages of the steps this phase reads itself
+    _address(a, "k", u)
+    _address(a, "v", (u - 1) % STAGES)
     while issued < min(nb, n):
         _read(a, steps[issued], issued % nb)
         outstanding.append(_ops(steps[issued]))
@@ -914,7 +924,7 @@ def stage_loop(a: Asm) -> None:
         """V(p+2) and K(p+3), as emitters for the MFMA shadows."""
         return dma_chunks(a, "v", sp, 2) + dma_chunks(a, "k", sp, 3)
 
-    def matrix(with_loads: bool):
+    def matrix(with_loads: bool, u: int):
         """Barrier, then M(p), which also reads the first operands of M(p + 1).  The case
         is dispatched before the barrier, so the first MFMA follows it directly."""
         a(f"s_sub_u32 {pb}, {sp}, 1")
@@ -923,7 +933,7 @@ def stage_loop(a: Asm) -> None:
         def open_phase():
             a("s_barrier")
             a("s_setprio 1")
-        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, loads() if with_loads else None),
+        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, loads() if with_loads else None, u),
                  none=(lambda: [emit() for emit in loads()]) if with_loads else None,
                  prefix=open_phase)
         a("s_setprio 0")
@@ -948,27 +958,33 @@ def stage_loop(a: Asm) -> None:
         a("s_barrier")
         a.label(done)
 
-    def next_iteration(loop: str):
+    def next_iteration(loop: str | None):
+        """p += 1; leave the loop after p = nb (or go round when ``loop`` is given)."""
         a(f"s_add_u32 {sp}, {sp}, 1")
         a(f"s_cmp_le_u32 {sp}, {a.s('nb')}")
-        a(f"s_cbranch_scc1 {loop}")
+        if loop is not None:
+            a(f"s_cbranch_scc1 {loop}")
+        else:
+            a("s_cbranch_scc0 .Lloop_end")
 
     a.note("group A: phase 2p M(p) with its loads, phase 2p+1 SM(p) and the wait for them; "
-           "every phase opens with a barrier")
+           "every phase opens with a barrier; unrolled over the 4 stages (p mod 4 = u)")
     a(f"s_bitcmp1_b32 {wave}, 2")
     a("s_cbranch_scc1 .Lloop_b")
     a.label(".Lloop_a")
-    matrix(True)
-    vector(0)
-    a("s_waitcnt vmcnt(0)")
-    next_iteration(".Lloop_a")
+    for u in range(STAGES):
+        matrix(True, u)
+        vector(0)
+        a("s_waitcnt vmcnt(0)")
+        next_iteration(".Lloop_a" if u == STAGES - 1 else None)
     a("s_branch .Lloop_end")
     a.note("group B: phase 2p SM(p-1) and the wait for its loads, phase 2p+1 M(p) with loads")
     a.label(".Lloop_b")
-    vector(1)
-    a("s_waitcnt vmcnt(0)")
-    matrix(True)
-    next_iteration(".Lloop_b")
+    for u in range(STAGES):
+        vector(1)
+        a("s_waitcnt vmcnt(0)")
+        matrix(True, u)
+        next_iteration(".Lloop_b" if u == STAGES - 1 else None)
     a.label(".Lloop_end")
     a("s_waitcnt vmcnt(0)")       # the loads past the last block land before the end
 

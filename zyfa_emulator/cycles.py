@@ -546,8 +546,10 @@ def _lgkm_retire(lgkm: list, n: int, t: int) -> list:
 class LoopFigures:
     backedge: int                  # pc of the loop's back-edge branch
     window: tuple                  # [lo, hi) cycles where every wave is inside the loop
-    iterations: float              # back-edges per wave inside the window (mean)
-    cycles_per_iteration: float    # per wave: mean distance between its back-edges
+    iterations: float              # KV tiles per wave inside the window (mean)
+    cycles_per_iteration: float    # per wave and KV tile: mean distance between its back-edges
+                                   # over the tiles per back-edge (an unrolled loop has several:
+                                   # two workgroup barriers per tile)
     mfma_busy: float               # fraction of the window, averaged over SIMDs with waves
     valu_busy: float
     workgroups: int
@@ -577,6 +579,14 @@ def loop_figures(res: SimResult, backedge: int | None = None,
             return None
         backedge = votes.most_common(1)[0][0]
     firsts, lasts, periods, stamps = [], [], [], []
+    tiles = 1           # KV tiles per back-edge: an unrolled loop has several (2 barriers each)
+    for t in res.traces:
+        ks = [k for k, inst in enumerate(t.insts[:-1])
+              if inst.pc == backedge and t.insts[k + 1].pc < inst.pc]
+        if len(ks) >= 2:
+            bars = sum(1 for inst in t.insts[ks[0] + 1:ks[1] + 1] if inst.name == "s_barrier")
+            tiles = max(1, bars // 2)
+            break
     for t, times in zip(res.traces, res.issue_times):
         st = [times[k] for k, inst in enumerate(t.insts[:-1])
               if inst.pc == backedge and t.insts[k + 1].pc < inst.pc]
@@ -590,9 +600,9 @@ def loop_figures(res: SimResult, backedge: int | None = None,
     lo, hi = window if window is not None else (max(firsts), min(lasts))
     if hi <= lo:
         return None
-    counts = [sum(1 for x in st if lo < x <= hi) for st in stamps]
+    counts = [tiles * sum(1 for x in st if lo < x <= hi) for st in stamps]
     return LoopFigures(backedge, (lo, hi), sum(counts) / len(counts),
-                       sum(periods) / len(periods), res.busy("mfma", lo, hi),
+                       sum(periods) / len(periods) / tiles, res.busy("mfma", lo, hi),
                        res.busy("valu", lo, hi), len(set(res.groups)))
 
 
