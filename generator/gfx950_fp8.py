@@ -12,19 +12,22 @@ Per block a wave computes, for its 32 queries::
                               P^T straight from the byte pack, 2^-k as P's E8M0 scale)
 
 Ping-pong.  Waves w and w + 4 share a SIMD.  Group A (waves 0-3) and group B (waves 4-7)
-run the same pipeline one phase apart, phases separated by workgroup barriers: while one
-group is in a matrix phase (PV of block b - 1 and QK of block b, ``s_setprio 1``) the other
-is in its vector phase (SM of its current block), so the matrix pipe of every SIMD always
-has one wave feeding it::
+run the same pipeline one phase apart, every phase opened by a workgroup barrier: while one
+group is in a matrix phase M (QK of block p, PV of block p - 1 and its row sums, at
+``s_setprio 1``) the other is in its vector phase SM (the softmax of its current block), so
+the matrix pipe of every SIMD always has one wave feeding it::
 
     phase       0       1       2            3            4 ...
-    group A     QK0     SM0     PV0 QK1      SM1          PV1 QK2
-    group B     -       QK0     SM0          PV0 QK1      SM1
+    group A     QK0     SM0     QK1 PV0      SM1          QK2 PV1
+    group B     -       QK0     SM0          QK1 PV0      SM1
 
-LDS holds two K stages and two V stages.  At the start of every even phase 2p all waves
-issue the buffer->LDS loads (``buffer_load_dwordx4 ... lds``) of K block p + 1 and V block
-p; they land before phase 2p + 2, where the first of them is read (two phases of latency
-hidden); the stages they overwrite were last read in phases 2p - 2 and 2p - 1.
+Data.  Four LDS stages of K and four of V (XOR-swizzled rows: no bank conflicts); in its
+matrix phase of iteration p every wave issues its share of the buffer->LDS loads
+(``buffer_load_dwordx4 ... lds``) of V(p+2) and K(p+3), in the shadows of its MFMAs, and waits
+for them at the end of its next vector phase; they overwrite K(p-1) and V(p-2), last read a
+phase earlier.  LDS operands go to VGPRs through a ring of 8-register buffers that runs on
+across matrix phases, so a matrix phase starts with its first operands in registers.  The
+loop is unrolled over the four stages: every LDS offset is an immediate.
 
 The P arithmetic is the ``gfx950`` recipe of ``zyfa_runtime.fp8_models``, bit for bit
 (``Recipe.byte_form == "pk_u8"``): with ``Smax`` the block's raw maximum score, per row
@@ -621,12 +624,6 @@ def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
     return [first] + [load(i) for i in range(1, n)]
 
 
-def stage_dma(a: Asm, kind: str, block: str) -> None:
-    """All the loads of one block, in a row (the prologue)."""
-    for emit in dma_chunks(a, kind, block):
-        emit()
-
-
 def _address(a: Asm, kind: str, stage: int) -> None:
     """The K / V reads that follow use LDS stage ``stage`` (an immediate: the loop is
     unrolled over the stages)."""
@@ -892,20 +889,23 @@ def stage_softmax(a: Asm, block: str, masked: bool) -> None:
 
 
 def stage_loop(a: Asm) -> None:
-    """The ping-pong pipeline (module docstring).  Iteration p is two phases:
+    """The ping-pong pipeline (module docstring).  Iteration p is two phases, each opened by
+    a workgroup barrier (the case of the phase is dispatched before it):
 
-    ====== ========================================= ==================================
-    phase  group A (waves 0-3)                       group B (waves 4-7)
-    ====== ========================================= ==================================
-    2p     M(p): PV(p-1), row sums, QK(p)            SM(p-1); wait for its loads
-    2p+1   SM(p)                                     M(p) with the loads of V(p+2), K(p+3)
-    ====== ========================================= ==================================
+    ====== ============================================ ====================================
+    phase  group A (waves 0-3)                          group B (waves 4-7)
+    ====== ============================================ ====================================
+    2p     M(p): QK(p), PV(p-1), row sums; loads of     SM(p-1); wait for its loads
+           V(p+2), K(p+3)
+    2p+1   SM(p); wait for its loads                    M(p): as A's, with its loads
+    ====== ============================================ ====================================
 
-    Loads run three blocks ahead into four stages of K and of V: in phase 2p+1 K(p+3) and
-    V(p+2) overwrite K(p-1) and V(p-2), whose last reads were in phase 2p-1; they are
-    waited for at the end of phase 2p+2 and first read in phase 2p+4 (M(p+2) reads the
-    first operands of M(p+3)).  The vector phases hold nothing but the softmax, the matrix phases everything that
-    needs issue slots besides it."""
+    Loads run three blocks ahead into four stages of K and of V: K(p+3) and V(p+2) overwrite
+    K(p-1) and V(p-2), whose last reads were in phase 2p-1; each wave waits for its own at the
+    end of its next vector phase, and they are first read by M(p+1) (V(p+2) in M(p+3)), which
+    reads the first operands of the matrix phase after it.  The vector phases hold nothing
+    but the softmax; the matrix phases hold everything else that needs issue slots.  Each
+    group's loop is unrolled over the four stages (u = p mod 4)."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
     wave = a.s("wave")
     a.note("prologue: K(0..2), V(0..1); both groups prefetch M(0) = QK(0)")
