@@ -902,8 +902,8 @@ def stage_loop(a: Asm) -> None:
 
     Loads run three blocks ahead into four stages of K and of V: K(p+3) and V(p+2) overwrite
     K(p-1) and V(p-2), whose last reads were in phase 2p-1; each wave waits for its own at the
-    end of its next vector phase, and they are first read by M(p+1) (V(p+2) in M(p+3)), which
-    reads the first operands of the matrix phase after it.  The vector phases hold nothing
+    end of its next vector phase (phase 2p+1 or 2p+2), and they are first read in phase 2p+4,
+    by M(p+2), which reads the first operands of M(p+3).  The vector phases hold nothing
     but the softmax; the matrix phases hold everything else that needs issue slots.  Each
     group's loop is unrolled over the four stages (u = p mod 4)."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
