@@ -38,7 +38,8 @@ The P arithmetic is the ``gfx950`` recipe of ``zyfa_runtime.fp8_models``, bit fo
 
 Rounding U up makes ``y <= K`` for every score of the block, so no byte exceeds 120 (no
 e4m3 NaN can appear whatever the magnitudes) and the block's maximum gets code 120 (P =
-256 = 2^8 x its exact weight, less the centring offset).  The merge keeps O^T and the
+256 = 2^8 x its exact weight, less the centring offset; a few codes less where fp32 ulps of
+the scores span several codes).  The merge keeps O^T and the
 row sum relative to a per-row reference R with ``T_b - R`` an integer (``T_b =
 fp32(Smax c)``, the block's exact maximum in log2 units), so the block's factor is the
 power of two ``2^-k`` carried by the scaled MFMA, and O^T is rescaled in fp32 by

@@ -286,3 +286,38 @@ def test_recipe_validation_and_replace():
             r.replace(**bad)
     assert {"aiter", "fa3", "gfx950", "sm_90a"} <= set(RECIPES)
     assert all(isinstance(x, Recipe) and x.name == n for n, x in RECIPES.items())
+
+
+def test_gfx950_byte_form_needs_lean_bytes_and_the_exact_block_max():
+    from zyfa_runtime.fp8_models import Recipe
+    with pytest.raises(ValueError, match="pk_u8"):
+        Recipe("x", 64, "exact", "block_fp32", byte_form="pk_u8")
+    with pytest.raises(ValueError, match="pk_u8"):
+        Recipe("x", 64, "lean", "block_integer", byte_form="pk_u8")
+    with pytest.raises(ValueError, match="byte_form"):
+        Recipe("x", 64, byte_form="other")
+
+
+@pytest.mark.parametrize("spread", [1.0, 1e3, 1e6])
+def test_gfx950_bytes_never_pass_the_block_max_code(spread):
+    """U rounded up: every byte <= c0 whatever the score magnitudes (no e4m3 NaN).  At sane
+    magnitudes each block's maximum gets c0 and the bytes agree with the FMA form but for rare
+    ties; at scores of ~10^7 (log2 units) fp32 has ulps of several code units, and the
+    maximum's byte may fall a few codes short (never over)."""
+    import ml_dtypes
+    from zyfa_runtime.fp8_models import RECIPES, head_forward
+    rng = np.random.default_rng(3)
+    r = RECIPES["gfx950"]
+    q = rng.standard_normal((40, 64)).astype(ml_dtypes.float8_e4m3fn)
+    k = rng.standard_normal((130, 64)).astype(ml_dtypes.float8_e4m3fn)
+    v = rng.standard_normal((130, 64)).astype(ml_dtypes.float8_e4m3fn)
+    res = head_forward(q, k, v, r, softmax_scale=spread / 8)
+    codes = res.p_codes
+    assert codes.max() <= r.c0
+    for b in range(0, 130, 64):
+        top = codes[:, b:b + 64].max(axis=1)
+        assert (top == r.c0).all() if spread < 1e6 else (top >= r.c0 - 8).all()
+    if spread < 1e6:
+        other = head_forward(q, k, v, r.replace(byte_form="fma"), softmax_scale=spread / 8).p_codes
+        assert np.mean(codes != other) < 0.01
+        assert np.abs(codes.astype(int) - other.astype(int)).max() <= 1

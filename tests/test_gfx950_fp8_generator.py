@@ -1,0 +1,81 @@
+"""The gfx950 FP8 assembly generator as data: register budgets, the LDS swizzle's bank
+property, the kernel descriptor it sets, and the code objects' metadata."""
+
+import numpy as np
+import pytest
+
+from generator import gfx950_fp8 as gen
+from zyfa_runtime.catalogue import HEAD_DIMS, Variant, kernargs
+
+VARIANTS = [Variant("gfx950", "fp8_e4m3", dq, dv, c) for dq, dv in HEAD_DIMS for c in (False, True)]
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_plan_fits_two_waves_per_simd_and_the_lds(v):
+    p = gen.plan(v)
+    assert p.n_vgpr + p.n_agpr <= 256          # two waves per SIMD: the ping-pong needs it
+    assert p.n_sgpr <= 102
+    assert p.lds_bytes <= 160 * 1024 and p.frag_bufs >= 1
+    # every named register range lies inside the budget and ranges of live values are disjoint
+    assert max(p.vgpr.values()) < p.n_vgpr and max(p.agpr.values()) < p.n_agpr
+    # LDS stage offsets fit a DS instruction's 16-bit immediate with the largest in-stage offset
+    assert p.lds_k[-1] + 32 * p.pitch_k + 64 * p.qk_steps < 1 << 16
+    assert (p.lds_v[-1] - p.lds_v[0]) + 48 * p.pitch_v < 1 << 16
+
+
+@pytest.mark.parametrize("pitch", [128, 256])
+def test_swizzle_is_a_bijection_that_keeps_every_read_group_on_distinct_banks(pitch):
+    chunks = pitch // 16
+    for key in range(64):                      # a bijection of the chunks of each row
+        assert sorted(c ^ gen.swizzle(key, pitch) for c in range(chunks)) == list(range(chunks))
+
+    def banks(addresses, nbytes):
+        words = [a // 4 + w for a in addresses for w in range(nbytes // 4)]
+        return np.bincount(np.array(words) % 64, minlength=64).max()
+
+    def addr(key, chunk, byte=0):
+        return key * pitch + 16 * (chunk ^ gen.swizzle(key, pitch)) + byte
+
+    # ds_read_b128 of K: 16 lanes = 16 consecutive keys (+32h), one logical chunk (4s+2t+g)
+    for h in (0, 1):
+        for c in range(chunks):
+            for lanes in (range(0, 16), range(16, 32)):
+                assert banks([addr(32 * h + j, c) for j in lanes], 16) == 1
+    # ds_read_b64_tr_b8 of V: 32 lanes = 8 keys (8(r/4) + 4g + r%4, +16rd) x chunks 2c+dh x 8-byte
+    # halves
+    for g in (0, 1):
+        for rd in range(4):
+            for c in range(chunks // 2):
+                group = [addr(16 * rd + 8 * (r // 4) + 4 * g + r % 4, 2 * c + dh, 8 * half)
+                         for dh in (0, 1) for r in range(8) for half in (0, 1)]
+                assert banks(group, 8) == 1
+
+
+def test_kernel_descriptor_sets_the_mode_and_registers_deliberately():
+    v = Variant("gfx950", "fp8_e4m3", 128, 128, False)
+    src = gen.emit(v)
+    p = gen.plan(v)
+    for directive in (".amdhsa_float_denorm_mode_32 3", ".amdhsa_float_round_mode_32 0",
+                      ".amdhsa_ieee_mode 0", ".amdhsa_dx10_clamp 1", ".amdhsa_fp16_overflow 0",
+                      f".amdhsa_group_segment_fixed_size {p.lds_bytes}",
+                      f".amdhsa_accum_offset {-(-p.n_vgpr // 4) * 4}"):
+        assert directive in src
+    # the argument list is the catalogue's, offset for offset
+    for a in kernargs(v):
+        assert f".name: {a.name}, .offset: {a.offset}, .size: {a.size}" in src
+
+
+def test_code_objects_carry_the_catalogue_layout():
+    from pathlib import Path
+
+    from generator import codeobject
+    root = Path(__file__).resolve().parent.parent / "prebuilt"
+    for v in VARIANTS:
+        path = root / v.filename
+        if not path.exists():
+            pytest.skip("gfx950 code objects not built (python build.py --arch gfx950)")
+        meta = codeobject.amdgpu_kernels(path.read_bytes())[v.symbol]
+        assert [(a["offset"], a["size"]) for a in meta["args"]] == \
+            [(a.offset, a.size) for a in kernargs(v)]
+        assert meta["group_segment_fixed_size"] == gen.plan(v).lds_bytes
+        assert meta["max_flat_workgroup_size"] == 512 and meta["wavefront_size"] == 64
