@@ -50,7 +50,8 @@ def test_dense_call_launches_the_right_kernel_with_the_manifest_layout(fake):
     variant = Variant("sm_90a", "bf16", 128, 128, True)
     entry = entry_of(variant)
     assert launch.symbol == variant.symbol
-    assert launch.grid == (2, 6, 2) and launch.block == (128, 1, 1)
+    tile = variant.tile
+    assert launch.grid == (-(-100 // tile.block_m), 6, 2) and launch.block == (tile.threads, 1, 1)
     assert launch.shared == entry["dynamic_smem"] == fake.max_dynamic_shared[variant.symbol]
     args = unpack_args(entry, launch.args)
     assert args["q"] == q.ctypes.data and args["k"] == k.ctypes.data and args["v"] == v.ctypes.data
@@ -81,8 +82,9 @@ def test_varlen_call_passes_offsets_and_packed_lse_layout(fake):
     out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=65,
                                       max_seqlen_k=70, return_lse=True)
     (launch,) = fake.launches
-    args = unpack_args(entry_of(Variant("sm_90a", "bf16", 128, 128, False)), launch.args)
-    assert launch.grid == (2, 4, 3)
+    variant = Variant("sm_90a", "bf16", 128, 128, False)
+    args = unpack_args(entry_of(variant), launch.args)
+    assert launch.grid == (-(-65 // variant.tile.block_m), 4, 3)   # query blocks of max_seqlen_q
     assert args["cu_seqlens_q"] == cu_q.ctypes.data and args["cu_seqlens_k"] == cu_k.ctypes.data
     assert (args["batch"], args["seqlen_q"], args["seqlen_k"]) == (3, 65, 70)
     assert args["q_stride_b"] == 0 and args["q_stride_s"] == 4 * 128

@@ -1,0 +1,267 @@
+// zyfa attention forward for sm_90a, BF16, head dims 64 and 128: WGMMA kernel body.
+//
+// One CTA = 2 warpgroups = 128 query rows of one (sequence, query head); warpgroup g owns
+// rows 64g..64g+63.  Per key block of 64 keys:
+//   global --cp.async 16 B--> smem K and V (128B-swizzled rows; K is K-major for S = Q K^T,
+//                             V MN-major for O = P V: the WGMMA transposes it, tnspB = 1)
+// both double-buffered: block n+1's copies are in flight while block n computes.
+//   S  = Q K^T      wgmma m64n64k16 bf16, both operands from smem (descriptors)
+//   online softmax  on the S accumulators (a row lives in one quad: shfl.xor 1, 2)
+//   O += P V        wgmma m64n{Dv}k16 bf16, P from registers (the S accumulators re-packed:
+//                   their layout is the A-register layout), V^T from smem
+// The WGMMA wrappers (`wgmma_qk`, `wgmma_pv`) are generated with the unit (operand lists).
+//
+// Shared-memory tile layout (both K-major, 1024-byte aligned): a tile of R rows is split in
+// K-blocks of 64 bf16 (128 bytes); block kb is R x 128 bytes, row r's 16-byte chunk c stored
+// at chunk c ^ (r % 8) -- the hardware's 128B swizzle, so the descriptor's stride between
+// 8-row groups is 1024 bytes and a k16 step advances its start address by 32 bytes.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace zyfa {
+
+using namespace zyfa_cfg;
+
+static_assert(!kFp8 && (kDqk == 64 || kDqk == 128) && kDv == kDqk, "the WGMMA body: BF16, d 64/128");
+static_assert(kThreads == 256 && kBlockM == 128 && kBlockN == 64, "2 warpgroups x 64 rows, 64 keys");
+
+constexpr int kKB = kDqk / 64;                 // K-blocks of the head dim
+constexpr int kTileQ = kBlockM * 128 * kKB;    // bytes of the Q tile
+constexpr int kTileK = kBlockN * 128 * kKB;
+constexpr int kTileV = kBlockN * 128 * (kDv / 64);   // V: 64 key rows per 64-dv block
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kTileQ + 2 * kTileK + 2 * kTileV + 1024 == kDynamicSmem,
+              "smem layout must match the catalogue");
+
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Byte offset of (row, 16-byte chunk) in a K-block of 128-byte rows, 128B-swizzled.
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+
+// WGMMA shared-memory descriptor: start address, 1024 bytes between 8-row groups, 128B swizzle.
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1) << 16;                 // leading byte offset (unused: swizzled K-major)
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;         // stride byte offset
+  d |= static_cast<uint64_t>(1) << 62;                 // 128B swizzle
+  return d;
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+ZYFA_WGMMA_WRAPPERS
+
+// Copy a row-major tile (rows x kDqk bf16, global pitch `stride` elements) into a swizzled
+// K-major smem tile; rows past `rows` are zero-filled.
+template <int kRows>
+__device__ __forceinline__ void load_kmajor(uint32_t tile, const __nv_bfloat16* g, long long stride,
+                                            int rows) {
+  constexpr int kChunks = kRows * kDqk / 8;
+  for (int c = threadIdx.x; c < kChunks; c += kThreads) {
+    const int r = c / (kDqk / 8), col8 = c % (kDqk / 8);
+    const int kb = col8 / 8, ch = col8 % 8;
+    const bool ok = r < rows;
+    cp_async16(tile + kb * kRows * 128 + swz(r, ch), g + (ok ? r * stride + col8 * 8 : 0), ok);
+  }
+}
+
+// MN-major (transposed) operand descriptor: 8-row groups along K 1024 bytes apart, 64-column
+// blocks along MN `mn_stride` bytes apart, 128B swizzle.
+__device__ __forceinline__ uint64_t gmma_desc_mn(uint32_t smem_addr, uint32_t mn_stride) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(mn_stride >> 4) << 16;    // leading byte offset: MN blocks
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;         // stride byte offset: 8-row K groups
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+template <class P>
+__device__ void flash_fwd(const P& p) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sQ = (smem0 + 1023) & ~1023u;        // swizzled tiles want 1024-byte alignment
+  const uint32_t sK0 = sQ + kTileQ;                   // K stages: sK0, sK0 + kTileK
+  const uint32_t sVt0 = sK0 + 2 * kTileK;             // V^T stages: sVt0, sVt0 + kTileV
+
+  const int m_block = blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int h_kv = h / (p.hq / p.hkv);
+  const int wg = threadIdx.x / 128;
+  const int warp = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const int quad_row = lane / 4;
+  const int quad_col = (lane % 4) * 2;
+
+  long long q_start = 0, k_start = 0;
+  int sq = p.seqlen_q, sk = p.seqlen_k;
+  if (p.cu_seqlens_q != nullptr) {
+    const int* cq = static_cast<const int*>(p.cu_seqlens_q);
+    const int* ck = static_cast<const int*>(p.cu_seqlens_k);
+    q_start = cq[b];
+    sq = cq[b + 1] - cq[b];
+    k_start = ck[b];
+    sk = ck[b + 1] - ck[b];
+  }
+  const int row0 = m_block * kBlockM;
+  if (row0 >= sq) return;
+
+  const long long q_off = (p.cu_seqlens_q ? q_start * p.q_stride_s : b * p.q_stride_b) + h * p.q_stride_h;
+  const long long k_off = (p.cu_seqlens_k ? k_start * p.k_stride_s : b * p.k_stride_b) + h_kv * p.k_stride_h;
+  const long long v_off = (p.cu_seqlens_k ? k_start * p.v_stride_s : b * p.v_stride_b) + h_kv * p.v_stride_h;
+  const long long o_off = (p.cu_seqlens_q ? q_start * p.o_stride_s : b * p.o_stride_b) + h * p.o_stride_h;
+  const __nv_bfloat16* gq = static_cast<const __nv_bfloat16*>(p.q) + q_off;
+  const __nv_bfloat16* gk = static_cast<const __nv_bfloat16*>(p.k) + k_off;
+  const __nv_bfloat16* gv = static_cast<const __nv_bfloat16*>(p.v) + v_off;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  const int diag = sk - sq;
+  int n_end = sk;
+  if constexpr (kCausal) n_end = min(sk, row0 + kBlockM + diag);
+  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+
+  load_kmajor<kBlockM>(sQ, gq + static_cast<long long>(row0) * p.q_stride_s, p.q_stride_s, sq - row0);
+  if (n_blocks > 0) {   // block 0 into stage 0
+    load_kmajor<kBlockN>(sK0, gk, p.k_stride_s, sk);
+    load_kmajor<kBlockN>(sVt0, gv, p.v_stride_s, sk);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // generic writes -> WGMMA reads
+  __syncthreads();
+
+  float acc_o[kDv / 2];
+#pragma unroll
+  for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+  const int r_lo = row0 + wg * 64 + warp * 16 + quad_row;   // rows of acc[4j+0..1]; +8 for [4j+2..3]
+  const uint32_t sQg = sQ + wg * 64 * 128;                  // this warpgroup's 64 rows
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int n0 = nb * kBlockN;
+    const uint32_t sK = sK0 + (nb & 1) * kTileK, sVt = sVt0 + (nb & 1) * kTileV;
+    const bool more = nb + 1 < n_blocks;
+    if (more) {   // block nb + 1 into the other stage (read last by block nb - 1: all done)
+      const long long n1 = n0 + kBlockN;
+      load_kmajor<kBlockN>(sK0 + ((nb + 1) & 1) * kTileK, gk + n1 * p.k_stride_s, p.k_stride_s,
+                           sk - static_cast<int>(n1));
+      load_kmajor<kBlockN>(sVt0 + ((nb + 1) & 1) * kTileV, gv + n1 * p.v_stride_s, p.v_stride_s,
+                           sk - static_cast<int>(n1));
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+
+    // ---- S = Q K^T ---------------------------------------------------------------------
+    float acc_s[32];
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kDqk / 16; ++k) {
+      const uint32_t kb = k / 4, kk = k % 4;
+      wgmma_qk(acc_s, gmma_desc(sQg + kb * kBlockM * 128 + kk * 32),
+               gmma_desc(sK + kb * kBlockN * 128 + kk * 32), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait0();
+
+    // ---- scale, mask, online softmax ---------------------------------------------------
+    const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > row0 + wg * 64 + diag);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float s = acc_s[4 * j + e] * scale_log2;
+        if (need_mask) {
+          const int col = n0 + j * 8 + quad_col + (e & 1);
+          const int row = r_lo + (e >> 1) * 8;
+          if (col >= sk || (kCausal && col > row + diag)) s = -INFINITY;
+        }
+        acc_s[4 * j + e] = s;
+      }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = m_run[hr];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * hr], acc_s[4 * j + 2 * hr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_use = mx == -INFINITY ? 0.f : mx;
+      const float alpha = exp2f(m_run[hr] - m_use);
+      m_run[hr] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        acc_s[4 * j + 2 * hr] = exp2f(acc_s[4 * j + 2 * hr] - m_use);
+        acc_s[4 * j + 2 * hr + 1] = exp2f(acc_s[4 * j + 2 * hr + 1] - m_use);
+        sum += acc_s[4 * j + 2 * hr] + acc_s[4 * j + 2 * hr + 1];
+      }
+      l_run[hr] = l_run[hr] * alpha + sum;
+#pragma unroll
+      for (int i = 0; i < kDv / 8; ++i) {
+        acc_o[4 * i + 2 * hr] *= alpha;
+        acc_o[4 * i + 2 * hr + 1] *= alpha;
+      }
+    }
+
+    // ---- O += P V: P from registers (the accumulator layout is the A-register layout) ------
+    uint32_t pa[16];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pa[4 * kk + 0] = pack_bf16(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
+      pa[4 * kk + 1] = pack_bf16(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
+      pa[4 * kk + 2] = pack_bf16(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
+      pa[4 * kk + 3] = pack_bf16(acc_s[8 * kk + 6], acc_s[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_pv(acc_o, pa + 4 * kk, gmma_desc_mn(sVt + kk * 16 * 128, kBlockN * 128));
+    wgmma_commit();
+    wgmma_wait0();
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();   // block nb + 1 staged; every warpgroup done with block nb's stage
+  }
+
+  // ---- epilogue: normalise, store O (bf16) and LSE (fp32, natural log) -----------------
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + o_off;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = l_run[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = r_lo + hr * 8;
+    if (row >= sq) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    __nv_bfloat16* orow = go + static_cast<long long>(row) * p.o_stride_s;
+#pragma unroll
+    for (int i = 0; i < kDv / 8; ++i) {
+      *reinterpret_cast<uint32_t*>(orow + i * 8 + quad_col) =
+          pack_bf16(acc_o[4 * i + 2 * hr] * inv, acc_o[4 * i + 2 * hr + 1] * inv);
+    }
+    if (p.lse != nullptr && (lane % 4) == 0) {
+      float* glse = static_cast<float*>(const_cast<void*>(p.lse)) + b * p.lse_stride_b +
+                    h * p.lse_stride_h + q_start;
+      glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+}  // namespace zyfa
