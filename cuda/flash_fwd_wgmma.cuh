@@ -1,4 +1,4 @@
-// zyfa attention forward for sm_90a, BF16, head dims 64 and 128: WGMMA kernel body.
+// zyfa attention forward for sm_90a, BF16: WGMMA kernel body (head dims multiples of 64, Dv <= 256).
 //
 // One CTA = 2 warpgroups = 128 query rows of one (sequence, query head); warpgroup g owns
 // rows 64g..64g+63.  Per key block of 64 keys:
@@ -23,7 +23,8 @@ namespace zyfa {
 
 using namespace zyfa_cfg;
 
-static_assert(!kFp8 && (kDqk == 64 || kDqk == 128) && kDv == kDqk, "the WGMMA body: BF16, d 64/128");
+static_assert(!kFp8 && kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256,
+              "the WGMMA body: BF16, head dims in 64-element K-blocks, Dv <= 256 (one WGMMA N)");
 static_assert(kThreads == 256 && kBlockM == 128 && kBlockN == 64, "2 warpgroups x 64 rows, 64 keys");
 
 constexpr int kKB = kDqk / 64;                 // K-blocks of the head dim
@@ -67,14 +68,14 @@ __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.s
 
 ZYFA_WGMMA_WRAPPERS
 
-// Copy a row-major tile (rows x kDqk bf16, global pitch `stride` elements) into a swizzled
-// K-major smem tile; rows past `rows` are zero-filled.
-template <int kRows>
+// Copy a row-major tile (kRows x kCols bf16, global pitch `stride` elements) into a smem tile
+// of 64-column blocks with 128B-swizzled rows; rows past `rows` are zero-filled.
+template <int kRows, int kCols = kDqk>
 __device__ __forceinline__ void load_kmajor(uint32_t tile, const __nv_bfloat16* g, long long stride,
                                             int rows) {
-  constexpr int kChunks = kRows * kDqk / 8;
+  constexpr int kChunks = kRows * kCols / 8;
   for (int c = threadIdx.x; c < kChunks; c += kThreads) {
-    const int r = c / (kDqk / 8), col8 = c % (kDqk / 8);
+    const int r = c / (kCols / 8), col8 = c % (kCols / 8);
     const int kb = col8 / 8, ch = col8 % 8;
     const bool ok = r < rows;
     cp_async16(tile + kb * kRows * 128 + swz(r, ch), g + (ok ? r * stride + col8 * 8 : 0), ok);
@@ -140,7 +141,7 @@ __device__ void flash_fwd(const P& p) {
   load_kmajor<kBlockM>(sQ, gq + static_cast<long long>(row0) * p.q_stride_s, p.q_stride_s, sq - row0);
   if (n_blocks > 0) {   // block 0 into stage 0
     load_kmajor<kBlockN>(sK0, gk, p.k_stride_s, sk);
-    load_kmajor<kBlockN>(sVt0, gv, p.v_stride_s, sk);
+    load_kmajor<kBlockN, kDv>(sVt0, gv, p.v_stride_s, sk);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -163,7 +164,7 @@ __device__ void flash_fwd(const P& p) {
       const long long n1 = n0 + kBlockN;
       load_kmajor<kBlockN>(sK0 + ((nb + 1) & 1) * kTileK, gk + n1 * p.k_stride_s, p.k_stride_s,
                            sk - static_cast<int>(n1));
-      load_kmajor<kBlockN>(sVt0 + ((nb + 1) & 1) * kTileV, gv + n1 * p.v_stride_s, p.v_stride_s,
+      load_kmajor<kBlockN, kDv>(sVt0 + ((nb + 1) & 1) * kTileV, gv + n1 * p.v_stride_s, p.v_stride_s,
                            sk - static_cast<int>(n1));
       asm volatile("cp.async.commit_group;\n" ::: "memory");
     }

@@ -46,9 +46,8 @@ def _wgmma_wrappers(v: Variant) -> str:
 
 
 def uses_wgmma(v: Variant) -> bool:
-    """The sm_90a variants the WGMMA body serves: BF16 at head dim 128, and 64 non-causal
-    (measured on the H200 against the FA2-style body in the same run: 1.2-1.9x faster there;
-    at d = 64 causal its 128-row tiles lose, 0.83-0.95x, so that variant keeps the old body)."""
+    """The sm_90a variants the WGMMA body serves (``catalogue.uses_wgmma``: every BF16 variant
+    but d64 causal, where its 128-row tiles measured 0.83-0.95x the FA2-style body)."""
     return catalogue.uses_wgmma(v)
 
 

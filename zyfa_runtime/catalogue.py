@@ -130,17 +130,16 @@ class Tile:
 
 
 def uses_wgmma(v: Variant) -> bool:
-    """Whether the sm_90a WGMMA body (cuda/flash_fwd_wgmma.cuh) builds ``v``: BF16 at head dim
-    128, and 64 non-causal (where it measured faster than the FA2-style body)."""
-    return (v.vendor == "cuda" and v.dtype == "bf16" and v.d_qk == v.d_v
-            and (v.d_qk == 128 or (v.d_qk == 64 and not v.causal)))
+    """Whether the sm_90a WGMMA body (cuda/flash_fwd_wgmma.cuh) builds ``v``: every BF16
+    variant but d64 causal (where its 128-row tiles measured slower than the FA2-style body)."""
+    return v.vendor == "cuda" and v.dtype == "bf16" and not (v.d_qk == 64 and v.causal)
 
 
 def tile_for(v: Variant) -> Tile:
     if uses_wgmma(v):
         # cuda/flash_fwd_wgmma.cuh: 2 warpgroups x 64 query rows, 64-key blocks; Q, K and V^T
         # in 128B-swizzled K-major tiles, K and V^T double-buffered (+1 KiB for alignment).
-        kb = v.d_qk // 64      # Q, two K stages, two V^T stages
+        kb = v.d_qk // 64      # Q, two K stages, two V stages
         smem = 128 * 128 * kb + 2 * 64 * 128 * kb + 2 * 64 * 128 * (v.d_v // 64) + 1024
         return Tile(block_m=128, block_n=64, threads=256, dynamic_smem=smem)
     if v.vendor == "cuda":
