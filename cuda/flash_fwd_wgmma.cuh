@@ -1,11 +1,11 @@
 // zyfa attention forward for sm_90a, BF16: WGMMA kernel body (head dims multiples of 64, Dv <= 256).
 //
 // One CTA = 2 warpgroups = 128 query rows of one (sequence, query head); warpgroup g owns
-// rows 64g..64g+63.  Per key block of 64 keys:
+// rows 64g..64g+63.  Per key block of kBlockN (64, or 128 at d128) keys:
 //   global --cp.async 16 B--> smem K and V (128B-swizzled rows; K is K-major for S = Q K^T,
 //                             V MN-major for O = P V: the WGMMA transposes it, tnspB = 1)
 // both double-buffered: block n+1's copies are in flight while block n computes.
-//   S  = Q K^T      wgmma m64n64k16 bf16, both operands from smem (descriptors)
+//   S  = Q K^T      wgmma m64n{kBlockN}k16 bf16, both operands from smem (descriptors)
 //   online softmax  on the S accumulators (a row lives in one quad: shfl.xor 1, 2)
 //   O += P V        wgmma m64n{Dv}k16 bf16, P from registers (the S accumulators re-packed:
 //                   their layout is the A-register layout), V^T from smem
@@ -25,12 +25,15 @@ using namespace zyfa_cfg;
 
 static_assert(!kFp8 && kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256,
               "the WGMMA body: BF16, head dims in 64-element K-blocks, Dv <= 256 (one WGMMA N)");
-static_assert(kThreads == 256 && kBlockM == 128 && kBlockN == 64, "2 warpgroups x 64 rows, 64 keys");
+static_assert(kThreads == 256 && kBlockM == 128 && (kBlockN == 64 || kBlockN == 128),
+              "2 warpgroups x 64 rows, 64 or 128 keys");
+constexpr int kNS = kBlockN / 8;               // 8-key tiles of S per block
+constexpr int kKS = kBlockN / 16;              // k16 steps of the PV product
 
 constexpr int kKB = kDqk / 64;                 // K-blocks of the head dim
 constexpr int kTileQ = kBlockM * 128 * kKB;    // bytes of the Q tile
 constexpr int kTileK = kBlockN * 128 * kKB;
-constexpr int kTileV = kBlockN * 128 * (kDv / 64);   // V: 64 key rows per 64-dv block
+constexpr int kTileV = kBlockN * 128 * (kDv / 64);   // V: kBlockN key rows per 64-dv block
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kTileQ + 2 * kTileK + 2 * kTileV + 1024 == kDynamicSmem,
@@ -170,7 +173,7 @@ __device__ void flash_fwd(const P& p) {
     }
 
     // ---- S = Q K^T ---------------------------------------------------------------------
-    float acc_s[32];
+    float acc_s[kBlockN / 2];
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kDqk / 16; ++k) {
@@ -184,7 +187,7 @@ __device__ void flash_fwd(const P& p) {
     // ---- scale, mask, online softmax ---------------------------------------------------
     const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > row0 + wg * 64 + diag);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kNS; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float s = acc_s[4 * j + e] * scale_log2;
@@ -200,7 +203,7 @@ __device__ void flash_fwd(const P& p) {
     for (int hr = 0; hr < 2; ++hr) {
       float mx = m_run[hr];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * hr], acc_s[4 * j + 2 * hr + 1]));
+      for (int j = 0; j < kNS; ++j) mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * hr], acc_s[4 * j + 2 * hr + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_use = mx == -INFINITY ? 0.f : mx;
@@ -208,7 +211,7 @@ __device__ void flash_fwd(const P& p) {
       m_run[hr] = mx;
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNS; ++j) {
         acc_s[4 * j + 2 * hr] = exp2f(acc_s[4 * j + 2 * hr] - m_use);
         acc_s[4 * j + 2 * hr + 1] = exp2f(acc_s[4 * j + 2 * hr + 1] - m_use);
         sum += acc_s[4 * j + 2 * hr] + acc_s[4 * j + 2 * hr + 1];
@@ -222,9 +225,9 @@ __device__ void flash_fwd(const P& p) {
     }
 
     // ---- O += P V: P from registers (the accumulator layout is the A-register layout) ------
-    uint32_t pa[16];
+    uint32_t pa[4 * kKS];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < kKS; ++kk) {
       pa[4 * kk + 0] = pack_bf16(acc_s[8 * kk + 0], acc_s[8 * kk + 1]);
       pa[4 * kk + 1] = pack_bf16(acc_s[8 * kk + 2], acc_s[8 * kk + 3]);
       pa[4 * kk + 2] = pack_bf16(acc_s[8 * kk + 4], acc_s[8 * kk + 5]);
@@ -232,7 +235,7 @@ __device__ void flash_fwd(const P& p) {
     }
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < kKS; ++kk)
       wgmma_pv(acc_o, pa + 4 * kk, gmma_desc_mn(sVt + kk * 16 * 128, kBlockN * 128));
     wgmma_commit();
     wgmma_wait0();

@@ -27,11 +27,11 @@ def _wgmma_wrappers(v: Variant) -> str:
 
     def outs(n):
         return ", ".join(f'"+f"(d[{i}])' for i in range(n))
-    n_s, n_o = 32, v.d_v // 2
+    n_s, n_o = v.tile.block_n // 2, v.d_v // 2
     qk = (f'__device__ __forceinline__ void wgmma_qk(float (&d)[{n_s}], uint64_t da, uint64_t db, '
           f'bool accumulate) {{\n'
           f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n_s + 2}, 0;\\n"\n'
-          f'               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{ops(n_s)}}}, '
+          f'               "wgmma.mma_async.sync.aligned.m64n{v.tile.block_n}k16.f32.bf16.bf16 {{{ops(n_s)}}}, '
           f'%{n_s}, %{n_s + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
           f'               : {outs(n_s)}\n'
           f'               : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)) : "memory");\n}}\n')

@@ -137,11 +137,14 @@ def uses_wgmma(v: Variant) -> bool:
 
 def tile_for(v: Variant) -> Tile:
     if uses_wgmma(v):
-        # cuda/flash_fwd_wgmma.cuh: 2 warpgroups x 64 query rows, 64-key blocks; Q, K and V^T
-        # in 128B-swizzled K-major tiles, K and V^T double-buffered (+1 KiB for alignment).
+        # cuda/flash_fwd_wgmma.cuh: 2 warpgroups x 64 query rows; Q, K and V^T in 128B-swizzled
+        # K-major tiles, K and V^T double-buffered (+1 KiB for alignment).  128-key blocks at
+        # d128 (H200, 8k tokens: 328 vs 292 TFLOP/s with 64), 64 elsewhere (d64: 228 vs 258;
+        # d192/d256: the registers of a 128-key S do not fit beside O).
         kb = v.d_qk // 64      # Q, two K stages, two V stages
-        smem = 128 * 128 * kb + 2 * 64 * 128 * kb + 2 * 64 * 128 * (v.d_v // 64) + 1024
-        return Tile(block_m=128, block_n=64, threads=256, dynamic_smem=smem)
+        block_n = 128 if (v.d_qk, v.d_v) == (128, 128) else 64
+        smem = 128 * 128 * kb + 2 * block_n * 128 * kb + 2 * block_n * 128 * (v.d_v // 64) + 1024
+        return Tile(block_m=128, block_n=block_n, threads=256, dynamic_smem=smem)
     if v.vendor == "cuda":
         # 4 warps x 16 query rows; Q, K and V tiles staged in shared memory as bf16
         # (FP8 inputs are widened exactly on the way in).  Rows are padded by 16 bytes
