@@ -11,44 +11,76 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zyfa_runtime import catalogue
+import math
+
+from zyfa_runtime import catalogue, e4m3, fp8_models
 from zyfa_runtime.catalogue import ARG_TYPES, Variant, kernargs
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"cuda": ROOT / "cuda" / "flash_fwd.cuh", "hip": ROOT / "hip" / "flash_fwd.hip",
-        "cuda-wgmma": ROOT / "cuda" / "flash_fwd_wgmma.cuh"}
+        "cuda-wgmma": ROOT / "cuda" / "flash_fwd_wgmma.cuh",
+        "cuda-fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh"}
+
+
+def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail: str,
+           accumulate_arg: bool = True) -> str:
+    """One WGMMA wrapper: ``name(d, a, b_desc[, accumulate])`` over ``n_acc`` f32 accumulators
+    (one PTX register operand each, which C++ cannot spell generically).  A is a descriptor
+    or, with ``a_in_regs``, four b32 registers; ``accumulate`` (scale-d: D = A B + D, else
+    D = A B) is an argument, or always on without ``accumulate_arg``; ``tail`` holds the
+    immediates after the scale-d predicate (scales, transposes)."""
+    ops = lambda n, start=0: ", ".join(f"%{i}" for i in range(start, start + n))  # noqa: E731
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n_acc))
+    acc = '"r"(static_cast<int>(accumulate))' if accumulate_arg else '"r"(1)'
+    if a_in_regs:
+        sig, a_ops, pred = "const uint32_t* a, uint64_t db", f"{{{ops(4, n_acc)}}}, %{n_acc + 4}", n_acc + 5
+        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), ' + acc
+    else:
+        sig, a_ops, pred = "uint64_t da, uint64_t db", f"%{n_acc}, %{n_acc + 1}", n_acc + 2
+        ins = '"l"(da), "l"(db), ' + acc
+    if accumulate_arg:
+        sig += ", bool accumulate"
+    return (f'__device__ __forceinline__ void {name}(float (&d)[{n_acc}], {sig}) {{\n'
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"\n'
+            f'               "wgmma.mma_async.sync.aligned.{shape}.f32.{types} {{{ops(n_acc)}}}, '
+            f'{a_ops}, p, {tail};\\n}}\\n"\n'
+            f'               : {outs}\n'
+            f'               : {ins} : "memory");\n}}\n')
 
 
 def _wgmma_wrappers(v: Variant) -> str:
-    """The two WGMMA instructions of the sm_90a WGMMA body, with their operand lists (one
-    PTX register operand per accumulator, which C++ cannot spell generically)."""
-    def ops(n, start=0):
-        return ", ".join(f"%{i}" for i in range(start, start + n))
-
-    def outs(n):
-        return ", ".join(f'"+f"(d[{i}])' for i in range(n))
-    n_s, n_o = v.tile.block_n // 2, v.d_v // 2
-    qk = (f'__device__ __forceinline__ void wgmma_qk(float (&d)[{n_s}], uint64_t da, uint64_t db, '
-          f'bool accumulate) {{\n'
-          f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n_s + 2}, 0;\\n"\n'
-          f'               "wgmma.mma_async.sync.aligned.m64n{v.tile.block_n}k16.f32.bf16.bf16 {{{ops(n_s)}}}, '
-          f'%{n_s}, %{n_s + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
-          f'               : {outs(n_s)}\n'
-          f'               : "l"(da), "l"(db), "r"(static_cast<int>(accumulate)) : "memory");\n}}\n')
-    pv = (f'__device__ __forceinline__ void wgmma_pv(float (&d)[{n_o}], const uint32_t* a, '
-          f'uint64_t db) {{\n'
-          f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n_o + 5}, 0;\\n"\n'
-          f'               "wgmma.mma_async.sync.aligned.m64n{v.d_v}k16.f32.bf16.bf16 {{{ops(n_o)}}}, '
-          f'{{{ops(4, n_o)}}}, %{n_o + 4}, p, 1, 1, 1;\\n}}\\n"\n'
-          f'               : {outs(n_o)}\n'
-          f'               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1) : "memory");\n}}\n')
-    return qk + "\n" + pv
+    """The WGMMA instructions of the sm_90a WGMMA bodies.  BF16 (flash_fwd_wgmma.cuh):
+    ``wgmma_qk`` (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB).
+    FP8 (flash_fwd_fp8_wgmma.cuh): k32 e4m3, both K-major, PV in passes of N <= 128, plus
+    ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum)."""
+    n = v.tile.block_n
+    if v.dtype == "bf16":
+        return "\n".join([
+            _wgmma("wgmma_qk", f"m64n{n}k16", "bf16.bf16", n // 2, False, "1, 1, 0, 0"),
+            _wgmma("wgmma_pv", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, True, "1, 1, 1",
+                   accumulate_arg=False)])
+    pv_n = min(v.d_v, 128)     # one PV pass: kPvN in the body
+    return "\n".join([
+        _wgmma("wgmma_qk", f"m64n{n}k32", "e4m3.e4m3", n // 2, False, "1, 1"),
+        _wgmma("wgmma_pv", f"m64n{pv_n}k32", "e4m3.e4m3", pv_n // 2, True, "1, 1"),
+        _wgmma("wgmma_sum", "m64n8k32", "e4m3.e4m3", 4, True, "1, 1")])
 
 
 def uses_wgmma(v: Variant) -> bool:
-    """The sm_90a variants the WGMMA body serves (``catalogue.uses_wgmma``: every BF16 variant
-    but d64 causal, where its 128-row tiles measured 0.83-0.95x the FA2-style body)."""
+    """The sm_90a variants a WGMMA body serves (``catalogue.uses_wgmma``)."""
     return catalogue.uses_wgmma(v)
+
+
+def _recipe_constants(v: Variant) -> list[str]:
+    """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit."""
+    r = fp8_models.RECIPES["sm_90a"]
+    if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset) != \
+            (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0):
+        raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes, the exact fp32 "
+                         f"block max and rounded sums over {v.tile.block_n}-key blocks, not {r}")
+    return [f"constexpr float kCode0 = {float(r.c0)!r}f;       // e4m3 code of p_shift",
+            f"constexpr float kLog2Shift = {math.log2(r.p_shift)!r}f;",
+            f"constexpr float kQuadK = {float(e4m3.LEAN_QUAD_K).hex()}f;   // e4m3.LEAN_QUAD_K"]
 
 
 def config(v: Variant) -> str:
@@ -64,8 +96,10 @@ def config(v: Variant) -> str:
         f"constexpr int kBlockN = {t.block_n};",
         f"constexpr int kThreads = {t.threads};",
         f"constexpr int kDynamicSmem = {t.dynamic_smem};",
-        "}  // namespace zyfa_cfg",
     ]
+    if v.dtype == "fp8_e4m3" and uses_wgmma(v):
+        lines += _recipe_constants(v)
+    lines.append("}  // namespace zyfa_cfg")
     return "\n".join(lines) + "\n"
 
 
@@ -93,7 +127,8 @@ def emit(v: Variant) -> str:
         from . import gfx950_fp8
         return gfx950_fp8.emit(v)
     if uses_wgmma(v):
-        body = BODY["cuda-wgmma"].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
+        key = "cuda-fp8-wgmma" if v.dtype == "fp8_e4m3" else "cuda-wgmma"
+        body = BODY[key].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
     else:
         body = BODY[v.vendor].read_text()
     return "\n".join([config(v), params_struct(v), body, entry(v)])

@@ -130,12 +130,21 @@ class Tile:
 
 
 def uses_wgmma(v: Variant) -> bool:
-    """Whether the sm_90a WGMMA body (cuda/flash_fwd_wgmma.cuh) builds ``v``: every BF16
-    variant but d64 causal (where its 128-row tiles measured slower than the FA2-style body)."""
-    return v.vendor == "cuda" and v.dtype == "bf16" and not (v.d_qk == 64 and v.causal)
+    """Whether an sm_90a WGMMA body builds ``v``: every FP8 variant (cuda/flash_fwd_fp8_wgmma.cuh,
+    Lean P) and every BF16 variant but d64 causal (cuda/flash_fwd_wgmma.cuh; at d64 causal its
+    128-row tiles measured slower than the FA2-style body)."""
+    if v.vendor != "cuda":
+        return False
+    return v.dtype == "fp8_e4m3" or not (v.d_qk == 64 and v.causal)
 
 
 def tile_for(v: Variant) -> Tile:
+    if uses_wgmma(v) and v.dtype == "fp8_e4m3":
+        # cuda/flash_fwd_fp8_wgmma.cuh: 2 warpgroups x 64 query rows, 128-key blocks (the sm_90a
+        # recipe's); Q, two K stages, two V staging stages, V^T (each 128 rows of the head dim
+        # in bytes), 8 x 128 bytes of ones, +1 KiB for alignment.
+        smem = 128 * (v.d_qk + 2 * v.d_qk + 2 * v.d_v + v.d_v) + 8 * 128 + 1024
+        return Tile(block_m=128, block_n=128, threads=256, dynamic_smem=smem)
     if uses_wgmma(v):
         # cuda/flash_fwd_wgmma.cuh: 2 warpgroups x 64 query rows; Q, K and V^T in 128B-swizzled
         # K-major tiles, K and V^T double-buffered (+1 KiB for alignment).  128-key blocks at
