@@ -132,7 +132,9 @@ template <bool kClamp>
 __device__ __forceinline__ int lean_quad_bits(float s, float c8, float bias) {
   const float y = __fmaf_rn(s, c8, bias);
   const float w = __fmaf_rn(y, 0.125f, 16.f);                   // in [16, 32) for every code > 0
-  const float f = __uint_as_float((__float_as_uint(w) & 0x7FFFFu) | 0x3F800000u);   // 1 + x/16
+  uint32_t fb;                                                    // 1 + x/16: one LOP3
+  asm("lop3.b32 %0, %1, 0x7FFFF, %2, 0xEA;\n" : "=r"(fb) : "r"(__float_as_uint(w)), "r"(0x3F800000u));
+  const float f = __uint_as_float(fb);
   const float x = __fmaf_rn(f, 16.f, -16.f);                     // w - floor(w), exact
   const float h = __fmaf_rn(x, x, -x);
   float z = __fmaf_rn(h, kQuadK, y);
@@ -168,12 +170,16 @@ __device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float 
 }
 
 // Copy a row-major tile (kRows x kCols bytes, global pitch `stride` bytes) into 64-byte
-// K-blocks with the 64B swizzle; rows past `rows` are zero-filled.
+// K-blocks with the 64B swizzle; rows past `rows` are zero-filled.  Constant trip count:
+// every thread's smem offsets are loop invariants the compiler keeps.
 template <int kRows, int kCols>
 __device__ __forceinline__ void load_qk(uint32_t tile, const uint8_t* g, long long stride, int rows) {
-  constexpr int kChunks = kRows * kCols / 16;
-  for (int i = threadIdx.x; i < kChunks; i += kThreads) {
-    const int r = i / (kCols / 16), c16 = i % (kCols / 16);
+  constexpr int kPerRow = kCols / 16, kChunks = kRows * kPerRow;
+  static_assert(kChunks % kThreads == 0, "whole rounds of 16-byte chunks");
+#pragma unroll 4   // (d256: a full unroll spills)
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int i = threadIdx.x + it * kThreads;
+    const int r = i / kPerRow, c16 = i % kPerRow;
     const bool ok = r < rows;
     cp_async16(tile + (c16 / 4) * kRows * 64 + swz64(r, c16 % 4), g + (ok ? r * stride + c16 * 16 : 0), ok);
   }
@@ -181,9 +187,12 @@ __device__ __forceinline__ void load_qk(uint32_t tile, const uint8_t* g, long lo
 
 // Copy kBlockN key rows of V (kDv bytes each) into the staging tile.
 __device__ __forceinline__ void load_v(uint32_t tile, const uint8_t* g, long long stride, int rows) {
-  constexpr int kChunks = kBlockN * kDv / 16;
-  for (int i = threadIdx.x; i < kChunks; i += kThreads) {
-    const int r = i / (kDv / 16), c16 = i % (kDv / 16);
+  constexpr int kPerRow = kDv / 16, kChunks = kBlockN * kPerRow;
+  static_assert(kChunks % kThreads == 0, "whole rounds of 16-byte chunks");
+#pragma unroll 4   // (d256: a full unroll spills)
+  for (int it = 0; it < kChunks / kThreads; ++it) {
+    const int i = threadIdx.x + it * kThreads;
+    const int r = i / kPerRow, c16 = i % kPerRow;
     const bool ok = r < rows;
     cp_async16(tile + stg(r, c16 * 16), g + (ok ? r * stride + c16 * 16 : 0), ok);
   }
@@ -193,7 +202,10 @@ __device__ __forceinline__ void load_v(uint32_t tile, const uint8_t* g, long lon
 // 2t+8, 2t+9} (+ 32c + 16h) x 4 bytes of dv (4g..4g+3): 4 reads, 8 byte permutes, 4 writes.
 // Lane bits -> (c0, h, t0, t1, g0), the rest -> (c1, g1 ...): see the module comment.
 __device__ __forceinline__ void transpose_v(uint32_t vt_tile, uint32_t st_tile) {
-  for (int u = threadIdx.x; u < 8 * kDv; u += kThreads) {
+  static_assert(8 * kDv % kThreads == 0, "whole rounds of units");
+#pragma unroll
+  for (int it = 0; it < 8 * kDv / kThreads; ++it) {
+    const int u = threadIdx.x + it * kThreads;
     const int l = u & 31, rest = u >> 5;
     const int c = (l & 1) | ((rest & 1) << 1), h = (l >> 1) & 1, t = (l >> 2) & 3;
     const int g = ((l >> 4) & 1) | ((rest >> 1) << 1);
