@@ -21,8 +21,8 @@
 //                   V^T from smem; l += P 1 by wgmma m64n8k32 against 8 rows of ones (every
 //                   column holds the row sum).  Each block is accumulated from zero in the
 //                   tensor core and merged into fp32 registers, O = O 2^(F - T) + O_b (FFMA):
-//                   Hopper's FP8 WGMMA accumulates with fewer bits than fp32 (truncating), so
-//                   a running sum kept in it drifts (measured: LSE off by 1e-2 at 4 blocks)
+//                   Hopper's FP8 WGMMA accumulates with fewer bits than fp32, so a running
+//                   O kept in it would lose bits with every block of a long sequence
 //
 // P in WGMMA-operand order.  The S accumulator gives a thread, per row and 32 keys, the keys
 // {2t, 2t+1, 2t+8, 2t+9} and the same + 16 (t = lane % 4); the e4m3 A fragment wants the
