@@ -1,8 +1,9 @@
-// zyfa attention forward for sm_90a: the FA2-style reference kernel body.
+// zyfa attention forward for sm_90a, BF16: the FA2-style kernel body (d64 causal, where the
+// WGMMA body's 128-row tiles measured slower).
 //
 // One CTA = 4 warps = kBlockM (64) query rows of one (sequence, query head); each warp
 // owns 16 rows.  Per key block of kBlockN keys:
-//   global --16-byte loads--> smem (bf16; FP8 is widened exactly on the way in)
+//   global --16-byte loads--> smem (bf16)
 //   S  = Q K^T        mma.m16n8k16 bf16, Q/K fragments read from smem as 32-bit words
 //   online softmax    rows live in one quad (4 lanes), reductions by shfl.xor 1, 2
 //   O += P V          P re-packed from the S accumulators (no smem round trip),
@@ -13,7 +14,6 @@
 // This file is included after the generated `zyfa_cfg` constants and `struct Params`.
 
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 #include <stdint.h>
 
 namespace zyfa {
@@ -24,7 +24,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kPad = 8;                        // bf16 elements per smem row of padding
 constexpr int kLdQK = kDqk + kPad;             // smem row pitch of Q and K tiles
 constexpr int kLdV = kDv + kPad;               // smem row pitch of the V tile
-constexpr int kElemBytes = kFp8 ? 1 : 2;       // bytes per global input element
+static_assert(!kFp8, "FP8 variants use the WGMMA body with Lean P (flash_fwd_fp8_wgmma.cuh)");
+constexpr int kElemBytes = 2;                  // bytes per global input element
 constexpr int kChunk = 16 / kElemBytes;        // elements per 16-byte global load
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -74,25 +75,10 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* smem, int ld, const uin
       raw = __ldg(reinterpret_cast<const uint4*>(gbase + (static_cast<long long>(r) * stride + col) *
                                                             kElemBytes));
     }
-    if constexpr (kFp8) {
-      // 16 e4m3 values -> 16 bf16 values, exactly (every e4m3 value is a bf16 value).
-      const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
-      uint32_t out[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3);
-        float2 f = __half22float2(*reinterpret_cast<__half2*>(&h));
-        out[i] = pack_bf16(f.x, f.y);
-      }
-      reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
-      reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = raw;
-    }
+    *reinterpret_cast<uint4*>(dst) = raw;
   }
 }
 
-// A template so that `if constexpr` branches may name fields only FP8 variants have.
 template <class P>
 __device__ void flash_fwd(const P& p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -132,11 +118,6 @@ __device__ void flash_fwd(const P& p) {
   const uint8_t* gv = static_cast<const uint8_t*>(p.v) + v_off * kElemBytes;
 
   float scale_log2 = p.softmax_scale * kLog2e;
-  float out_scale = 1.f;
-  if constexpr (kFp8) {
-    scale_log2 *= *static_cast<const float*>(p.descale_q) * *static_cast<const float*>(p.descale_k);
-    out_scale = *static_cast<const float*>(p.descale_v);
-  }
 
   // Causal, bottom-right aligned: row i sees key j iff j <= i + (sk - sq).
   const int diag = sk - sq;
@@ -254,7 +235,7 @@ __device__ void flash_fwd(const P& p) {
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int row = r_lo + hr * 8;
     if (row >= sq) continue;
-    const float inv = l > 0.f ? out_scale / l : 0.f;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     __nv_bfloat16* orow = go + static_cast<long long>(row) * p.o_stride_s;
 #pragma unroll
     for (int i = 0; i < kNO; ++i) {

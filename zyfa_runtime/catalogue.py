@@ -155,8 +155,8 @@ def tile_for(v: Variant) -> Tile:
         smem = 128 * 128 * kb + 2 * block_n * 128 * kb + 2 * block_n * 128 * (v.d_v // 64) + 1024
         return Tile(block_m=128, block_n=block_n, threads=256, dynamic_smem=smem)
     if v.vendor == "cuda":
-        # 4 warps x 16 query rows; Q, K and V tiles staged in shared memory as bf16
-        # (FP8 inputs are widened exactly on the way in).  Rows are padded by 16 bytes
+        # cuda/flash_fwd.cuh (BF16 d64 causal): 4 warps x 16 query rows; Q, K and V tiles
+        # staged in shared memory as bf16.  Rows are padded by 16 bytes
         # so that fragment loads and ldmatrix rows fall in distinct banks.
         block_m = 64
         block_n = 64 if v.d_qk <= 128 else 32

@@ -1,11 +1,10 @@
 """Check kernels on the active device against the fp64 reference, at small shapes.
 
 Every case draws fresh random inputs (never zeros), poisons the output with NaN
-before the launch, and compares O and LSE with ``reference``.  Error bound: the
+before the launch, and compares O and LSE with ``reference``.  Error bound: the BF16
 kernels round P to bf16 before the PV product and round O to bf16 at the end, two
 roundings of unit roundoff u = 2^-9 each; the QK^T and PV sums are fp32 over exact
-bf16 products (FP8 inputs widen to bf16 exactly, and the reference is computed on
-the dequantised FP8 values).  ||out-ref||/||ref|| is therefore about 2u ~ 3.9e-3 in
+bf16 products.  ||out-ref||/||ref|| is therefore about 2u ~ 3.9e-3 in
 the worst case of aligned rounding errors; the bound is 8e-3 (2u plus margin for
 the fp32 accumulation and cancellation in small outputs).  LSE is fp32 from fp32 row
 sums: absolute error bound 1e-3.  NaN anywhere fails.
