@@ -6,7 +6,11 @@
     python bench/peers.py --sustained                         # >= 10 s per point
     python bench/peers.py --dry-run                           # print the plan only (no GPU)
 
-Implementations, all on the same inputs ([B, S, H, D] memory, torch.randn in bf16):
+Implementations, all on the same inputs ([B, S, H, D] memory, bf16): Gaussian (torch.randn),
+or with ``--inputs real`` SmolLM2-135M's own post-RoPE Q, K, V (``bench/real_inputs.py``
+writes them; ``tile_real`` tiles them to each shape: head dim 64 as captured, head dim 128
+derived as in the accuracy study, softmax scale 1/8 as the model uses; other head dims have
+no real inputs and are reported missing):
 
 * ``zyfa_bf16``   -- zyfa_runtime.flash_attn_func on the bf16 tensors
 * ``zyfa_fp8``    -- the same on per-tensor e4m3 codes (descale = amax / 448)
@@ -50,6 +54,8 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -67,7 +73,7 @@ IMPLS = ["zyfa_bf16", "zyfa_fp8", "sdpa_cudnn", "sdpa_flash", "triton_fp8"]
 FP8_IMPLS = {"zyfa_fp8", "triton_fp8"}
 E4M3_MAX = 448.0
 REF_ROWS = 128          # first and last REF_ROWS query rows
-REF_HEADS = 2
+REF_HEADS = 2           # query heads of the reference slice (--ref-heads)
 
 
 # --------------------------------------------------------------------------------------
@@ -385,6 +391,38 @@ def time_call(fn, min_s: float, warm_s: float, sampler: Sampler) -> dict:
     return res
 
 
+def tile_real(real, shape):
+    """Q, K, V (float32 numpy, [B, S, H, D]) for ``shape`` from captured SmolLM2 activations
+    ``real`` (q (L, T, 9, 64), k and v (L, T, 3, 64)).  Key/value head j of batch b is captured
+    head j % 3 of layer (j // 3 + b) % L; each query head keeps its captured pairing (query
+    head c * 3 + i attends key/value head c).  Sequences repeat the T captured tokens.  Head dim
+    128: the derived heads of the accuracy study (key/value heads 0 and 1 concatenated, their
+    query heads likewise), one key/value head per layer."""
+    B, Hq, Hkv, S, dqk, dv = shape
+    if (dqk, dv) not in ((64, 64), (128, 128)):
+        raise ValueError(f"no real inputs for head dims {dqk}/{dv} (SmolLM2 has 64; 128 is derived)")
+    q, k, v = (np.asarray(real[n], dtype=np.float32) for n in ("q", "k", "v"))
+    group = q.shape[2] // k.shape[2]
+    if dqk == 128:
+        q = np.concatenate([q[:, :, 0:group], q[:, :, group:2 * group]], axis=3)
+        k, v = (np.concatenate([x[:, :, 0:1], x[:, :, 1:2]], axis=3) for x in (k, v))
+    n_layers, t, hkv0 = q.shape[0], q.shape[1], k.shape[2]
+    reps = -(-S // t)
+    seq = lambda x: np.tile(x, (reps, 1))[:S]   # noqa: E731  (T, D) -> (S, D)
+    qo = np.empty((B, S, Hq, dqk), np.float32)
+    ko = np.empty((B, S, Hkv, dqk), np.float32)
+    vo = np.empty((B, S, Hkv, dv), np.float32)
+    for b in range(B):
+        for j in range(Hkv):
+            layer, c = (j // hkv0 + b) % n_layers, j % hkv0
+            ko[b, :, j], vo[b, :, j] = seq(k[layer, :, c]), seq(v[layer, :, c])
+        for h in range(Hq):
+            j = h // (Hq // Hkv)
+            layer, c = (j // hkv0 + b) % n_layers, j % hkv0
+            qo[b, :, h] = seq(q[layer, :, c * group + h % group])
+    return qo, ko, vo
+
+
 def ref_slice(q, k, v, causal: bool, sm_scale: float):
     """fp64 reference on batch 0, the first REF_HEADS query heads, the first and last
     REF_ROWS query rows, over all keys.  q [B,Sq,Hq,D], k/v [B,Sk,Hkv,D]; returns
@@ -395,7 +433,7 @@ def ref_slice(q, k, v, causal: bool, sm_scale: float):
     rows = sorted(set(range(min(REF_ROWS, Sq))) | set(range(max(0, Sq - REF_ROWS), Sq)))
     rows_t = torch.tensor(rows, device=q.device)
     outs = []
-    for h in range(min(REF_HEADS, Hq)):
+    for h in range(min(REF_HEADS, Hq)):   # noqa: B007 (REF_HEADS may be set by --ref-heads)
         hk = h // (Hq // Hkv)
         qs = q[0, rows_t, h, :].double()
         ks = k[0, :, hk, :].double()
@@ -485,13 +523,17 @@ def run_point(shape, causal, impls, args, sampler, tri):
     B, Hq, Hkv, S, dqk, dv = shape
     g = torch.Generator(device="cuda").manual_seed(args.seed)
     dev = "cuda"
-    q = torch.randn(B, S, Hq, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
-    k = torch.randn(B, S, Hkv, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
-    v = torch.randn(B, S, Hkv, dv, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    if args.real is not None:
+        q, k, v = (torch.from_numpy(x).to(dev).to(torch.bfloat16) for x in tile_real(args.real, shape))
+        sm = 0.125   # the model's own scale (the derived d128 heads too, as in the study)
+    else:
+        q = torch.randn(B, S, Hq, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+        k = torch.randn(B, S, Hkv, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+        v = torch.randn(B, S, Hkv, dv, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
+        sm = 1.0 / math.sqrt(dqk)
     q8, dq_ = quantise(q)
     k8, dk_ = quantise(k)
     v8, dv_ = quantise(v)
-    sm = 1.0 / math.sqrt(dqk)
     ctx = dict(q=q, k=k, v=v, q8=q8, k8=k8, v8=v8, dq=dq_, dk=dk_, dv=dv_, sm_scale=sm)
     rows_t, ref_bf = ref_slice(q, k, v, causal, sm)
     deq = [c.float() * d for c, d in ((q8, dq_), (k8, dk_), (v8, dv_))]
@@ -561,7 +603,7 @@ def markdown(data) -> str:
     lines = [f"# zyfa vs peers -- {data['gpu'].get('name', '?')}", "",
              f"commit {data.get('commit')}, {data['date']}, torch {data['versions'].get('torch')}, "
              f"triton {data['versions'].get('triton')}, driver {data['gpu'].get('driver')}, "
-             f"mode {data['mode']}", "",
+             f"mode {data['mode']}, inputs {data.get('inputs', 'gaussian')}", "",
              "Each cell: TFLOP/s / rel. error / mean W / mean SM MHz "
              "(FP8 errors against the dequantised-input fp64 reference).", ""]
     lines.append("| shape | causal | " + " | ".join(impls) + " |")
@@ -626,6 +668,7 @@ def plot(data, out_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------------------
 
 def main(argv=None):
+    global REF_HEADS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", help="indices into the shape list (0-based, comma-separated) "
                     "or BxHqxHkvxSxDqkxDv tuples")
@@ -636,10 +679,23 @@ def main(argv=None):
     ap.add_argument("--min-s", type=float, default=None, help="timed window per point (s)")
     ap.add_argument("--warm-s", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--inputs", choices=["gaussian", "real"], default="gaussian")
+    ap.add_argument("--real-npz", type=Path, default=ROOT / "build" / "smollm2_qkv.npz",
+                    help="captured activations for --inputs real (bench/real_inputs.py)")
+    ap.add_argument("--ref-heads", type=int, default=REF_HEADS,
+                    help="query heads in the fp64 reference slice")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
+    REF_HEADS = args.ref_heads
+    args.real = None
+    if args.inputs == "real" and not args.dry_run:
+        if not args.real_npz.exists():
+            print(f"{args.real_npz} is missing: python bench/real_inputs.py writes it", file=sys.stderr)
+            return 2
+        with np.load(args.real_npz) as f:
+            args.real = {n: f[n] for n in ("q", "k", "v")}
     if args.min_s is None:
         args.min_s = 10.0 if args.sustained else 0.2
     mode = "quick" if args.quick else "full"
@@ -684,6 +740,8 @@ def main(argv=None):
         versions["zyfa_runtime"] = _clean(f"import failed: {type(e).__name__}: {e}")
     data = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "commit": args.commit,
             "mode": mode, "min_s": args.min_s, "warm_s": args.warm_s, "seed": args.seed,
+            "inputs": args.inputs, "softmax_scale": "0.125 (SmolLM2's)" if args.real is not None
+            else "1/sqrt(d_qk)",
             "gpu": gpu, "versions": versions, "impls": impls,
             "ref_slice": f"batch 0, query heads 0..{REF_HEADS - 1}, first and last "
                          f"{REF_ROWS} query rows, all keys, fp64",

@@ -1,0 +1,58 @@
+"""bench/peers.py --inputs real: SmolLM2's activations tiled to a benchmark shape keep each
+query head with the key/value head it was computed against, derive head dim 128 as the
+accuracy study does, and refuse head dims they cannot provide."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def peers():
+    spec = importlib.util.spec_from_file_location("peers", ROOT / "bench" / "peers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def real():
+    rng = np.random.default_rng(0)   # the shapes of a capture: 2 layers, 40 tokens, 9 / 3 heads
+    return {"q": rng.standard_normal((2, 40, 9, 64)).astype(np.float16),
+            "k": rng.standard_normal((2, 40, 3, 64)).astype(np.float16),
+            "v": rng.standard_normal((2, 40, 3, 64)).astype(np.float16)}
+
+
+def test_captured_heads_are_reproduced_at_their_own_shape(peers, real):
+    q, k, v = peers.tile_real(real, (1, 9, 3, 40, 64, 64))
+    assert np.array_equal(q[0], real["q"][0].astype(np.float32))
+    assert np.array_equal(k[0], real["k"][0].astype(np.float32))
+    assert np.array_equal(v[0], real["v"][0].astype(np.float32))
+
+
+def test_query_heads_keep_their_key_value_head(peers, real):
+    q, k, _ = peers.tile_real(real, (2, 32, 8, 100, 64, 64))
+    for b in range(2):
+        for h in range(32):
+            j = h // 4
+            layer, c = (j // 3 + b) % 2, j % 3
+            assert np.array_equal(k[b, :40, j], real["k"][layer, :, c].astype(np.float32))
+            assert np.array_equal(q[b, :40, h], real["q"][layer, :, c * 3 + h % 3].astype(np.float32))
+    assert np.array_equal(q[:, 40:80], q[:, :40])     # sequences repeat the captured tokens
+    assert np.array_equal(q[:, 80:], q[:, :20])
+
+
+def test_head_dim_128_is_the_derived_pair(peers, real):
+    q, k, v = peers.tile_real(real, (1, 3, 1, 40, 128, 128))
+    assert np.array_equal(k[0, :, 0], np.concatenate([real["k"][0, :, 0], real["k"][0, :, 1]], -1))
+    assert np.array_equal(q[0, :, 2], np.concatenate([real["q"][0, :, 2], real["q"][0, :, 5]], -1))
+
+
+@pytest.mark.parametrize("dims", [(256, 256), (192, 128)])
+def test_other_head_dims_have_no_real_inputs(peers, real, dims):
+    with pytest.raises(ValueError, match="no real inputs"):
+        peers.tile_real(real, (1, 16, 16, 64, *dims))
