@@ -1,6 +1,6 @@
-"""bench/peers.py --inputs real: SmolLM2's activations tiled to a benchmark shape keep each
+"""bench/peers.py on any machine: SmolLM2's activations tiled to a benchmark shape keep each
 query head with the key/value head it was computed against, derive head dim 128 as the
-accuracy study does, and refuse head dims they cannot provide."""
+accuracy study does and refuse head dims they cannot provide; the bar is bridged."""
 
 import importlib.util
 from pathlib import Path
@@ -56,3 +56,17 @@ def test_head_dim_128_is_the_derived_pair(peers, real):
 def test_other_head_dims_have_no_real_inputs(peers, real, dims):
     with pytest.raises(ValueError, match="no real inputs"):
         peers.tile_real(real, (1, 16, 16, 64, *dims))
+
+
+def test_the_bar_is_bridged_through_this_runs_cudnn(peers):
+    """A run whose cuDNN is 10 % faster than the anchor's raises the bar by 10 %."""
+    shape = (1, 32, 8, 16384, 128, 128)
+    point = {"shape": dict(zip(("B", "Hq", "Hkv", "S", "d_qk", "d_v"), shape)), "label": "x",
+             "causal": False,
+             "impls": {"sdpa_cudnn": {"status": "ok", "tflops": 613 * 1.1},
+                       "zyfa_fp8": {"status": "ok", "tflops": 933 * 1.1 * 0.5},
+                       "zyfa_bf16": {"status": "missing", "reason": "test"}}}
+    lines = peers.bridged_table({"points": [point]})
+    row = lines[-1]
+    assert "| 1.100 |" in row and "cuDNN FP8 1026" in row and "(0.50x)" in row and "missing" in row
+    assert peers.bridged_table({"points": [dict(point, causal=None)]}) == []
