@@ -1,0 +1,54 @@
+"""generator/kernel_source: which body each sm_90a variant gets, the WGMMA instructions it
+is given, and the FP8 body's recipe constants, taken from the model it must match."""
+
+import re
+import struct
+
+import pytest
+
+from generator import kernel_source as ks
+from zyfa_runtime import catalogue, e4m3, fp8_models
+from zyfa_runtime.catalogue import Variant
+
+SM90 = [v for v in catalogue.all_variants() if v.arch == "sm_90a"]
+
+
+@pytest.mark.parametrize("v", SM90, ids=lambda v: v.name)
+def test_each_variant_gets_its_body(v):
+    src = ks.emit(v)
+    if v.dtype == "fp8_e4m3":
+        assert "Lean P" in src and "wgmma_sum" in src            # flash_fwd_fp8_wgmma.cuh
+    elif catalogue.uses_wgmma(v):
+        assert "wgmma_pv" in src and "wgmma_sum" not in src      # flash_fwd_wgmma.cuh
+    else:
+        assert (v.d_qk, v.causal) == (64, True) and "mma.sync.aligned.m16n8k16" in src
+
+
+@pytest.mark.parametrize("v", [v for v in SM90 if v.dtype == "fp8_e4m3"], ids=lambda v: v.name)
+def test_fp8_wgmma_shapes_follow_the_tile_and_head_dims(v):
+    src = ks.emit(v)
+    n = v.tile.block_n
+    assert f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{" in src
+    assert f"m64n{min(v.d_v, 128)}k32.f32.e4m3.e4m3" in src      # PV in passes of N <= 128
+    assert "m64n8k32.f32.e4m3.e4m3" in src                       # the row sum against ones
+    # one PTX operand per accumulator: N/2 of S, the scale-d predicate after the operands
+    qk = re.search(r"void wgmma_qk\(float \(&d\)\[(\d+)\]", src)
+    assert int(qk.group(1)) == n // 2
+
+
+def test_recipe_constants_are_the_models():
+    v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
+    cfg = ks.config(v)
+    quad = re.search(r"kQuadK = (\S+)f;", cfg).group(1)
+    assert float.fromhex(quad) == float(e4m3.LEAN_QUAD_K)        # exactly, as fp32
+    assert struct.unpack("<f", struct.pack("<f", float.fromhex(quad)))[0] == float.fromhex(quad)
+    r = fp8_models.RECIPES["sm_90a"]
+    assert f"kCode0 = {float(r.c0)!r}f" in cfg and r.block_keys == v.tile.block_n
+
+
+def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch):
+    v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
+    other = fp8_models.RECIPES["sm_90a"].replace(p_rounding="lean")
+    monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", other)
+    with pytest.raises(ValueError, match="implements lean_quad bytes"):
+        ks.config(v)
