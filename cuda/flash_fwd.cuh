@@ -96,26 +96,14 @@ __device__ void flash_fwd(const P& p) {
   const int quad_col = (lane % 4) * 2;  // first of the two columns this thread holds
 
   // ---- this sequence's rows and keys ----------------------------------------------
-  long long q_start = 0, k_start = 0;
-  int sq = p.seqlen_q, sk = p.seqlen_k;
-  if (p.cu_seqlens_q != nullptr) {
-    const int* cq = static_cast<const int*>(p.cu_seqlens_q);
-    const int* ck = static_cast<const int*>(p.cu_seqlens_k);
-    q_start = cq[b];
-    sq = cq[b + 1] - cq[b];
-    k_start = ck[b];
-    sk = ck[b + 1] - ck[b];
-  }
+  const SeqBounds seq = sequence_bounds(p, b);
+  const int sq = seq.sq, sk = seq.sk;
   const int row0 = m_block * kBlockM;
   if (row0 >= sq) return;
-
-  const long long q_off = (p.cu_seqlens_q ? q_start * p.q_stride_s : b * p.q_stride_b) + h * p.q_stride_h;
-  const long long k_off = (p.cu_seqlens_k ? k_start * p.k_stride_s : b * p.k_stride_b) + h_kv * p.k_stride_h;
-  const long long v_off = (p.cu_seqlens_k ? k_start * p.v_stride_s : b * p.v_stride_b) + h_kv * p.v_stride_h;
-  const long long o_off = (p.cu_seqlens_q ? q_start * p.o_stride_s : b * p.o_stride_b) + h * p.o_stride_h;
-  const uint8_t* gq = static_cast<const uint8_t*>(p.q) + q_off * kElemBytes;
-  const uint8_t* gk = static_cast<const uint8_t*>(p.k) + k_off * kElemBytes;
-  const uint8_t* gv = static_cast<const uint8_t*>(p.v) + v_off * kElemBytes;
+  const TensorOffsets off = tensor_offsets(p, seq, b, h, h_kv);
+  const uint8_t* gq = static_cast<const uint8_t*>(p.q) + off.q * kElemBytes;
+  const uint8_t* gk = static_cast<const uint8_t*>(p.k) + off.k * kElemBytes;
+  const uint8_t* gv = static_cast<const uint8_t*>(p.v) + off.v * kElemBytes;
 
   float scale_log2 = p.softmax_scale * kLog2e;
 
@@ -227,7 +215,7 @@ __device__ void flash_fwd(const P& p) {
   }
 
   // ---- epilogue: normalise, store O (bf16) and LSE (fp32, natural log) -----------------
-  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + o_off;
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + off.o;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float l = l_run[hr];
@@ -243,8 +231,7 @@ __device__ void flash_fwd(const P& p) {
           pack_bf16(acc_o[i][2 * hr] * inv, acc_o[i][2 * hr + 1] * inv);
     }
     if (p.lse != nullptr && (lane % 4) == 0) {
-      float* glse = static_cast<float*>(const_cast<void*>(p.lse)) + b * p.lse_stride_b +
-                    h * p.lse_stride_h + q_start;
+      float* glse = lse_rows(p, seq, b, h);
       glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
     }
   }

@@ -88,25 +88,14 @@ __device__ __forceinline__ uint32_t stg(int k, int d) {
 }
 // V^T offset of (dv row n, key position L): 128B swizzle.
 __device__ __forceinline__ uint32_t vt(int n, int l) {
-  return n * 128 + (((l >> 4) ^ (n & 7)) << 4) + (l & 15);
+  return swz128(n, l >> 4) + (l & 15);
 }
 
-// WGMMA smem descriptor, K-major, swizzled: `mode` 1 = 128B (8-row groups 1024 B apart),
-// 2 = 64B (512 B apart).
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, int mode) {
-  const uint32_t sbo = mode == 1 ? 1024 : 512;
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>(1) << 16;                 // leading byte offset (unused: swizzled K-major)
-  d |= static_cast<uint64_t>(sbo >> 4) << 32;          // stride byte offset
-  d |= static_cast<uint64_t>(mode) << 62;
-  return d;
-}
+// K-major operand descriptors (the leading byte offset is unused for swizzled K-major tiles):
+// Q and K in 64B swizzle (8-row groups 512 bytes apart), V^T and ones in 128B (1024 apart).
+__device__ __forceinline__ uint64_t desc_64b(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 512, 2); }
+__device__ __forceinline__ uint64_t desc_128b(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 1024, 1); }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
 __device__ __forceinline__ uint32_t lds32(uint32_t a) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
@@ -116,12 +105,6 @@ __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(a), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_async_smem() {   // generic smem writes -> WGMMA reads
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 ZYFA_WGMMA_WRAPPERS
 
@@ -242,26 +225,14 @@ __device__ void flash_fwd(const P& p) {
   const int quad_row = lane / 4;
   const int quad_col = (lane % 4) * 2;
 
-  long long q_start = 0, k_start = 0;
-  int sq = p.seqlen_q, sk = p.seqlen_k;
-  if (p.cu_seqlens_q != nullptr) {
-    const int* cq = static_cast<const int*>(p.cu_seqlens_q);
-    const int* ck = static_cast<const int*>(p.cu_seqlens_k);
-    q_start = cq[b];
-    sq = cq[b + 1] - cq[b];
-    k_start = ck[b];
-    sk = ck[b + 1] - ck[b];
-  }
+  const SeqBounds seq = sequence_bounds(p, b);
+  const int sq = seq.sq, sk = seq.sk;
   const int row0 = m_block * kBlockM;
   if (row0 >= sq) return;
-
-  const long long q_off = (p.cu_seqlens_q ? q_start * p.q_stride_s : b * p.q_stride_b) + h * p.q_stride_h;
-  const long long k_off = (p.cu_seqlens_k ? k_start * p.k_stride_s : b * p.k_stride_b) + h_kv * p.k_stride_h;
-  const long long v_off = (p.cu_seqlens_k ? k_start * p.v_stride_s : b * p.v_stride_b) + h_kv * p.v_stride_h;
-  const long long o_off = (p.cu_seqlens_q ? q_start * p.o_stride_s : b * p.o_stride_b) + h * p.o_stride_h;
-  const uint8_t* gq = static_cast<const uint8_t*>(p.q) + q_off;
-  const uint8_t* gk = static_cast<const uint8_t*>(p.k) + k_off;
-  const uint8_t* gv = static_cast<const uint8_t*>(p.v) + v_off;
+  const TensorOffsets off = tensor_offsets(p, seq, b, h, h_kv);
+  const uint8_t* gq = static_cast<const uint8_t*>(p.q) + off.q;
+  const uint8_t* gk = static_cast<const uint8_t*>(p.k) + off.k;
+  const uint8_t* gv = static_cast<const uint8_t*>(p.v) + off.v;
 
   // c = fp32(softmax_scale * log2(e) * dq * dk), the products in double (fp8_models.log2_scale).
   const float c = static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eD *
@@ -312,8 +283,8 @@ __device__ void flash_fwd(const P& p) {
 #pragma unroll
     for (int k = 0; k < kDqk / 32; ++k) {
       const uint32_t kb = k / 2, kk = k % 2;
-      wgmma_qk(acc_s, gmma_desc(sQg + kb * kBlockM * 64 + kk * 32, 2),
-               gmma_desc(sK + kb * kBlockN * 64 + kk * 32, 2), k > 0);
+      wgmma_qk(acc_s, desc_64b(sQg + kb * kBlockM * 64 + kk * 32),
+               desc_64b(sK + kb * kBlockN * 64 + kk * 32), k > 0);
     }
     wgmma_commit();
     transpose_v(sVt, sVs);
@@ -371,8 +342,8 @@ __device__ void flash_fwd(const P& p) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 32; ++kk) {
-        wgmma_pv(acc_b, pa + 4 * kk, gmma_desc(sVt + pass * kPvN * 128 + kk * 32, 1), kk > 0);
-        if (pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, gmma_desc(sOnes + kk * 32, 1), kk > 0);
+        wgmma_pv(acc_b, pa + 4 * kk, desc_128b(sVt + pass * kPvN * 128 + kk * 32), kk > 0);
+        if (pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_128b(sOnes + kk * 32), kk > 0);
       }
       wgmma_commit();
       wgmma_wait0();
@@ -392,7 +363,7 @@ __device__ void flash_fwd(const P& p) {
   }
 
   // ---- epilogue: O / l * dv (bf16) and LSE = ln 2 (F + log2(l / 256)) -------------------------
-  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + o_off;
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + off.o;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const float l = acc_l[2 * hr];                      // every column holds the row sum
@@ -406,8 +377,7 @@ __device__ void flash_fwd(const P& p) {
       *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + quad_col) = v2;
     }
     if (p.lse != nullptr && (lane % 4) == 0) {
-      float* glse = static_cast<float*>(const_cast<void*>(p.lse)) + b * p.lse_stride_b +
-                    h * p.lse_stride_h + q_start;
+      float* glse = lse_rows(p, seq, b, h);
       glse[row] = l > 0.f ? (frame[hr] + log2f(l) - kLog2Shift) * kLn2 : -INFINITY;
     }
   }

@@ -45,29 +45,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Byte offset of (row, 16-byte chunk) in a K-block of 128-byte rows, 128B-swizzled.
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return row * 128 + ((chunk ^ (row & 7)) << 4);
+// K-major operand descriptor: 1024 bytes between 8-row groups, 128B swizzle (the leading byte
+// offset is unused for swizzled K-major tiles).
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t smem_addr) {
+  return gmma_desc(smem_addr, 16, 1024, 1);
 }
-
-// WGMMA shared-memory descriptor: start address, 1024 bytes between 8-row groups, 128B swizzle.
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>(1) << 16;                 // leading byte offset (unused: swizzled K-major)
-  d |= static_cast<uint64_t>(1024 >> 4) << 32;         // stride byte offset
-  d |= static_cast<uint64_t>(1) << 62;                 // 128B swizzle
-  return d;
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
 ZYFA_WGMMA_WRAPPERS
 
@@ -81,19 +63,14 @@ __device__ __forceinline__ void load_kmajor(uint32_t tile, const __nv_bfloat16* 
     const int r = c / (kCols / 8), col8 = c % (kCols / 8);
     const int kb = col8 / 8, ch = col8 % 8;
     const bool ok = r < rows;
-    cp_async16(tile + kb * kRows * 128 + swz(r, ch), g + (ok ? r * stride + col8 * 8 : 0), ok);
+    cp_async16(tile + kb * kRows * 128 + swz128(r, ch), g + (ok ? r * stride + col8 * 8 : 0), ok);
   }
 }
 
 // MN-major (transposed) operand descriptor: 8-row groups along K 1024 bytes apart, 64-column
-// blocks along MN `mn_stride` bytes apart, 128B swizzle.
-__device__ __forceinline__ uint64_t gmma_desc_mn(uint32_t smem_addr, uint32_t mn_stride) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>(mn_stride >> 4) << 16;    // leading byte offset: MN blocks
-  d |= static_cast<uint64_t>(1024 >> 4) << 32;         // stride byte offset: 8-row K groups
-  d |= static_cast<uint64_t>(1) << 62;
-  return d;
+// blocks along MN `mn_stride` bytes apart (the leading byte offset), 128B swizzle.
+__device__ __forceinline__ uint64_t desc_mnmajor(uint32_t smem_addr, uint32_t mn_stride) {
+  return gmma_desc(smem_addr, mn_stride, 1024, 1);
 }
 
 template <class P>
@@ -114,26 +91,14 @@ __device__ void flash_fwd(const P& p) {
   const int quad_row = lane / 4;
   const int quad_col = (lane % 4) * 2;
 
-  long long q_start = 0, k_start = 0;
-  int sq = p.seqlen_q, sk = p.seqlen_k;
-  if (p.cu_seqlens_q != nullptr) {
-    const int* cq = static_cast<const int*>(p.cu_seqlens_q);
-    const int* ck = static_cast<const int*>(p.cu_seqlens_k);
-    q_start = cq[b];
-    sq = cq[b + 1] - cq[b];
-    k_start = ck[b];
-    sk = ck[b + 1] - ck[b];
-  }
+  const SeqBounds seq = sequence_bounds(p, b);
+  const int sq = seq.sq, sk = seq.sk;
   const int row0 = m_block * kBlockM;
   if (row0 >= sq) return;
-
-  const long long q_off = (p.cu_seqlens_q ? q_start * p.q_stride_s : b * p.q_stride_b) + h * p.q_stride_h;
-  const long long k_off = (p.cu_seqlens_k ? k_start * p.k_stride_s : b * p.k_stride_b) + h_kv * p.k_stride_h;
-  const long long v_off = (p.cu_seqlens_k ? k_start * p.v_stride_s : b * p.v_stride_b) + h_kv * p.v_stride_h;
-  const long long o_off = (p.cu_seqlens_q ? q_start * p.o_stride_s : b * p.o_stride_b) + h * p.o_stride_h;
-  const __nv_bfloat16* gq = static_cast<const __nv_bfloat16*>(p.q) + q_off;
-  const __nv_bfloat16* gk = static_cast<const __nv_bfloat16*>(p.k) + k_off;
-  const __nv_bfloat16* gv = static_cast<const __nv_bfloat16*>(p.v) + v_off;
+  const TensorOffsets off = tensor_offsets(p, seq, b, h, h_kv);
+  const __nv_bfloat16* gq = static_cast<const __nv_bfloat16*>(p.q) + off.q;
+  const __nv_bfloat16* gk = static_cast<const __nv_bfloat16*>(p.k) + off.k;
+  const __nv_bfloat16* gv = static_cast<const __nv_bfloat16*>(p.v) + off.v;
   const float scale_log2 = p.softmax_scale * kLog2e;
 
   const int diag = sk - sq;
@@ -148,7 +113,7 @@ __device__ void flash_fwd(const P& p) {
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
   asm volatile("cp.async.wait_all;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // generic writes -> WGMMA reads
+  fence_async_smem();   // generic writes -> WGMMA reads
   __syncthreads();
 
   float acc_o[kDv / 2];
@@ -178,8 +143,8 @@ __device__ void flash_fwd(const P& p) {
 #pragma unroll
     for (int k = 0; k < kDqk / 16; ++k) {
       const uint32_t kb = k / 4, kk = k % 4;
-      wgmma_qk(acc_s, gmma_desc(sQg + kb * kBlockM * 128 + kk * 32),
-               gmma_desc(sK + kb * kBlockN * 128 + kk * 32), k > 0);
+      wgmma_qk(acc_s, desc_kmajor(sQg + kb * kBlockM * 128 + kk * 32),
+               desc_kmajor(sK + kb * kBlockN * 128 + kk * 32), k > 0);
     }
     wgmma_commit();
     wgmma_wait0();
@@ -236,16 +201,16 @@ __device__ void flash_fwd(const P& p) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKS; ++kk)
-      wgmma_pv(acc_o, pa + 4 * kk, gmma_desc_mn(sVt + kk * 16 * 128, kBlockN * 128));
+      wgmma_pv(acc_o, pa + 4 * kk, desc_mnmajor(sVt + kk * 16 * 128, kBlockN * 128));
     wgmma_commit();
     wgmma_wait0();
     asm volatile("cp.async.wait_all;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    fence_async_smem();
     __syncthreads();   // block nb + 1 staged; every warpgroup done with block nb's stage
   }
 
   // ---- epilogue: normalise, store O (bf16) and LSE (fp32, natural log) -----------------
-  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + o_off;
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + off.o;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float l = l_run[hr];
@@ -261,8 +226,7 @@ __device__ void flash_fwd(const P& p) {
           pack_bf16(acc_o[4 * i + 2 * hr] * inv, acc_o[4 * i + 2 * hr + 1] * inv);
     }
     if (p.lse != nullptr && (lane % 4) == 0) {
-      float* glse = static_cast<float*>(const_cast<void*>(p.lse)) + b * p.lse_stride_b +
-                    h * p.lse_stride_h + q_start;
+      float* glse = lse_rows(p, seq, b, h);
       glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
     }
   }

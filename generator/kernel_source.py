@@ -2,7 +2,8 @@
 
 The unit is: the variant's compile-time configuration, the ``Params`` struct and
 the entry point's parameter list -- both generated from ``catalogue.kernargs``, so
-the argument layout exists only there -- then the hand-written kernel body
+the argument layout exists only there -- then, for CUDA, what the bodies share
+(``cuda/flash_common.cuh``), then the hand-written kernel body
 (``cuda/flash_fwd.cuh`` or ``hip/flash_fwd.hip``), then the ``extern "C"`` entry
 that fills ``Params`` and calls the body.
 """
@@ -20,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BODY = {"cuda": ROOT / "cuda" / "flash_fwd.cuh", "hip": ROOT / "hip" / "flash_fwd.hip",
         "cuda-wgmma": ROOT / "cuda" / "flash_fwd_wgmma.cuh",
         "cuda-fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh"}
+#: What the sm_90a bodies share (the CTA's work, copies, WGMMA primitives), inserted before them.
+COMMON = {"cuda": ROOT / "cuda" / "flash_common.cuh"}
 
 
 def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail: str,
@@ -131,4 +134,7 @@ def emit(v: Variant) -> str:
         body = BODY[key].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
     else:
         body = BODY[v.vendor].read_text()
-    return "\n".join([config(v), params_struct(v), body, entry(v)])
+    parts = [config(v), params_struct(v)]
+    if v.vendor in COMMON:
+        parts.append(COMMON[v.vendor].read_text())
+    return "\n".join(parts + [body, entry(v)])
