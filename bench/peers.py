@@ -445,8 +445,8 @@ def tile_real(real, shape):
     return qo, ko, vo
 
 
-def ref_slice(q, k, v, causal: bool, sm_scale: float):
-    """fp64 reference on batch 0, the first REF_HEADS query heads, the first and last
+def ref_slice(q, k, v, causal: bool, sm_scale: float, heads: int = REF_HEADS):
+    """fp64 reference on batch 0, the first ``heads`` query heads, the first and last
     REF_ROWS query rows, over all keys.  q [B,Sq,Hq,D], k/v [B,Sk,Hkv,D]; returns
     (rows index tensor, ref [rows, heads, Dv])."""
     import torch
@@ -455,7 +455,7 @@ def ref_slice(q, k, v, causal: bool, sm_scale: float):
     rows = sorted(set(range(min(REF_ROWS, Sq))) | set(range(max(0, Sq - REF_ROWS), Sq)))
     rows_t = torch.tensor(rows, device=q.device)
     outs = []
-    for h in range(min(REF_HEADS, Hq)):   # noqa: B007 (REF_HEADS may be set by --ref-heads)
+    for h in range(min(heads, Hq)):
         hk = h // (Hq // Hkv)
         qs = q[0, rows_t, h, :].double()
         ks = k[0, :, hk, :].double()
@@ -557,9 +557,9 @@ def run_point(shape, causal, impls, args, sampler, tri):
     k8, dk_ = quantise(k)
     v8, dv_ = quantise(v)
     ctx = dict(q=q, k=k, v=v, q8=q8, k8=k8, v8=v8, dq=dq_, dk=dk_, dv=dv_, sm_scale=sm)
-    rows_t, ref_bf = ref_slice(q, k, v, causal, sm)
+    rows_t, ref_bf = ref_slice(q, k, v, causal, sm, args.ref_heads)
     deq = [c.float() * d for c, d in ((q8, dq_), (k8, dk_), (v8, dv_))]
-    _, ref_fp8 = ref_slice(*deq, causal, sm)
+    _, ref_fp8 = ref_slice(*deq, causal, sm, args.ref_heads)
     del deq
     fl = flops(shape, causal)
     results = {}
@@ -716,7 +716,6 @@ def plot(data, out_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------------------
 
 def main(argv=None):
-    global REF_HEADS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", help="indices into the shape list (0-based, comma-separated) "
                     "or BxHqxHkvxSxDqkxDv tuples")
@@ -736,7 +735,6 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
-    REF_HEADS = args.ref_heads
     args.real = None
     if args.inputs == "real" and not args.dry_run:
         if not args.real_npz.exists():
@@ -791,7 +789,7 @@ def main(argv=None):
             "inputs": args.inputs, "softmax_scale": "0.125 (SmolLM2's)" if args.real is not None
             else "1/sqrt(d_qk)",
             "gpu": gpu, "versions": versions, "impls": impls,
-            "ref_slice": f"batch 0, query heads 0..{REF_HEADS - 1}, first and last "
+            "ref_slice": f"batch 0, query heads 0..{args.ref_heads - 1}, first and last "
                          f"{REF_ROWS} query rows, all keys, fp64",
             "points": []}
     print(json.dumps({"gpu": gpu, "versions": versions}))
