@@ -20,9 +20,13 @@ from zyfa_runtime.catalogue import ARG_TYPES, Variant, kernargs
 ROOT = Path(__file__).resolve().parent.parent
 BODY = {"cuda": ROOT / "cuda" / "flash_fwd.cuh", "hip": ROOT / "hip" / "flash_fwd.hip",
         "cuda-wgmma": ROOT / "cuda" / "flash_fwd_wgmma.cuh",
-        "cuda-fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh"}
+        "cuda-fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh",
+        "cuda-fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh"}
 #: What the sm_90a bodies share (the CTA's work, copies, WGMMA primitives), inserted before them.
 COMMON = {"cuda": ROOT / "cuda" / "flash_common.cuh"}
+#: What the sm_90a FP8 bodies share besides (layouts, the P arithmetic, the epilogue), with the
+#: variant's WGMMA wrappers in place of ``ZYFA_WGMMA_WRAPPERS``.
+FP8_COMMON = ROOT / "cuda" / "flash_fp8_lean.cuh"
 
 
 def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail: str,
@@ -72,6 +76,17 @@ def _wgmma_wrappers(v: Variant) -> str:
 def uses_wgmma(v: Variant) -> bool:
     """The sm_90a variants a WGMMA body serves (``catalogue.uses_wgmma``)."""
     return catalogue.uses_wgmma(v)
+
+
+def body_key(v: Variant) -> str:
+    """Which body builds ``v`` (a key of ``BODY``)."""
+    if v.built_from == "asm-generator":
+        return "gfx950-asm"
+    if not uses_wgmma(v):
+        return v.vendor
+    if v.dtype != "fp8_e4m3":
+        return "cuda-wgmma"
+    return "cuda-fp8-ws" if catalogue.fp8_warp_specialized(v) else "cuda-fp8-wgmma"
 
 
 def _recipe_constants(v: Variant) -> list[str]:
@@ -129,12 +144,14 @@ def emit(v: Variant) -> str:
     if v.built_from == "asm-generator":
         from . import gfx950_fp8
         return gfx950_fp8.emit(v)
-    if uses_wgmma(v):
-        key = "cuda-fp8-wgmma" if v.dtype == "fp8_e4m3" else "cuda-wgmma"
-        body = BODY[key].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
-    else:
-        body = BODY[v.vendor].read_text()
     parts = [config(v), params_struct(v)]
     if v.vendor in COMMON:
         parts.append(COMMON[v.vendor].read_text())
+    if uses_wgmma(v) and v.dtype == "fp8_e4m3":
+        parts.append(FP8_COMMON.read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v)))
+        body = BODY[body_key(v)].read_text()
+    elif uses_wgmma(v):
+        body = BODY["cuda-wgmma"].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
+    else:
+        body = BODY[v.vendor].read_text()
     return "\n".join(parts + [body, entry(v)])

@@ -138,7 +138,20 @@ def uses_wgmma(v: Variant) -> bool:
     return v.dtype == "fp8_e4m3" or not (v.d_qk == 64 and v.causal)
 
 
+def fp8_warp_specialized(v: Variant) -> bool:
+    """Whether the warp-specialised FP8 body (cuda/flash_fwd_fp8_ws.cuh) builds ``v``: every
+    sm_90a FP8 variant whose d_v fits one PV WGMMA beside the double-buffered S (d_v <= 128);
+    d256 keeps cuda/flash_fwd_fp8_wgmma.cuh."""
+    return v.vendor == "cuda" and v.dtype == "fp8_e4m3" and v.d_v <= 128
+
+
 def tile_for(v: Variant) -> Tile:
+    if fp8_warp_specialized(v):
+        # cuda/flash_fwd_fp8_ws.cuh: a producer warpgroup and 2 consumer warpgroups x 64 query
+        # rows, 128-key blocks; Q, then two stages each of K, V staging and V^T, 8 x 128 bytes
+        # of ones, 128 bytes of mbarriers, +1 KiB for alignment.
+        smem = 128 * (v.d_qk + 2 * (v.d_qk + v.d_v + v.d_v)) + 8 * 128 + 128 + 1024
+        return Tile(block_m=128, block_n=128, threads=384, dynamic_smem=smem)
     if uses_wgmma(v) and v.dtype == "fp8_e4m3":
         # cuda/flash_fwd_fp8_wgmma.cuh: 2 warpgroups x 64 query rows, 128-key blocks (the sm_90a
         # recipe's); Q, two K stages, two V staging stages, V^T (each 128 rows of the head dim

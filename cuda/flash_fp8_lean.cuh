@@ -1,0 +1,217 @@
+// zyfa sm_90a FP8 bodies: what they share.  Inserted by generator/kernel_source.py after
+// flash_common.cuh, before the FP8 body, with the variant's WGMMA wrappers in place.
+//
+// * The shared-memory layouts: Q and K in 64-byte K-blocks with the 64B swizzle, the V
+//   staging tile, V^T with the 128B swizzle and its keys in P's order.
+// * The P arithmetic of fp8_models.RECIPES["sm_90a"]: the block's frame (its exact fp32 max,
+//   the skip of negligible blocks) and the Lean byte with the quadratic correction.
+//
+// P in WGMMA-operand order.  The S accumulator gives a thread, per row and 32 keys, the keys
+// {2t, 2t+1, 2t+8, 2t+9} and the same + 16 (t = lane % 4); the e4m3 A fragment wants the
+// consecutive k positions 4t..4t+3 and 16+4t..16+4t+3.  So k position 4t+i holds key
+// {2t, 2t+1, 2t+8, 2t+9}[i] (the same + 16 above): the bytes are packed in accumulator
+// order, and V^T is written with its K (key) positions in that order.  A sum over keys
+// does not care about their order.
+//
+// Layouts (every tile 1024-byte aligned):
+//   Q, K:    64-byte K-blocks of R rows (R = 128), row r's 16-byte chunk c at c ^ ((r >> 1) & 3)
+//            (the 64B swizzle: 512 bytes between 8-row groups, a k32 step is +32 bytes)
+//   staging: row k (key) of Dv bytes, 16-byte chunk c at c ^ f(k), f(k) = bits 1, 2, 4 of k
+//            (the transpose's 4-byte reads then hit at most 2 ways of a bank, its writes 1)
+//   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups)
+//   ones:    8 rows of 128 bytes 0x38 (1.0)
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace zyfa {
+
+using namespace zyfa_cfg;
+
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr double kLog2eD = 1.4426950408889634;
+constexpr float kSkip = 64.f;               // blocks this far below the running max are skipped
+constexpr float kBigT = 262144.f;           // |T| from here on may round y past 120.5: clamp
+constexpr int kTileOnes = 8 * 128;
+
+// 64B-swizzled K-block offset of (row, 16-byte chunk) for Q and K.
+__device__ __forceinline__ uint32_t swz64(int row, int chunk) {
+  return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
+// The staging swizzle of key row k: bits 1, 2, 4 of k, within the row's chunks.
+__device__ __forceinline__ int stg_f(int k) {
+  constexpr int kMask = (kDv / 16 >= 8 ? 8 : kDv / 16) - 1;
+  return (((k >> 1) & 3) | ((k >> 2) & 4)) & kMask;
+}
+// Staging offset of (key row k, byte d).
+__device__ __forceinline__ uint32_t stg(int k, int d) {
+  return k * kDv + (((d >> 4) ^ stg_f(k)) << 4) + (d & 15);
+}
+// V^T offset of (dv row n, key position L): 128B swizzle.
+__device__ __forceinline__ uint32_t vt(int n, int l) {
+  return swz128(n, l >> 4) + (l & 15);
+}
+
+// K-major operand descriptors (the leading byte offset is unused for swizzled K-major tiles):
+// Q and K in 64B swizzle (8-row groups 512 bytes apart), V^T and ones in 128B (1024 apart).
+__device__ __forceinline__ uint64_t desc_64b(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 512, 2); }
+__device__ __forceinline__ uint64_t desc_128b(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 1024, 1); }
+
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(a), "r"(v) : "memory");
+}
+
+// One transposition unit: keys {k0, k0+1, k0+8, k0+9} x 4 bytes of dv, read from the staging
+// tile at ld (the byte of key k0; rows are kDv apart), written as 4 dv rows of 4 key bytes at
+// the V^T addresses st0..st3 (consecutive dv rows).  4 reads, 6 byte permutes, 4 writes.
+__device__ __forceinline__ void transpose_unit(uint32_t ld, uint32_t st0, uint32_t st1, uint32_t st2,
+                                               uint32_t st3) {
+  const uint32_t w0 = lds32(ld), w1 = lds32(ld + kDv), w2 = lds32(ld + 8 * kDv), w3 = lds32(ld + 9 * kDv);
+  const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+  const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+  sts32(st0, __byte_perm(lo01, lo23, 0x5410));
+  sts32(st1, __byte_perm(lo01, lo23, 0x7632));
+  sts32(st2, __byte_perm(hi01, hi23, 0x5410));
+  sts32(st3, __byte_perm(hi01, hi23, 0x7632));
+}
+
+// The variant's WGMMA instructions (generator/kernel_source.py).
+ZYFA_WGMMA_WRAPPERS
+
+// ---- the P arithmetic --------------------------------------------------------------------
+
+// The reference of one block for the two rows (hr) a thread holds, after masking: T =
+// fp32(max S * c), bias = fp32(120 - 8T), and the factor 2^(F - T) that moves the row state
+// from its frame F to T.  A row with no key in the block keeps its state (P = 0, factor 1);
+// one whose block max lies kSkip below its running max M is skipped the same way.  Returns
+// whether |T| >= kBigT somewhere (y may then round past 120.5: the clamped path).
+__device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float c, float (&frame)[2],
+                                            float (&m_run)[2], float (&bias)[2], float (&factor)[2]) {
+  bool big = false;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float t = __fmul_rn(mx, c);                  // T: the block's reference max
+    if (mx == -INFINITY) {                             // no key of this block: P = 0, state kept
+      bias[hr] = 0.f;
+      factor[hr] = 1.f;
+    } else if (t < m_run[hr] - kSkip) {                // negligible: P = 0
+      bias[hr] = -INFINITY;
+      factor[hr] = 1.f;
+    } else {
+      bias[hr] = __fmaf_rn(-8.f, t, kCode0);           // fp32(120 - 8T)
+      factor[hr] = frame[hr] == -INFINITY ? 0.f : exp2f(frame[hr] - t);
+      frame[hr] = t;
+      m_run[hr] = fmaxf(m_run[hr], t);
+      big |= fabsf(t) >= kBigT;
+    }
+  }
+  return big;
+}
+
+// Scores outside the sequence (col >= sk) or above the causal diagonal -> -inf.  r_lo: the
+// row of s[4j + 0..1] (s[4j + 2..3] are 8 rows below); n0: the block's first key.
+__device__ __forceinline__ void mask_block(float (&s)[kBlockN / 2], int n0, int sk, int r_lo, int diag,
+                                           int quad_col) {
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n0 + j * 8 + quad_col + (e & 1);
+      const int row = r_lo + (e >> 1) * 8;
+      if (col >= sk || (kCausal && col > row + diag)) s[4 * j + e] = -INFINITY;
+    }
+  }
+}
+
+// The Lean byte of one score, before clamping: rint(z) as the bits of a subnormal (an int in
+// [0, 2^23) for 0 <= z, negative for z < 0; -inf gives a negative int too).  The arithmetic of
+// e4m3.p_codes("lean_quad") on y = fma(S, 8c, bias), one fp32 rounding per step.
+template <bool kClamp>
+__device__ __forceinline__ int lean_quad_bits(float s, float c8, float bias) {
+  const float y = __fmaf_rn(s, c8, bias);
+  const float w = __fmaf_rn(y, 0.125f, 16.f);                   // in [16, 32) for every code > 0
+  uint32_t fb;                                                    // 1 + x/16: one LOP3
+  asm("lop3.b32 %0, %1, 0x7FFFF, %2, 0xEA;\n" : "=r"(fb) : "r"(__float_as_uint(w)), "r"(0x3F800000u));
+  const float f = __uint_as_float(fb);
+  const float x = __fmaf_rn(f, 16.f, -16.f);                     // w - floor(w), exact
+  const float h = __fmaf_rn(x, x, -x);
+  float z = __fmaf_rn(h, kQuadK, y);
+  if constexpr (kClamp) z = fminf(z, kCode0);
+  float r;
+  asm("mul.rn.f32 %0, %1, 0f00000001;\n" : "=f"(r) : "f"(z));    // z * 2^-149, no flush
+  return __float_as_int(r);
+}
+
+// Four codes -> one b32 of bytes [q0, q1, q2, q3] (q0 lowest), each saturated to [0, 255].
+__device__ __forceinline__ uint32_t pack4(int q0, int q1, int q2, int q3) {
+  uint32_t hi, d;
+  asm("cvt.pack.sat.u8.s32.b32 %0, %1, %2, 0;\n" : "=r"(hi) : "r"(q3), "r"(q2));
+  asm("cvt.pack.sat.u8.s32.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(q1), "r"(q0), "r"(hi));
+  return d;
+}
+
+// P bytes of the block in A-fragment order (module comment): per 32 keys c, registers
+// {row lo: k 4t..4t+3, row hi: same, row lo: 16+4t.., row hi: 16+4t..}.
+template <bool kClamp>
+__device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float (&s)[kBlockN / 2], float c8,
+                                       const float (&bias)[2]) {
+#pragma unroll
+  for (int c = 0; c < kBlockN / 32; ++c) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {            // r: (16-key half) * 2 + row half
+      const int j = 16 * c + 8 * (r >> 1) + 2 * (r & 1);
+      const float b = bias[r & 1];
+      pa[4 * c + r] = pack4(lean_quad_bits<kClamp>(s[j], c8, b), lean_quad_bits<kClamp>(s[j + 1], c8, b),
+                            lean_quad_bits<kClamp>(s[j + 4], c8, b), lean_quad_bits<kClamp>(s[j + 5], c8, b));
+    }
+  }
+}
+
+// c = fp32(softmax_scale * log2(e) * dq * dk), the products in double (fp8_models.log2_scale).
+template <class P>
+__device__ __forceinline__ float log2_scale(const P& p) {
+  return static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eD *
+                            static_cast<double>(*static_cast<const float*>(p.descale_q)) *
+                            static_cast<double>(*static_cast<const float*>(p.descale_k)));
+}
+
+// ---- the epilogue --------------------------------------------------------------------------
+
+// O / l * dv as bf16, and LSE = ln 2 (F + log2(l / 256)), for the two rows r_lo, r_lo + 8 a
+// thread holds (acc_o in the WGMMA accumulator layout; every column of acc_l holds the sum).
+template <class P>
+__device__ __forceinline__ void write_rows(const P& p, const SeqBounds& seq, const TensorOffsets& off, int b,
+                                           int h, const float (&acc_o)[kDv / 2], const float (&acc_l)[4],
+                                           const float (&frame)[2], int r_lo, float dv_scale) {
+  const int lane = threadIdx.x % 32, quad_col = (lane % 4) * 2;
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + off.o;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float l = acc_l[2 * hr];
+    const int row = r_lo + hr * 8;
+    if (row >= seq.sq) continue;
+    const float inv = l > 0.f ? dv_scale / l : 0.f;
+    __nv_bfloat16* orow = go + static_cast<long long>(row) * p.o_stride_s;
+#pragma unroll
+    for (int i = 0; i < kDv / 8; ++i) {
+      __nv_bfloat162 v2 = __floats2bfloat162_rn(acc_o[4 * i + 2 * hr] * inv, acc_o[4 * i + 2 * hr + 1] * inv);
+      *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + quad_col) = v2;
+    }
+    if (p.lse != nullptr && (lane % 4) == 0) {
+      float* glse = lse_rows(p, seq, b, h);
+      glse[row] = l > 0.f ? (frame[hr] + log2f(l) - kLog2Shift) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+}  // namespace zyfa

@@ -1,0 +1,360 @@
+// zyfa attention forward for sm_90a, FP8 (e4m3 in, bf16 out), d_v <= 128: warp-specialised
+// WGMMA body with Lean P.
+//
+// The P arithmetic is fp8_models.RECIPES["sm_90a"] (cuda/flash_fp8_lean.cuh), as in the
+// two-warpgroup body: the block's exact fp32 max, the Lean byte with the quadratic mantissa
+// correction, the rounded row sum by a WGMMA against ones, each block accumulated from zero
+// and merged in fp32 in the frame of the last contributing block.  What differs is who does
+// what, and when.
+//
+// One CTA = 3 warpgroups = 128 query rows of one (sequence, query head), 128-key blocks:
+//   producer (warpgroup 0, setmaxnreg 40)
+//     cp.async Q once, then per block K and V into stage n & 1 (K: 64B-swizzled K-blocks;
+//     V: the row-major staging tile), the copies of block n + 1 in flight while block n is
+//     transposed; V -> V^T in 4x4-byte squares, keys in P's order (transpose_unit), every
+//     address a per-thread constant plus an immediate.  Signals kfull / vfull (mbarriers,
+//     128 arrivals) once its copies or V^T writes are complete and fenced for the async proxy;
+//     waits on kempty / vempty before it overwrites a stage.
+//   consumers (warpgroups 1 and 2, 64 rows each, setmaxnreg 232), per block n:
+//     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
+//     turn             (named barrier: the two consumers take turns)  issue PV(n) and the
+//                      row sum against ones, then S(n + 1) = Q K(n + 1)^T; hand the turn over
+//     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
+//     wait S(n + 1)    release K(n + 1)
+//   so one consumer's softmax runs while the other's 4 x 256 tensor cycles do, and the
+//   tensor core's queue holds the two consumers' products alternately (FA3's ping-pong).
+//
+// Registers per consumer thread: acc_o 64, acc_b 64 (PV of block n) and acc_s 64 (S of block
+// n + 1) in flight together, P 16, acc_l / acc_lb 8, row state 8.  128 x 40 + 256 x 232 =
+// 64,512 = 384 x 168, the registers the CTA is launched with.
+//
+// Shared memory (1024-byte aligned tiles): Q | K x 2 | V staging x 2 | V^T x 2 | ones | mbarriers.
+// Named barriers: 1 the producer's own, 2 + g consumer g's turn.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace zyfa {
+
+using namespace zyfa_cfg;
+
+static_assert(kFp8 && kDqk % 64 == 0 && (kDv == 64 || kDv == 128),
+              "the warp-specialised FP8 body: head dims in 64-byte K-blocks, one PV WGMMA (d_v <= 128)");
+static_assert(kThreads == 384 && kBlockM == 128 && kBlockN == 128,
+              "a producer and 2 consumer warpgroups x 64 rows, 128-key blocks (the sm_90a recipe's block)");
+
+constexpr int kStages = 2;
+constexpr int kTileQ = kBlockM * kDqk;      // bytes
+constexpr int kTileK = kBlockN * kDqk;
+constexpr int kTileVs = kBlockN * kDv;      // V staging
+constexpr int kTileVt = kDv * kBlockN;      // V^T
+constexpr int kBarBytes = 128;
+static_assert(kTileQ + kStages * (kTileK + kTileVs + kTileVt) + kTileOnes + kBarBytes + 1024 == kDynamicSmem,
+              "smem layout must match the catalogue");
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// The CTA is launched with 168 registers a thread (65,536 / 384, in steps of 8); setmaxnreg
+// moves them between warpgroups and never grows the pool (.inc waits for what .dec frees).
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "the CTA's register pool");
+constexpr int kBarProducer = 1, kBarTurn = 2;
+
+// ---- synchronisation -----------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Wait until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nzyfa_wait:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra zyfa_wait;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+template <int kGroups>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(kGroups) : "memory");
+}
+
+// The shared-memory map: every tile at a constant offset from q.
+struct Smem {
+  static constexpr uint32_t kK = kTileQ, kVs = kK + kStages * kTileK, kVt = kVs + kStages * kTileVs,
+                            kOnes = kVt + kStages * kTileVt, kBars = kOnes + kTileOnes;
+  uint32_t q;
+  __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
+  __device__ uint32_t vs_at(int s) const { return q + kVs + s * kTileVs; }
+  __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
+  __device__ uint32_t ones() const { return q + kOnes; }
+  __device__ uint32_t kfull(int s) const { return q + kBars + 8 * s; }                 // K(n) (and Q) copied
+  __device__ uint32_t vfull(int s) const { return q + kBars + 8 * (kStages + s); }     // V^T(n) written
+  __device__ uint32_t kempty(int s) const { return q + kBars + 8 * (2 * kStages + s); } // S(n) done
+  __device__ uint32_t vempty(int s) const { return q + kBars + 8 * (3 * kStages + s); } // PV(n) done
+};
+
+// ---- the producer --------------------------------------------------------------------------
+
+// Copy kRows rows of kDqk bytes (global pitch `stride`) into 64-byte K-blocks (64B swizzle).
+// Thread t copies chunk t % 4 of rows t / 4 + 32 i of every K-block: one smem offset and one
+// global pointer per thread, the rest immediates.  With kCheck, rows from `rows` on are zeros.
+template <int kRows, bool kCheck>
+__device__ __forceinline__ void copy_kblocks(uint32_t tile, const uint8_t* g, long long stride, int rows) {
+  const int tid = threadIdx.x, r0 = tid / 4, c = tid % 4;
+  const uint32_t dst = tile + swz64(r0, c);            // (r0 + 32 i) >> 1 & 3 == r0 >> 1 & 3
+  const uint8_t* src = g + r0 * stride + c * 16;
+#pragma unroll
+  for (int i = 0; i < kRows / 32; ++i, src += 32 * stride) {
+    const bool ok = !kCheck || r0 + 32 * i < rows;
+#pragma unroll
+    for (int kb = 0; kb < kDqk / 64; ++kb)
+      cp_async16(dst + kb * kRows * 64 + i * 2048, ok ? src + kb * 64 : g, ok);
+  }
+}
+
+// Copy kBlockN rows of V (kDv bytes each) into the staging tile: thread t copies chunk
+// t % (kDv / 16) of rows t / (kDv / 16) + kStep i.
+template <bool kCheck>
+__device__ __forceinline__ void copy_v(uint32_t tile, const uint8_t* g, long long stride, int rows) {
+  constexpr int kPerRow = kDv / 16, kStep = 128 / kPerRow;
+  const int tid = threadIdx.x, r0 = tid / kPerRow, c = tid % kPerRow;
+  const int f0 = stg_f(r0);
+  const uint8_t* src = g + r0 * stride + c * 16;
+#pragma unroll
+  for (int i = 0; i < kBlockN / kStep; ++i, src += kStep * stride) {
+    // stg_f(r0 + kStep i): bits 1, 2 are r0's; bit 4 (kDv = 128 only) is r0's xor i's lowest
+    const int f = kDv == 128 ? f0 ^ ((i & 1) << 2) : f0;
+    const bool ok = !kCheck || r0 + kStep * i < rows;
+    cp_async16(tile + (r0 + kStep * i) * kDv + ((c ^ f) << 4), ok ? src : g, ok);
+  }
+}
+
+// Block n's K and V into stage s.
+template <class P>
+__device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gk,
+                                           const uint8_t* gv, int n, int sk) {
+  const int n0 = n * kBlockN;
+  const uint8_t* k = gk + static_cast<long long>(n0) * p.k_stride_s;
+  const uint8_t* v = gv + static_cast<long long>(n0) * p.v_stride_s;
+  if (n0 + kBlockN <= sk) {
+    copy_kblocks<kBlockN, false>(sm.k_at(s), k, p.k_stride_s, kBlockN);
+    copy_v<false>(sm.vs_at(s), v, p.v_stride_s, kBlockN);
+  } else {
+    copy_kblocks<kBlockN, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
+    copy_v<true>(sm.vs_at(s), v, p.v_stride_s, sk - n0);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Staged V (keys x Dv) of stage s -> V^T of stage s.  Thread t's units: keys {k0, k0+1, k0+8,
+// k0+9} x dv bytes 4 gl + 16 i (i < kDv / 16), with k0 = 32 c + 16 h + 2 t from lane bits (c0,
+// h, t0, t1) and warp bit 0 (c1), gl from lane bit 4 and warp bit 1.  The staging chunk of
+// unit i is i ^ f(k0): one XOR of the thread's read address (chunk bits clear);
+// its V^T rows 16 i + 4 gl + j sit 2,048 i bytes after those of unit 0.
+__device__ __forceinline__ void transpose_stage(const Smem& sm, int s) {
+  const int tid = threadIdx.x, l = tid & 31, warp = tid >> 5;
+  const int c = (l & 1) | ((warp & 1) << 1), h = (l >> 1) & 1, t = (l >> 2) & 3;
+  const int gl = ((l >> 4) & 1) | ((warp >> 1) << 1);
+  const int k0 = 32 * c + 16 * h + 2 * t, pos = 32 * c + 16 * h + 4 * t;
+  const uint32_t ld = sm.vs_at(s) + k0 * kDv + 4 * gl + (stg_f(k0) << 4);
+  const uint32_t st = sm.vt_at(s);
+  const uint32_t st0 = st + vt(4 * gl + 0, pos), st1 = st + vt(4 * gl + 1, pos);
+  const uint32_t st2 = st + vt(4 * gl + 2, pos), st3 = st + vt(4 * gl + 3, pos);
+#pragma unroll
+  for (int i = 0; i < kDv / 16; ++i)
+    transpose_unit(ld ^ (i << 4), st0 + 2048 * i, st1 + 2048 * i, st2 + 2048 * i, st3 + 2048 * i);
+}
+
+template <class P>
+__device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gk,
+                                        const uint8_t* gv, int rows_q, int sk, int n_blocks) {
+  if (n_blocks == 0) return;
+  copy_kblocks<kBlockM, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with block 0
+  copy_block(p, sm, 0, gk, gv, 0, sk);
+  for (int n = 0; n < n_blocks; ++n) {
+    const int s = n & 1;
+    asm volatile("cp.async.wait_all;\n" ::: "memory");       // block n copied (this thread's part)
+    fence_async_smem();
+    bar_sync(kBarProducer, 128);                             // ... every thread's; staging s^1 read
+    mbar_arrive(sm.kfull(s));
+    if (n + 1 < n_blocks) {
+      if (n + 1 >= kStages) mbar_wait(sm.kempty(s ^ 1), ((n + 1) / kStages + 1) & 1);   // S(n - 1) done
+      copy_block(p, sm, s ^ 1, gk, gv, n + 1, sk);
+    }
+    if (n >= kStages) mbar_wait(sm.vempty(s), (n / kStages + 1) & 1);                    // PV(n - 2) done
+    transpose_stage(sm, s);
+    fence_async_smem();
+    mbar_arrive(sm.vfull(s));
+  }
+}
+
+// ---- the consumers ---------------------------------------------------------------------------
+
+// S = Q K(stage s)^T for the warpgroup's 64 rows (sQg), issued and committed.
+__device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t sQg, uint32_t sK) {
+#pragma unroll
+  for (int k = 0; k < kDqk / 32; ++k) {
+    const uint32_t kb = k / 2, kk = k % 2;
+    wgmma_qk(acc_s, desc_64b(sQg + kb * kBlockM * 64 + kk * 32), desc_64b(sK + kb * kBlockN * 64 + kk * 32),
+             k > 0);
+  }
+  wgmma_commit();
+}
+
+// Mask, frame and Lean P of one block's S (acc_s) for the warpgroup whose first row is wg_row0.
+__device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], float (&factor)[2],
+                                        float (&acc_s)[kBlockN / 2], float (&frame)[2], float (&m_run)[2],
+                                        int n0, int sk, int wg_row0, int r_lo, int diag, int quad_col, float c,
+                                        float c8) {
+  const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
+  if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
+  float bias[2];
+  const bool big = block_frame(acc_s, c, frame, m_run, bias, factor);
+  if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c8, bias);
+  else lean_p<false>(pa, acc_s, c8, bias);
+}
+
+// O_b = P V^T(stage) and l_b = P 1 from zero, issued and committed.
+__device__ __forceinline__ void issue_pv(float (&acc_b)[kDv / 2], float (&acc_lb)[4],
+                                         const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 32; ++kk) {
+    wgmma_pv(acc_b, pa + 4 * kk, desc_128b(sVt + kk * 32), kk > 0);
+    wgmma_sum(acc_lb, pa + 4 * kk, desc_128b(sOnes + kk * 32), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O = O 2^(F - T) + O_b and l likewise (factor = 2^(F - T) per row half).
+__device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4], const float (&acc_b)[kDv / 2],
+                                      const float (&acc_lb)[4], const float (&factor)[2]) {
+#pragma unroll
+  for (int i = 0; i < kDv / 2; ++i) acc_o[i] = __fmaf_rn(acc_o[i], factor[(i >> 1) & 1], acc_b[i]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], acc_lb[i]);
+}
+
+template <class P>
+__device__ void flash_fwd(const P& p) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const Smem sm{(smem0 + 1023) & ~1023u};
+
+  // Causal: the CTAs with the most key blocks first, so the short ones fill the last wave.
+  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int h_kv = h / (p.hq / p.hkv);
+  const int wg = threadIdx.x / 128;
+
+  const SeqBounds seq = sequence_bounds(p, b);
+  const int sq = seq.sq, sk = seq.sk;
+  const int row0 = m_block * kBlockM;
+  if (row0 >= sq) return;
+  const TensorOffsets off = tensor_offsets(p, seq, b, h, h_kv);
+
+  const int diag = sk - sq;
+  int n_end = sk;
+  if constexpr (kCausal) n_end = min(sk, row0 + kBlockM + diag);
+  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(sm.kfull(s), 128);
+      mbar_init(sm.vfull(s), 128);
+      mbar_init(sm.kempty(s), 8);     // lane 0 of each consumer warp
+      mbar_init(sm.vempty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < kTileOnes / 4; i += kThreads) sts32(sm.ones() + 4 * i, 0x38383838u);
+  fence_async_smem();
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
+    produce(p, sm, static_cast<const uint8_t*>(p.q) + off.q + static_cast<long long>(row0) * p.q_stride_s,
+            static_cast<const uint8_t*>(p.k) + off.k, static_cast<const uint8_t*>(p.v) + off.v, sq - row0, sk,
+            n_blocks);
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
+
+  const int cw = wg - 1;                                    // consumer 0 or 1
+  const int warp = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const int quad_col = (lane % 4) * 2;
+  const int r_lo = row0 + cw * 64 + warp * 16 + lane / 4;   // rows of acc[4j+0..1]; +8 for [4j+2..3]
+  const uint32_t sQg = sm.q + cw * 64 * 64;                 // this warpgroup's 64 rows (in each K-block)
+  const float c = log2_scale(p);
+  const float c8 = 8.f * c;
+  const float dv_scale = *static_cast<const float*>(p.descale_v);
+  const int my_turn = kBarTurn + cw, their_turn = kBarTurn + (1 - cw);
+
+  float acc_o[kDv / 2];
+#pragma unroll
+  for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
+  float acc_l[4] = {0.f, 0.f, 0.f, 0.f};
+  float frame[2] = {-INFINITY, -INFINITY};    // F: the exponent O and l are relative to
+  float m_run[2] = {-INFINITY, -INFINITY};    // M: the running max of the block maxima
+
+  if (n_blocks > 0) {
+    // Turns: consumer 0 first.  Each consumer takes n_blocks + 1 of them (S(0), then one per
+    // block); consumer 1 hands over after all of its turns but the last.
+    if (cw == 1) bar_arrive(kBarTurn, 256);
+    float acc_s[kBlockN / 2];
+    mbar_wait(sm.kfull(0), 0);
+    bar_sync(my_turn, 256);
+    wgmma_fence();
+    issue_qk(acc_s, sQg, sm.k_at(0));
+    bar_arrive(their_turn, 256);
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(sm.kempty(0));
+
+    // The last block leaves the loop from its turn: the rest of the body is the same for every
+    // block, so that the compiler keeps S(n + 1) in flight across the merge of block n.
+    for (int n = 0; n < n_blocks; ++n) {
+      const int s = n & 1;
+      const bool last = n + 1 == n_blocks;
+      // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
+      uint32_t pa[kBlockN / 8];
+      float factor[2];
+      softmax(pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c, c8);
+
+      // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
+      // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
+      // fewer bits and would bias a long running sum), merged into the fp32 state below.
+      float acc_b[kDv / 2], acc_lb[4];
+      mbar_wait(sm.vfull(s), (n / kStages) & 1);
+      bar_sync(my_turn, 256);
+      wgmma_fence();
+      issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones());
+      if (last) {
+        if (cw == 0) bar_arrive(their_turn, 256);
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(sm.vempty(s));
+        merge(acc_o, acc_l, acc_b, acc_lb, factor);
+        break;
+      }
+      mbar_wait(sm.kfull(s ^ 1), ((n + 1) / kStages) & 1);
+      issue_qk(acc_s, sQg, sm.k_at(s ^ 1));
+      bar_arrive(their_turn, 256);
+
+      // ---- merge(n), then S(n + 1) ----------------------------------------------------------
+      wgmma_wait<1>();
+      if (lane == 0) mbar_arrive(sm.vempty(s));
+      merge(acc_o, acc_l, acc_b, acc_lb, factor);
+      wgmma_wait<0>();
+      if (lane == 0) mbar_arrive(sm.kempty(s ^ 1));
+    }
+  }
+  write_rows(p, seq, off, b, h, acc_o, acc_l, frame, r_lo, dv_scale);
+}
+
+}  // namespace zyfa
