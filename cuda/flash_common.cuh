@@ -3,7 +3,8 @@
 //
 // * The work of one CTA: blockIdx = (query-row block, query head, batch entry or varlen
 //   sequence); its sequence's bounds, and the element offsets of its Q, K, V, O and LSE.
-// * The asynchronous-copy and WGMMA primitives of the WGMMA bodies.
+// * The asynchronous-copy and WGMMA primitives of the WGMMA bodies, and the barriers of the
+//   warp-specialised ones.
 
 #include <stdint.h>
 
@@ -80,5 +81,61 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo, 
   d |= static_cast<uint64_t>(mode) << 62;
   return d;
 }
+
+// ---- warp specialisation: mbarriers, named barriers, WGMMA groups ----------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// Wait until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nzyfa_wait:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra zyfa_wait;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kGroups>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(kGroups) : "memory");
+}
+template <int kGroups>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(kGroups) : "memory");
+}
+
+// The mbarriers of a producer warpgroup feeding K and V through kStages stages to two consumer
+// warpgroups: kfull / vfull complete when the 128 producer threads have arrived (their writes
+// done and fenced for the async proxy), kempty / vempty when lane 0 of each of the 8 consumer
+// warps has (its WGMMAs reading the stage done).  Block n uses stage n % kStages and waits for
+// the phase n / kStages of a full barrier, the phase n / kStages - 1 of an empty one.
+template <int kStages>
+struct KvBarriers {
+  static constexpr int kBytes = 4 * kStages * 8;
+  uint32_t base;
+  __device__ uint32_t kfull(int s) const { return base + 8 * s; }
+  __device__ uint32_t vfull(int s) const { return base + 8 * (kStages + s); }
+  __device__ uint32_t kempty(int s) const { return base + 8 * (2 * kStages + s); }
+  __device__ uint32_t vempty(int s) const { return base + 8 * (3 * kStages + s); }
+  __device__ void init() const {   // one thread, before a CTA barrier
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(kfull(s), 128);
+      mbar_init(vfull(s), 128);
+      mbar_init(kempty(s), 8);
+      mbar_init(vempty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  static __device__ uint32_t full_parity(int n) { return (n / kStages) & 1; }
+  static __device__ uint32_t empty_parity(int n) { return (n / kStages + 1) & 1; }   // n >= kStages
+};
 
 }  // namespace zyfa

@@ -49,6 +49,7 @@ constexpr int kTileK = kBlockN * kDqk;
 constexpr int kTileVs = kBlockN * kDv;      // V staging
 constexpr int kTileVt = kDv * kBlockN;      // V^T
 constexpr int kBarBytes = 128;
+static_assert(KvBarriers<kStages>::kBytes <= kBarBytes, "the mbarriers' bytes");
 static_assert(kTileQ + kStages * (kTileK + kTileVs + kTileVt) + kTileOnes + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;
@@ -56,31 +57,6 @@ constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 // moves them between warpgroups and never grows the pool (.inc waits for what .dec frees).
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "the CTA's register pool");
 constexpr int kBarProducer = 1, kBarTurn = 2;
-
-// ---- synchronisation -----------------------------------------------------------------------
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-// Wait until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred done;\nzyfa_wait:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-               "@!done bra zyfa_wait;\n}\n" :: "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-template <int kGroups>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(kGroups) : "memory");
-}
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
@@ -91,10 +67,7 @@ struct Smem {
   __device__ uint32_t vs_at(int s) const { return q + kVs + s * kTileVs; }
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
   __device__ uint32_t ones() const { return q + kOnes; }
-  __device__ uint32_t kfull(int s) const { return q + kBars + 8 * s; }                 // K(n) (and Q) copied
-  __device__ uint32_t vfull(int s) const { return q + kBars + 8 * (kStages + s); }     // V^T(n) written
-  __device__ uint32_t kempty(int s) const { return q + kBars + 8 * (2 * kStages + s); } // S(n) done
-  __device__ uint32_t vempty(int s) const { return q + kBars + 8 * (3 * kStages + s); } // PV(n) done
+  __device__ KvBarriers<kStages> bars() const { return {q + kBars}; }
 };
 
 // ---- the producer --------------------------------------------------------------------------
@@ -147,7 +120,7 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
     copy_kblocks<kBlockN, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
     copy_v<true>(sm.vs_at(s), v, p.v_stride_s, sk - n0);
   }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  cp_async_commit();
 }
 
 // Staged V (keys x Dv) of stage s -> V^T of stage s.  Thread t's units: keys {k0, k0+1, k0+8,
@@ -173,22 +146,23 @@ template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gk,
                                         const uint8_t* gv, int rows_q, int sk, int n_blocks) {
   if (n_blocks == 0) return;
+  const KvBarriers<kStages> bars = sm.bars();
   copy_kblocks<kBlockM, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with block 0
   copy_block(p, sm, 0, gk, gv, 0, sk);
   for (int n = 0; n < n_blocks; ++n) {
     const int s = n & 1;
-    asm volatile("cp.async.wait_all;\n" ::: "memory");       // block n copied (this thread's part)
+    cp_async_wait<0>();       // block n copied (this thread's part)
     fence_async_smem();
     bar_sync(kBarProducer, 128);                             // ... every thread's; staging s^1 read
-    mbar_arrive(sm.kfull(s));
+    mbar_arrive(bars.kfull(s));
     if (n + 1 < n_blocks) {
-      if (n + 1 >= kStages) mbar_wait(sm.kempty(s ^ 1), ((n + 1) / kStages + 1) & 1);   // S(n - 1) done
+      if (n + 1 >= kStages) mbar_wait(bars.kempty(s ^ 1), bars.empty_parity(n + 1));   // S(n - 1) done
       copy_block(p, sm, s ^ 1, gk, gv, n + 1, sk);
     }
-    if (n >= kStages) mbar_wait(sm.vempty(s), (n / kStages + 1) & 1);                    // PV(n - 2) done
+    if (n >= kStages) mbar_wait(bars.vempty(s), bars.empty_parity(n));                  // PV(n - 2) done
     transpose_stage(sm, s);
     fence_async_smem();
-    mbar_arrive(sm.vfull(s));
+    mbar_arrive(bars.vfull(s));
   }
 }
 
@@ -262,16 +236,8 @@ __device__ void flash_fwd(const P& p) {
   if constexpr (kCausal) n_end = min(sk, row0 + kBlockM + diag);
   const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
 
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(sm.kfull(s), 128);
-      mbar_init(sm.vfull(s), 128);
-      mbar_init(sm.kempty(s), 8);     // lane 0 of each consumer warp
-      mbar_init(sm.vempty(s), 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  const KvBarriers<kStages> bars = sm.bars();
+  if (threadIdx.x == 0) bars.init();
   for (int i = threadIdx.x; i < kTileOnes / 4; i += kThreads) sts32(sm.ones() + 4 * i, 0x38383838u);
   fence_async_smem();
   __syncthreads();
@@ -281,7 +247,7 @@ __device__ void flash_fwd(const P& p) {
     produce(p, sm, static_cast<const uint8_t*>(p.q) + off.q + static_cast<long long>(row0) * p.q_stride_s,
             static_cast<const uint8_t*>(p.k) + off.k, static_cast<const uint8_t*>(p.v) + off.v, sq - row0, sk,
             n_blocks);
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait<0>();
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
@@ -309,13 +275,13 @@ __device__ void flash_fwd(const P& p) {
     // block); consumer 1 hands over after all of its turns but the last.
     if (cw == 1) bar_arrive(kBarTurn, 256);
     float acc_s[kBlockN / 2];
-    mbar_wait(sm.kfull(0), 0);
+    mbar_wait(bars.kfull(0), 0);
     bar_sync(my_turn, 256);
     wgmma_fence();
     issue_qk(acc_s, sQg, sm.k_at(0));
     bar_arrive(their_turn, 256);
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(sm.kempty(0));
+    if (lane == 0) mbar_arrive(bars.kempty(0));
 
     // The last block leaves the loop from its turn: the rest of the body is the same for every
     // block, so that the compiler keeps S(n + 1) in flight across the merge of block n.
@@ -331,27 +297,27 @@ __device__ void flash_fwd(const P& p) {
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
       float acc_b[kDv / 2], acc_lb[4];
-      mbar_wait(sm.vfull(s), (n / kStages) & 1);
+      mbar_wait(bars.vfull(s), bars.full_parity(n));
       bar_sync(my_turn, 256);
       wgmma_fence();
       issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones());
       if (last) {
         if (cw == 0) bar_arrive(their_turn, 256);
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(sm.vempty(s));
+        if (lane == 0) mbar_arrive(bars.vempty(s));
         merge(acc_o, acc_l, acc_b, acc_lb, factor);
         break;
       }
-      mbar_wait(sm.kfull(s ^ 1), ((n + 1) / kStages) & 1);
+      mbar_wait(bars.kfull(s ^ 1), bars.full_parity(n + 1));
       issue_qk(acc_s, sQg, sm.k_at(s ^ 1));
       bar_arrive(their_turn, 256);
 
       // ---- merge(n), then S(n + 1) ----------------------------------------------------------
       wgmma_wait<1>();
-      if (lane == 0) mbar_arrive(sm.vempty(s));
+      if (lane == 0) mbar_arrive(bars.vempty(s));
       merge(acc_o, acc_l, acc_b, acc_lb, factor);
       wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(sm.kempty(s ^ 1));
+      if (lane == 0) mbar_arrive(bars.kempty(s ^ 1));
     }
   }
   write_rows(p, seq, off, b, h, acc_o, acc_l, frame, r_lo, dv_scale);

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BODY = {"cuda": ROOT / "cuda" / "flash_fwd.cuh", "hip": ROOT / "hip" / "flash_fwd.hip",
         "cuda-wgmma": ROOT / "cuda" / "flash_fwd_wgmma.cuh",
         "cuda-fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh",
-        "cuda-fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh"}
+        "cuda-fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh",
+        "cuda-ws": ROOT / "cuda" / "flash_fwd_ws.cuh"}
 #: What the sm_90a bodies share (the CTA's work, copies, WGMMA primitives), inserted before them.
 COMMON = {"cuda": ROOT / "cuda" / "flash_common.cuh"}
 #: What the sm_90a FP8 bodies share besides (layouts, the P arithmetic, the epilogue), with the
@@ -85,7 +86,7 @@ def body_key(v: Variant) -> str:
     if not uses_wgmma(v):
         return v.vendor
     if v.dtype != "fp8_e4m3":
-        return "cuda-wgmma"
+        return "cuda-ws" if catalogue.bf16_warp_specialized(v) else "cuda-wgmma"
     return "cuda-fp8-ws" if catalogue.fp8_warp_specialized(v) else "cuda-fp8-wgmma"
 
 
@@ -150,8 +151,8 @@ def emit(v: Variant) -> str:
     if uses_wgmma(v) and v.dtype == "fp8_e4m3":
         parts.append(FP8_COMMON.read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v)))
         body = BODY[body_key(v)].read_text()
-    elif uses_wgmma(v):
-        body = BODY["cuda-wgmma"].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
+    elif uses_wgmma(v) or catalogue.bf16_warp_specialized(v):
+        body = BODY[body_key(v)].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
     else:
         body = BODY[v.vendor].read_text()
     return "\n".join(parts + [body, entry(v)])

@@ -17,7 +17,14 @@ SM90 = [v for v in catalogue.all_variants() if v.arch == "sm_90a"]
 def test_each_variant_gets_its_body(v):
     src = ks.emit(v)
     if v.dtype == "fp8_e4m3":
-        assert "Lean P" in src and "wgmma_sum" in src            # flash_fwd_fp8_wgmma.cuh
+        assert "lean_quad_bits" in src and "wgmma_sum" in src    # flash_fp8_lean.cuh
+        assert "ZYFA_WGMMA_WRAPPERS" not in src
+        if v.d_v <= 128:      # flash_fwd_fp8_ws.cuh: a producer and two consumer warpgroups
+            assert ks.body_key(v) == "cuda-fp8-ws" and "setmaxnreg" in src
+            assert v.tile.threads == 384
+        else:                 # flash_fwd_fp8_wgmma.cuh: two warpgroups, no producer
+            assert ks.body_key(v) == "cuda-fp8-wgmma" and "setmaxnreg" not in src
+            assert v.tile.threads == 256
     elif catalogue.uses_wgmma(v):
         assert "wgmma_pv" in src and "wgmma_sum" not in src      # flash_fwd_wgmma.cuh
     else:
@@ -52,3 +59,15 @@ def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch):
     monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", other)
     with pytest.raises(ValueError, match="implements lean_quad bytes"):
         ks.config(v)
+
+
+@pytest.mark.parametrize("v", [v for v in SM90 if catalogue.fp8_warp_specialized(v)], ids=lambda v: v.name)
+def test_warp_specialised_register_split_fits_the_launch(v):
+    """setmaxnreg only moves registers between warpgroups: the producer's and the consumers'
+    counts must fit the pool the CTA is launched with (168 a thread at 384 threads), or the
+    consumers' .inc waits forever."""
+    src = ks.emit(v)
+    prod, cons = map(int, re.search(r"kProducerRegs = (\d+), kConsumerRegs = (\d+);", src).groups())
+    launch = 65536 // v.tile.threads // 8 * 8
+    assert launch == 168 and prod % 8 == 0 and cons % 8 == 0 and 24 <= prod < launch < cons <= 256
+    assert 128 * prod + 256 * cons <= v.tile.threads * launch

@@ -135,7 +135,7 @@ def uses_wgmma(v: Variant) -> bool:
     128-row tiles measured slower than the FA2-style body)."""
     if v.vendor != "cuda":
         return False
-    return v.dtype == "fp8_e4m3" or not (v.d_qk == 64 and v.causal)
+    return v.dtype == "fp8_e4m3" or bf16_warp_specialized(v) or not (v.d_qk == 64 and v.causal)
 
 
 def fp8_warp_specialized(v: Variant) -> bool:
@@ -145,7 +145,23 @@ def fp8_warp_specialized(v: Variant) -> bool:
     return v.vendor == "cuda" and v.dtype == "fp8_e4m3" and v.d_v <= 128
 
 
+def bf16_warp_specialized(v: Variant) -> bool:
+    """Whether the warp-specialised BF16 body (cuda/flash_fwd_ws.cuh) builds ``v``."""
+    return v.vendor == "cuda" and v.dtype == "bf16" and _BF16_WS
+
+
+#: The BF16 body of sm_90a: warp-specialised (True) or the two-warpgroup bodies.
+_BF16_WS = True
+
+
 def tile_for(v: Variant) -> Tile:
+    if bf16_warp_specialized(v):
+        # cuda/flash_fwd_ws.cuh: a producer warpgroup and 2 consumer warpgroups x 64 query rows;
+        # Q, then two stages each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for
+        # alignment.  128-key blocks, 64 at d256 (a 128-key S does not fit beside O there).
+        block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
+        smem = 128 * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
+        return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem)
     if fp8_warp_specialized(v):
         # cuda/flash_fwd_fp8_ws.cuh: a producer warpgroup and 2 consumer warpgroups x 64 query
         # rows, 128-key blocks; Q, then two stages each of K, V staging and V^T, 8 x 128 bytes

@@ -1,0 +1,330 @@
+// zyfa attention forward for sm_90a, BF16: warp-specialised WGMMA body (head dims multiples
+// of 64, d_v <= 256), hardware exp2.
+//
+// One CTA = 3 warpgroups = 128 query rows of one (sequence, query head), kBlockN-key blocks
+// (128, or 64 at d256 where a 128-key S does not fit beside O):
+//   producer (warpgroup 0, setmaxnreg 40)
+//     cp.async Q once, then per block K and V into stage n & 1, each its own commit group and
+//     its own full barrier: K(n + 1) is requested as soon as S(n - 1) has released its stage,
+//     V(n + 1) once PV(n - 1) has.  Both are K-major/MN-major tiles of 64-element K-blocks
+//     with the 128B swizzle, as they lie in memory: the PV WGMMA transposes V (tnspB).
+//   consumers (warpgroups 1 and 2, 64 rows each, setmaxnreg 232), per block n:
+//     softmax(n)       scale, mask, running max, O *= 2^(m_old - m_new), P = exp2(S - m) as
+//                      bf16 A fragments (the S accumulator layout is the A-register layout)
+//     turn             issue O += P V(n), then S(n + 1) = Q K(n + 1)^T; hand the turn over
+//     wait PV(n)       release V(n); wait S(n + 1), release K(n + 1)
+//   so one consumer's softmax runs while the other's products do (FA3's ping-pong).
+//
+// Registers per consumer thread (d128): acc_o 64 and acc_s 64 in flight together, P 32, row
+// state 4.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the registers the CTA is launched with.
+//
+// Shared memory (1024-byte aligned tiles): Q | K x 2 | V x 2 | mbarriers.  A tile of R rows is
+// split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128 bytes, row r's 16-byte chunk c
+// at chunk c ^ (r % 8): the descriptor's stride between 8-row groups is 1024 bytes and a k16
+// step advances its start address by 32 bytes.
+// Named barriers: 2 + g consumer g's turn.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace zyfa {
+
+using namespace zyfa_cfg;
+
+static_assert(!kFp8 && kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256,
+              "the warp-specialised BF16 body: head dims in 64-element K-blocks, d_v <= 256 (one WGMMA N)");
+static_assert(kThreads == 384 && kBlockM == 128 && (kBlockN == 64 || kBlockN == 128),
+              "a producer and 2 consumer warpgroups x 64 rows, 64 or 128 keys");
+
+constexpr int kStages = 2;
+constexpr int kTileQ = kBlockM * 2 * kDqk;     // bytes
+constexpr int kTileK = kBlockN * 2 * kDqk;
+constexpr int kTileV = kBlockN * 2 * kDv;
+constexpr int kBarBytes = 128;
+static_assert(KvBarriers<kStages>::kBytes <= kBarBytes, "the mbarriers' bytes");
+static_assert(kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
+              "smem layout must match the catalogue");
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// The CTA is launched with 168 registers a thread (65,536 / 384, in steps of 8); setmaxnreg
+// moves them between warpgroups and never grows the pool (.inc waits for what .dec frees).
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "the CTA's register pool");
+constexpr int kBarTurn = 2;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The shared-memory map: every tile at a constant offset from q.
+struct Smem {
+  static constexpr uint32_t kK = kTileQ, kV = kK + kStages * kTileK, kBars = kV + kStages * kTileV;
+  uint32_t q;
+  __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
+  __device__ uint32_t v_at(int s) const { return q + kV + s * kTileV; }
+  __device__ KvBarriers<kStages> bars() const { return {q + kBars}; }
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// K-major operand descriptor: 1024 bytes between 8-row groups, 128B swizzle (the leading byte
+// offset is unused for swizzled K-major tiles).
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 1024, 1); }
+// MN-major (transposed) operand descriptor: 8-row groups along K 1024 bytes apart, 64-column
+// blocks along MN `mn_stride` bytes apart (the leading byte offset), 128B swizzle.
+__device__ __forceinline__ uint64_t desc_mnmajor(uint32_t smem_addr, uint32_t mn_stride) {
+  return gmma_desc(smem_addr, mn_stride, 1024, 1);
+}
+
+ZYFA_WGMMA_WRAPPERS
+
+// ---- the producer --------------------------------------------------------------------------
+
+// Copy kRows rows of kCols bf16 (global pitch `stride` elements) into 64-element K-blocks with
+// the 128B swizzle.  Thread t copies chunk t % 8 of rows t / 8 + 16 i of every K-block: one
+// smem offset and one global pointer per thread, the rest immediates.  With kCheck, rows from
+// `rows` on are zeros.
+template <int kRows, int kCols, bool kCheck>
+__device__ __forceinline__ void copy_tile(uint32_t tile, const __nv_bfloat16* g, long long stride, int rows) {
+  const int tid = threadIdx.x, r0 = tid / 8, c = tid % 8;
+  const uint32_t dst = tile + swz128(r0, c);           // (r0 + 16 i) & 7 == r0 & 7
+  const __nv_bfloat16* src = g + r0 * stride + c * 8;
+#pragma unroll
+  for (int i = 0; i < kRows / 16; ++i, src += 16 * stride) {
+    const bool ok = !kCheck || r0 + 16 * i < rows;
+#pragma unroll
+    for (int kb = 0; kb < kCols / 64; ++kb)
+      cp_async16(dst + kb * kRows * 128 + i * 2048, ok ? src + kb * 64 : g, ok);
+  }
+}
+
+template <int kCols>
+__device__ __forceinline__ void copy_keys(uint32_t tile, const __nv_bfloat16* g, long long stride, int n0,
+                                          int sk) {
+  g += static_cast<long long>(n0) * stride;
+  if (n0 + kBlockN <= sk) copy_tile<kBlockN, kCols, false>(tile, g, stride, kBlockN);
+  else copy_tile<kBlockN, kCols, true>(tile, g, stride, sk - n0);
+  cp_async_commit();
+}
+
+// Groups in flight at the top of block n: K(n), V(n).  Each full barrier is arrived on by every
+// producer thread once its own copies of the tile are complete and fenced.
+template <class P>
+__device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_bfloat16* gq,
+                                        const __nv_bfloat16* gk, const __nv_bfloat16* gv, int rows_q, int sk,
+                                        int n_blocks) {
+  if (n_blocks == 0) return;
+  const KvBarriers<kStages> bars = sm.bars();
+  copy_tile<kBlockM, kDqk, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with K(0)
+  copy_keys<kDqk>(sm.k_at(0), gk, p.k_stride_s, 0, sk);
+  copy_keys<kDv>(sm.v_at(0), gv, p.v_stride_s, 0, sk);
+  for (int n = 0; n < n_blocks; ++n) {
+    const int s = n % kStages;
+    const bool more = n + 1 < n_blocks;
+    const int s1 = (n + 1) % kStages;
+    cp_async_wait<1>();                                      // K(n) (and Q)
+    fence_async_smem();
+    mbar_arrive(bars.kfull(s));
+    if (more) {
+      if (n + 1 >= kStages) mbar_wait(bars.kempty(s1), bars.empty_parity(n + 1));
+      copy_keys<kDqk>(sm.k_at(s1), gk, p.k_stride_s, (n + 1) * kBlockN, sk);
+      cp_async_wait<1>();                                    // V(n); K(n + 1) in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_async_smem();
+    mbar_arrive(bars.vfull(s));
+    if (more) {
+      if (n + 1 >= kStages) mbar_wait(bars.vempty(s1), bars.empty_parity(n + 1));
+      copy_keys<kDv>(sm.v_at(s1), gv, p.v_stride_s, (n + 1) * kBlockN, sk);
+    }
+  }
+}
+
+// ---- the consumers ---------------------------------------------------------------------------
+
+// S = Q K(stage)^T for the warpgroup's 64 rows (sQg), issued and committed.
+__device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t sQg, uint32_t sK) {
+#pragma unroll
+  for (int k = 0; k < kDqk / 16; ++k) {
+    const uint32_t kb = k / 4, kk = k % 4;
+    wgmma_qk(acc_s, desc_kmajor(sQg + kb * kBlockM * 128 + kk * 32), desc_kmajor(sK + kb * kBlockN * 128 + kk * 32),
+             k > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V(stage), P from registers, issued and committed.
+__device__ __forceinline__ void issue_pv(float (&acc_o)[kDv / 2], const uint32_t (&pa)[kBlockN / 4], uint32_t sV) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_pv(acc_o, pa + 4 * kk, desc_mnmajor(sV + kk * 16 * 128, kBlockN * 128));
+  wgmma_commit();
+}
+
+// Online softmax of one block for the two rows (r_lo, r_lo + 8) a thread holds: scores scaled
+// to log2 units and masked, the running max m, O and the thread's partial row sums l rescaled
+// by 2^(m_old - m_new), P = exp2(S - m) packed as bf16 A fragments.
+__device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc_s)[kBlockN / 2],
+                                        float (&acc_o)[kDv / 2], float (&m_run)[2], float (&l_run)[2], int n0,
+                                        int sk, int wg_row0, int r_lo, int diag, int quad_col, float scale_log2) {
+  const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
+  if (need_mask) {
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n0 + j * 8 + quad_col + (e & 1);
+        const int row = r_lo + (e >> 1) * 8;
+        if (col >= sk || (kCausal && col > row + diag)) acc_s[4 * j + e] = -INFINITY;
+      }
+    }
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = m_run[hr];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j)
+      mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * hr], acc_s[4 * j + 2 * hr + 1]) * scale_log2);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_use = mx == -INFINITY ? 0.f : mx;
+    const float alpha = exp2f(m_run[hr] - m_use);
+    m_run[hr] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& s = acc_s[4 * j + 2 * hr + e];
+        s = exp2f(__fmaf_rn(s, scale_log2, -m_use));
+        sum += s;
+      }
+    }
+    l_run[hr] = l_run[hr] * alpha + sum;
+#pragma unroll
+    for (int i = 0; i < kDv / 8; ++i) {
+      acc_o[4 * i + 2 * hr] *= alpha;
+      acc_o[4 * i + 2 * hr + 1] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kBlockN / 4; ++i) pa[i] = pack_bf16(acc_s[2 * i], acc_s[2 * i + 1]);
+}
+
+template <class P>
+__device__ void flash_fwd(const P& p) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const Smem sm{(smem0 + 1023) & ~1023u};
+
+  // Causal: the CTAs with the most key blocks first, so the short ones fill the last wave.
+  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int h_kv = h / (p.hq / p.hkv);
+  const int wg = threadIdx.x / 128;
+
+  const SeqBounds seq = sequence_bounds(p, b);
+  const int sq = seq.sq, sk = seq.sk;
+  const int row0 = m_block * kBlockM;
+  if (row0 >= sq) return;
+  const TensorOffsets off = tensor_offsets(p, seq, b, h, h_kv);
+
+  const int diag = sk - sq;
+  int n_end = sk;
+  if constexpr (kCausal) n_end = min(sk, row0 + kBlockM + diag);
+  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+
+  const KvBarriers<kStages> bars = sm.bars();
+  if (threadIdx.x == 0) bars.init();
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
+    produce(p, sm, static_cast<const __nv_bfloat16*>(p.q) + off.q + static_cast<long long>(row0) * p.q_stride_s,
+            static_cast<const __nv_bfloat16*>(p.k) + off.k, static_cast<const __nv_bfloat16*>(p.v) + off.v,
+            sq - row0, sk, n_blocks);
+    cp_async_wait<0>();
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
+
+  const int cw = wg - 1;                                    // consumer 0 or 1
+  const int warp = (threadIdx.x % 128) / 32;
+  const int lane = threadIdx.x % 32;
+  const int quad_col = (lane % 4) * 2;
+  const int r_lo = row0 + cw * 64 + warp * 16 + lane / 4;   // rows of acc[4j+0..1]; +8 for [4j+2..3]
+  const uint32_t sQg = sm.q + cw * 64 * 128;                // this warpgroup's 64 rows (in each K-block)
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int my_turn = kBarTurn + cw, their_turn = kBarTurn + (1 - cw);
+
+  float acc_o[kDv / 2];
+#pragma unroll
+  for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.f, 0.f};
+
+  if (n_blocks > 0) {
+    // Turns: consumer 0 first.  Each consumer takes n_blocks + 1 of them (S(0), then one per
+    // block); consumer 1 hands over after all of its turns but the last.
+    if (cw == 1) bar_arrive(kBarTurn, 256);
+    float acc_s[kBlockN / 2];
+    mbar_wait(bars.kfull(0), 0);
+    bar_sync(my_turn, 256);
+    wgmma_fence();
+    issue_qk(acc_s, sQg, sm.k_at(0));
+    bar_arrive(their_turn, 256);
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(bars.kempty(0));
+
+    // The last block leaves the loop from its turn: the rest of the body is the same for every
+    // block, so that the compiler keeps S(n + 1) in flight beside PV(n).
+    for (int n = 0; n < n_blocks; ++n) {
+      const int s = n % kStages, s1 = (n + 1) % kStages;
+      uint32_t pa[kBlockN / 4];
+      softmax(pa, acc_s, acc_o, m_run, l_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, scale_log2);
+
+      // ---- turn: PV(n), then S(n + 1) ----------------------------------------------------------
+      mbar_wait(bars.vfull(s), bars.full_parity(n));
+      bar_sync(my_turn, 256);
+      wgmma_fence();
+      issue_pv(acc_o, pa, sm.v_at(s));
+      if (n + 1 == n_blocks) {
+        if (cw == 0) bar_arrive(their_turn, 256);
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(bars.vempty(s));
+        break;
+      }
+      mbar_wait(bars.kfull(s1), bars.full_parity(n + 1));
+      issue_qk(acc_s, sQg, sm.k_at(s1));
+      bar_arrive(their_turn, 256);
+      wgmma_wait<1>();
+      if (lane == 0) mbar_arrive(bars.vempty(s));
+      wgmma_wait<0>();
+      if (lane == 0) mbar_arrive(bars.kempty(s1));
+    }
+  }
+
+  // ---- epilogue: normalise, store O (bf16) and LSE (fp32, natural log) -----------------
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + off.o;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = l_run[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = r_lo + hr * 8;
+    if (row >= sq) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    __nv_bfloat16* orow = go + static_cast<long long>(row) * p.o_stride_s;
+#pragma unroll
+    for (int i = 0; i < kDv / 8; ++i) {
+      *reinterpret_cast<uint32_t*>(orow + i * 8 + quad_col) =
+          pack_bf16(acc_o[4 * i + 2 * hr] * inv, acc_o[4 * i + 2 * hr + 1] * inv);
+    }
+    if (p.lse != nullptr && (lane % 4) == 0) {
+      float* glse = lse_rows(p, seq, b, h);
+      glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+}  // namespace zyfa
