@@ -3,9 +3,9 @@
 The unit is: the variant's compile-time configuration, the ``Params`` struct and
 the entry point's parameter list -- both generated from ``catalogue.kernargs``, so
 the argument layout exists only there -- then, for CUDA, what the bodies share
-(``cuda/flash_common.cuh``), then the hand-written kernel body
-(``cuda/flash_fwd.cuh`` or ``hip/flash_fwd.hip``), then the ``extern "C"`` entry
-that fills ``Params`` and calls the body.
+(``cuda/flash_common.cuh``, and for FP8 ``cuda/flash_fp8_lean.cuh``) with the
+variant's WGMMA instructions, then the hand-written kernel body (``BODY``), then the
+``extern "C"`` entry that fills ``Params`` and calls the body.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from zyfa_runtime import catalogue, e4m3, fp8_models
 from zyfa_runtime.catalogue import ARG_TYPES, Variant, kernargs
 
 ROOT = Path(__file__).resolve().parent.parent
-BODY = {"cuda": ROOT / "cuda" / "flash_fwd.cuh", "hip": ROOT / "hip" / "flash_fwd.hip",
-        "cuda-wgmma": ROOT / "cuda" / "flash_fwd_wgmma.cuh",
-        "cuda-fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh",
-        "cuda-fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh",
-        "cuda-ws": ROOT / "cuda" / "flash_fwd_ws.cuh"}
-#: What the sm_90a bodies share (the CTA's work, copies, WGMMA primitives), inserted before them.
+#: The hand-written bodies: gfx950 BF16, and the sm_90a ones by ``catalogue.sm90_body``.
+BODY = {"hip": ROOT / "hip" / "flash_fwd.hip",
+        "ws": ROOT / "cuda" / "flash_fwd_ws.cuh",
+        "fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh",
+        "fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh"}
+#: What the sm_90a bodies share (the CTA's work, copies, WGMMA primitives, barriers), inserted
+#: before them.
 COMMON = {"cuda": ROOT / "cuda" / "flash_common.cuh"}
 #: What the sm_90a FP8 bodies share besides (layouts, the P arithmetic, the epilogue), with the
 #: variant's WGMMA wrappers in place of ``ZYFA_WGMMA_WRAPPERS``.
@@ -57,10 +58,10 @@ def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail:
 
 
 def _wgmma_wrappers(v: Variant) -> str:
-    """The WGMMA instructions of the sm_90a WGMMA bodies.  BF16 (flash_fwd_wgmma.cuh):
-    ``wgmma_qk`` (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB).
-    FP8 (flash_fwd_fp8_wgmma.cuh): k32 e4m3, both K-major, PV in passes of N <= 128, plus
-    ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum)."""
+    """The WGMMA instructions of the sm_90a bodies.  BF16 (flash_fwd_ws.cuh): ``wgmma_qk``
+    (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB).  FP8
+    (flash_fp8_lean.cuh, for both FP8 bodies): k32 e4m3, both K-major, PV in passes of
+    N <= 128, plus ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum)."""
     n = v.tile.block_n
     if v.dtype == "bf16":
         return "\n".join([
@@ -74,20 +75,9 @@ def _wgmma_wrappers(v: Variant) -> str:
         _wgmma("wgmma_sum", "m64n8k32", "e4m3.e4m3", 4, True, "1, 1")])
 
 
-def uses_wgmma(v: Variant) -> bool:
-    """The sm_90a variants a WGMMA body serves (``catalogue.uses_wgmma``)."""
-    return catalogue.uses_wgmma(v)
-
-
 def body_key(v: Variant) -> str:
-    """Which body builds ``v`` (a key of ``BODY``)."""
-    if v.built_from == "asm-generator":
-        return "gfx950-asm"
-    if not uses_wgmma(v):
-        return v.vendor
-    if v.dtype != "fp8_e4m3":
-        return "cuda-ws" if catalogue.bf16_warp_specialized(v) else "cuda-wgmma"
-    return "cuda-fp8-ws" if catalogue.fp8_warp_specialized(v) else "cuda-fp8-wgmma"
+    """Which hand-written body builds ``v`` (a key of ``BODY``)."""
+    return catalogue.sm90_body(v) if v.vendor == "cuda" else "hip"
 
 
 def _recipe_constants(v: Variant) -> list[str]:
@@ -116,7 +106,7 @@ def config(v: Variant) -> str:
         f"constexpr int kThreads = {t.threads};",
         f"constexpr int kDynamicSmem = {t.dynamic_smem};",
     ]
-    if v.dtype == "fp8_e4m3" and uses_wgmma(v):
+    if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)
     lines.append("}  // namespace zyfa_cfg")
     return "\n".join(lines) + "\n"
@@ -146,13 +136,12 @@ def emit(v: Variant) -> str:
         from . import gfx950_fp8
         return gfx950_fp8.emit(v)
     parts = [config(v), params_struct(v)]
-    if v.vendor in COMMON:
-        parts.append(COMMON[v.vendor].read_text())
-    if uses_wgmma(v) and v.dtype == "fp8_e4m3":
-        parts.append(FP8_COMMON.read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v)))
-        body = BODY[body_key(v)].read_text()
-    elif uses_wgmma(v) or catalogue.bf16_warp_specialized(v):
-        body = BODY[body_key(v)].read_text().replace("ZYFA_WGMMA_WRAPPERS", _wgmma_wrappers(v))
-    else:
-        body = BODY[v.vendor].read_text()
+    body = BODY[body_key(v)].read_text()
+    if v.vendor == "cuda":
+        wrappers = _wgmma_wrappers(v)
+        parts.append(COMMON["cuda"].read_text())
+        if v.dtype == "fp8_e4m3":
+            parts.append(FP8_COMMON.read_text().replace("ZYFA_WGMMA_WRAPPERS", wrappers))
+        else:
+            body = body.replace("ZYFA_WGMMA_WRAPPERS", wrappers)
     return "\n".join(parts + [body, entry(v)])

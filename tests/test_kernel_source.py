@@ -16,19 +16,16 @@ SM90 = [v for v in catalogue.all_variants() if v.arch == "sm_90a"]
 @pytest.mark.parametrize("v", SM90, ids=lambda v: v.name)
 def test_each_variant_gets_its_body(v):
     src = ks.emit(v)
-    if v.dtype == "fp8_e4m3":
-        assert "lean_quad_bits" in src and "wgmma_sum" in src    # flash_fp8_lean.cuh
-        assert "ZYFA_WGMMA_WRAPPERS" not in src
-        if v.d_v <= 128:      # flash_fwd_fp8_ws.cuh: a producer and two consumer warpgroups
-            assert ks.body_key(v) == "cuda-fp8-ws" and "setmaxnreg" in src
-            assert v.tile.threads == 384
-        else:                 # flash_fwd_fp8_wgmma.cuh: two warpgroups, no producer
-            assert ks.body_key(v) == "cuda-fp8-wgmma" and "setmaxnreg" not in src
-            assert v.tile.threads == 256
-    elif catalogue.uses_wgmma(v):
-        assert "wgmma_pv" in src and "wgmma_sum" not in src      # flash_fwd_wgmma.cuh
-    else:
-        assert (v.d_qk, v.causal) == (64, True) and "mma.sync.aligned.m16n8k16" in src
+    assert "ZYFA_WGMMA_WRAPPERS" not in src and "wgmma.mma_async" in src
+    if v.dtype == "bf16":     # flash_fwd_ws.cuh: a producer and two consumer warpgroups, exp2
+        assert ks.body_key(v) == "ws" and "setmaxnreg" in src and "wgmma_sum" not in src
+        assert v.tile.threads == 384 and "lean_quad_bits" not in src
+    elif v.d_v <= 128:        # flash_fwd_fp8_ws.cuh: the same shape, Lean P (flash_fp8_lean.cuh)
+        assert ks.body_key(v) == "fp8-ws" and "setmaxnreg" in src and "wgmma_sum" in src
+        assert v.tile.threads == 384 and "lean_quad_bits" in src
+    else:                     # flash_fwd_fp8_wgmma.cuh: two warpgroups, no producer
+        assert ks.body_key(v) == "fp8-wgmma" and "setmaxnreg" not in src and "wgmma_sum" in src
+        assert v.tile.threads == 256 and "lean_quad_bits" in src
 
 
 @pytest.mark.parametrize("v", [v for v in SM90 if v.dtype == "fp8_e4m3"], ids=lambda v: v.name)
@@ -61,7 +58,7 @@ def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch):
         ks.config(v)
 
 
-@pytest.mark.parametrize("v", [v for v in SM90 if catalogue.fp8_warp_specialized(v)], ids=lambda v: v.name)
+@pytest.mark.parametrize("v", [v for v in SM90 if v.tile.threads == 384], ids=lambda v: v.name)
 def test_warp_specialised_register_split_fits_the_launch(v):
     """setmaxnreg only moves registers between warpgroups: the producer's and the consumers'
     counts must fit the pool the CTA is launched with (168 a thread at 384 threads), or the

@@ -129,69 +129,44 @@ class Tile:
     dynamic_smem: int   # dynamic shared memory bytes (CUDA); 0 where LDS is static (HIP)
 
 
-def uses_wgmma(v: Variant) -> bool:
-    """Whether an sm_90a WGMMA body builds ``v``: every FP8 variant (cuda/flash_fwd_fp8_wgmma.cuh,
-    Lean P) and every BF16 variant but d64 causal (cuda/flash_fwd_wgmma.cuh; at d64 causal its
-    128-row tiles measured slower than the FA2-style body)."""
+def sm90_body(v: Variant) -> str:
+    """Which CUDA body builds an sm_90a variant (generator/kernel_source.BODY):
+
+    * ``"ws"`` -- cuda/flash_fwd_ws.cuh, every BF16 variant: a producer warpgroup and two
+      consumer warpgroups in ping-pong, WGMMA, hardware exp2;
+    * ``"fp8-ws"`` -- cuda/flash_fwd_fp8_ws.cuh, FP8 with d_v <= 128: the same shape, Lean P,
+      the V transpose in the producer;
+    * ``"fp8-wgmma"`` -- cuda/flash_fwd_fp8_wgmma.cuh, FP8 d256: two warpgroups, no producer
+      (a 256-wide block accumulator and the next block's S do not fit one consumer's
+      registers beside O).
+    """
     if v.vendor != "cuda":
-        return False
-    return v.dtype == "fp8_e4m3" or bf16_warp_specialized(v) or not (v.d_qk == 64 and v.causal)
-
-
-def fp8_warp_specialized(v: Variant) -> bool:
-    """Whether the warp-specialised FP8 body (cuda/flash_fwd_fp8_ws.cuh) builds ``v``: every
-    sm_90a FP8 variant whose d_v fits one PV WGMMA beside the double-buffered S (d_v <= 128);
-    d256 keeps cuda/flash_fwd_fp8_wgmma.cuh."""
-    return v.vendor == "cuda" and v.dtype == "fp8_e4m3" and v.d_v <= 128
-
-
-def bf16_warp_specialized(v: Variant) -> bool:
-    """Whether the warp-specialised BF16 body (cuda/flash_fwd_ws.cuh) builds ``v``."""
-    return v.vendor == "cuda" and v.dtype == "bf16" and _BF16_WS
-
-
-#: The BF16 body of sm_90a: warp-specialised (True) or the two-warpgroup bodies.
-_BF16_WS = True
+        raise ValueError(f"{v.name} is not an sm_90a variant")
+    if v.dtype == "bf16":
+        return "ws"
+    return "fp8-ws" if v.d_v <= 128 else "fp8-wgmma"
 
 
 def tile_for(v: Variant) -> Tile:
-    if bf16_warp_specialized(v):
-        # cuda/flash_fwd_ws.cuh: a producer warpgroup and 2 consumer warpgroups x 64 query rows;
-        # Q, then two stages each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for
-        # alignment.  128-key blocks, 64 at d256 (a 128-key S does not fit beside O there).
+    if v.vendor == "cuda" and sm90_body(v) == "ws":
+        # a producer warpgroup and 2 consumer warpgroups x 64 query rows; Q, then two stages
+        # each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for alignment.  128-key
+        # blocks, 64 at d256 (a 128-key S does not fit beside O there).
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
         smem = 128 * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
         return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem)
-    if fp8_warp_specialized(v):
-        # cuda/flash_fwd_fp8_ws.cuh: a producer warpgroup and 2 consumer warpgroups x 64 query
-        # rows, 128-key blocks; Q, then two stages each of K, V staging and V^T, 8 x 128 bytes
-        # of ones, 128 bytes of mbarriers, +1 KiB for alignment.
+    if v.vendor == "cuda" and sm90_body(v) == "fp8-ws":
+        # a producer warpgroup and 2 consumer warpgroups x 64 query rows, 128-key blocks (the
+        # sm_90a recipe's); Q, then two stages each of K, V staging and V^T, 8 x 128 bytes of
+        # ones, 128 bytes of mbarriers, +1 KiB for alignment.
         smem = 128 * (v.d_qk + 2 * (v.d_qk + v.d_v + v.d_v)) + 8 * 128 + 128 + 1024
         return Tile(block_m=128, block_n=128, threads=384, dynamic_smem=smem)
-    if uses_wgmma(v) and v.dtype == "fp8_e4m3":
-        # cuda/flash_fwd_fp8_wgmma.cuh: 2 warpgroups x 64 query rows, 128-key blocks (the sm_90a
-        # recipe's); Q, two K stages, two V staging stages, V^T (each 128 rows of the head dim
-        # in bytes), 8 x 128 bytes of ones, +1 KiB for alignment.
+    if v.vendor == "cuda":
+        # fp8-wgmma: 2 warpgroups x 64 query rows, 128-key blocks; Q, two K stages, two V
+        # staging stages, V^T (each 128 rows of the head dim in bytes), 8 x 128 bytes of ones,
+        # +1 KiB for alignment.
         smem = 128 * (v.d_qk + 2 * v.d_qk + 2 * v.d_v + v.d_v) + 8 * 128 + 1024
         return Tile(block_m=128, block_n=128, threads=256, dynamic_smem=smem)
-    if uses_wgmma(v):
-        # cuda/flash_fwd_wgmma.cuh: 2 warpgroups x 64 query rows; Q, K and V^T in 128B-swizzled
-        # K-major tiles, K and V^T double-buffered (+1 KiB for alignment).  128-key blocks at
-        # d128 (H200, 8k tokens: 328 vs 292 TFLOP/s with 64), 64 elsewhere (d64: 228 vs 258;
-        # d192/d256: the registers of a 128-key S do not fit beside O).
-        kb = v.d_qk // 64      # Q, two K stages, two V stages
-        block_n = 128 if (v.d_qk, v.d_v) == (128, 128) else 64
-        smem = 128 * 128 * kb + 2 * block_n * 128 * kb + 2 * block_n * 128 * (v.d_v // 64) + 1024
-        return Tile(block_m=128, block_n=block_n, threads=256, dynamic_smem=smem)
-    if v.vendor == "cuda":
-        # cuda/flash_fwd.cuh (BF16 d64 causal): 4 warps x 16 query rows; Q, K and V tiles
-        # staged in shared memory as bf16.  Rows are padded by 16 bytes
-        # so that fragment loads and ldmatrix rows fall in distinct banks.
-        block_m = 64
-        block_n = 64 if v.d_qk <= 128 else 32
-        pad = 8
-        smem = 2 * (block_m + block_n) * (v.d_qk + pad) + 2 * block_n * (v.d_v + pad)
-        return Tile(block_m=block_m, block_n=block_n, threads=128, dynamic_smem=smem)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
