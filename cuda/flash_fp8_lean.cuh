@@ -1,4 +1,4 @@
-// zyfa sm_90a FP8 bodies: what they share.  Inserted by generator/kernel_source.py after
+// zyfa sm_90a FP8: the layouts and arithmetic of the body.  Inserted by generator/kernel_source.py after
 // flash_common.cuh, before the FP8 body, with the variant's WGMMA wrappers in place.
 //
 // * The shared-memory layouts: Q and K in 64-byte K-blocks with the 64B swizzle, the V

@@ -1,11 +1,18 @@
-// zyfa attention forward for sm_90a, FP8 (e4m3 in, bf16 out), d_v <= 128: warp-specialised
-// WGMMA body with Lean P.
+// zyfa attention forward for sm_90a, FP8 (e4m3 in, bf16 out): warp-specialised WGMMA body
+// with Lean P.
 //
-// The P arithmetic is fp8_models.RECIPES["sm_90a"] (cuda/flash_fp8_lean.cuh), as in the
-// two-warpgroup body: the block's exact fp32 max, the Lean byte with the quadratic mantissa
-// correction, the rounded row sum by a WGMMA against ones, each block accumulated from zero
-// and merged in fp32 in the frame of the last contributing block.  What differs is who does
-// what, and when.
+// The P arithmetic is fp8_models.RECIPES["sm_90a"] (cuda/flash_fp8_lean.cuh), so the model
+// predicts every P byte from the fp32 scores: 128-key blocks, the block's own exact fp32 max,
+// the Lean byte with the quadratic mantissa correction (no MUFU per element), the output
+// divided by the sum of the rounded P that was multiplied (a WGMMA against a tile of ones).
+// Each block's O_b, l_b are accumulated from zero in the tensor core and merged in fp32, O =
+// O 2^(F - T) + O_b (Hopper's FP8 WGMMA accumulates with fewer bits than fp32, so a running O
+// kept in it would lose bits with every block of a long sequence), in the frame F of the last
+// contributing block (O and l are relative to 2^F): a block with max T rescales them by
+// 2^(F - T) and sets F = T.  A block whose max lies 64 below the row's running max adds
+// under 2^-50 of l and is skipped (its P set to 0), which bounds the frame's drift (O and l
+// stay below 2^98).  The model merges with alpha/beta instead; the two differ by fp32
+// rounding of the rescales only.
 //
 // One CTA = 3 warpgroups = 128 query rows of one (sequence, query head), 128-key blocks:
 //   producer (warpgroup 0, setmaxnreg 40)
@@ -21,12 +28,15 @@
 //                      row sum against ones, then S(n + 1) = Q K(n + 1)^T; hand the turn over
 //     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
 //     wait S(n + 1)    release K(n + 1)
-//   so one consumer's softmax runs while the other's 4 x 256 tensor cycles do, and the
-//   tensor core's queue holds the two consumers' products alternately (FA3's ping-pong).
+//   so one consumer's softmax runs while the other's products do, and the tensor core's
+//   queue holds the two consumers' products alternately (FA3's ping-pong).  At d_v = 256 the
+//   turn issues PV(n) in two passes of 128 columns, each merged before the next, and S(n + 1)
+//   after them: one block accumulator is all the registers hold beside a 256-wide O.
 //
-// Registers per consumer thread: acc_o 64, acc_b 64 (PV of block n) and acc_s 64 (S of block
-// n + 1) in flight together, P 16, acc_l / acc_lb 8, row state 8.  128 x 40 + 256 x 232 =
-// 64,512 = 384 x 168, the registers the CTA is launched with.
+// Registers per consumer thread (d_v = 128): acc_o 64, acc_b 64 (PV of block n) and acc_s 64
+// (S of block n + 1) in flight together, P 16, acc_l / acc_lb 8, row state 8; (d_v = 256)
+// acc_o 128, one of acc_b or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
+// registers the CTA is launched with.
 //
 // Shared memory (1024-byte aligned tiles): Q | K x 2 | V staging x 2 | V^T x 2 | ones | mbarriers.
 // Named barriers: 1 the producer's own, 2 + g consumer g's turn.
@@ -38,8 +48,8 @@ namespace zyfa {
 
 using namespace zyfa_cfg;
 
-static_assert(kFp8 && kDqk % 64 == 0 && (kDv == 64 || kDv == 128),
-              "the warp-specialised FP8 body: head dims in 64-byte K-blocks, one PV WGMMA (d_v <= 128)");
+static_assert(kFp8 && kDqk % 64 == 0 && (kDv == 64 || kDv == 128 || kDv == 256),
+              "the warp-specialised FP8 body: head dims in 64-byte K-blocks, d_v in PV passes of <= 128");
 static_assert(kThreads == 384 && kBlockM == 128 && kBlockN == 128,
               "a producer and 2 consumer warpgroups x 64 rows, 128-key blocks (the sm_90a recipe's block)");
 
@@ -48,6 +58,8 @@ constexpr int kTileQ = kBlockM * kDqk;      // bytes
 constexpr int kTileK = kBlockN * kDqk;
 constexpr int kTileVs = kBlockN * kDv;      // V staging
 constexpr int kTileVt = kDv * kBlockN;      // V^T
+constexpr int kPvN = kDv < 128 ? kDv : 128;  // N of one PV pass
+constexpr int kPasses = kDv / kPvN;
 constexpr int kBarBytes = 128;
 static_assert(KvBarriers<kStages>::kBytes <= kBarBytes, "the mbarriers' bytes");
 static_assert(kTileQ + kStages * (kTileK + kTileVs + kTileVt) + kTileOnes + kBarBytes + 1024 == kDynamicSmem,
@@ -99,8 +111,8 @@ __device__ __forceinline__ void copy_v(uint32_t tile, const uint8_t* g, long lon
   const uint8_t* src = g + r0 * stride + c * 16;
 #pragma unroll
   for (int i = 0; i < kBlockN / kStep; ++i, src += kStep * stride) {
-    // stg_f(r0 + kStep i): bits 1, 2 are r0's; bit 4 (kDv = 128 only) is r0's xor i's lowest
-    const int f = kDv == 128 ? f0 ^ ((i & 1) << 2) : f0;
+    // stg_f(r0 + kStep i), r0 < kStep: bits 1, 2 are r0's, bit 4 r0's xor kStep i's
+    const int f = f0 ^ ((((kStep * i) >> 4) & 1) << 2);
     const bool ok = !kCheck || r0 + kStep * i < rows;
     cp_async16(tile + (r0 + kStep * i) * kDv + ((c ^ f) << 4), ok ? src : g, ok);
   }
@@ -192,24 +204,31 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], float (&fac
   else lean_p<false>(pa, acc_s, c8, bias);
 }
 
-// O_b = P V^T(stage) and l_b = P 1 from zero, issued and committed.
-__device__ __forceinline__ void issue_pv(float (&acc_b)[kDv / 2], float (&acc_lb)[4],
-                                         const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes) {
+// O_b = P V^T(stage) for dv columns kPvN pass .. + kPvN, and with pass 0 l_b = P 1, from zero;
+// issued and committed.
+__device__ __forceinline__ void issue_pv(float (&acc_b)[kPvN / 2], float (&acc_lb)[4],
+                                         const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes, int pass) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 32; ++kk) {
-    wgmma_pv(acc_b, pa + 4 * kk, desc_128b(sVt + kk * 32), kk > 0);
-    wgmma_sum(acc_lb, pa + 4 * kk, desc_128b(sOnes + kk * 32), kk > 0);
+    wgmma_pv(acc_b, pa + 4 * kk, desc_128b(sVt + pass * kPvN * 128 + kk * 32), kk > 0);
+    if (pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_128b(sOnes + kk * 32), kk > 0);
   }
   wgmma_commit();
 }
 
-// O = O 2^(F - T) + O_b and l likewise (factor = 2^(F - T) per row half).
-__device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4], const float (&acc_b)[kDv / 2],
-                                      const float (&acc_lb)[4], const float (&factor)[2]) {
+// O = O 2^(F - T) + O_b for the pass's columns, and with pass 0 l likewise (factor = 2^(F - T)
+// per row half).
+__device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4], const float (&acc_b)[kPvN / 2],
+                                      const float (&acc_lb)[4], const float (&factor)[2], int pass) {
 #pragma unroll
-  for (int i = 0; i < kDv / 2; ++i) acc_o[i] = __fmaf_rn(acc_o[i], factor[(i >> 1) & 1], acc_b[i]);
+  for (int i = 0; i < kPvN / 2; ++i) {
+    float& o = acc_o[pass * kPvN / 2 + i];
+    o = __fmaf_rn(o, factor[(i >> 1) & 1], acc_b[i]);
+  }
+  if (pass == 0) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], acc_lb[i]);
+    for (int i = 0; i < 4; ++i) acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], acc_lb[i]);
+  }
 }
 
 template <class P>
@@ -296,16 +315,39 @@ __device__ void flash_fwd(const P& p) {
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
-      float acc_b[kDv / 2], acc_lb[4];
+      float acc_b[kPvN / 2], acc_lb[4];
       mbar_wait(bars.vfull(s), bars.full_parity(n));
       bar_sync(my_turn, 256);
       wgmma_fence();
-      issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones());
+      if constexpr (kPasses > 1) {
+        // d_v = 256: the registers hold one block accumulator and no S beside O, so the
+        // passes are merged within the turn and S(n + 1) is issued after them.
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+          if (pass > 0) wgmma_fence();
+          issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones(), pass);
+          wgmma_wait<0>();
+          merge(acc_o, acc_l, acc_b, acc_lb, factor, pass);
+        }
+        if (lane == 0) mbar_arrive(bars.vempty(s));
+        if (last) {
+          if (cw == 0) bar_arrive(their_turn, 256);
+          break;
+        }
+        mbar_wait(bars.kfull(s ^ 1), bars.full_parity(n + 1));
+        wgmma_fence();
+        issue_qk(acc_s, sQg, sm.k_at(s ^ 1));
+        bar_arrive(their_turn, 256);
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(bars.kempty(s ^ 1));
+        continue;
+      }
+      issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones(), 0);
       if (last) {
         if (cw == 0) bar_arrive(their_turn, 256);
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(s));
-        merge(acc_o, acc_l, acc_b, acc_lb, factor);
+        merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
         break;
       }
       mbar_wait(bars.kfull(s ^ 1), bars.full_parity(n + 1));
@@ -315,7 +357,7 @@ __device__ void flash_fwd(const P& p) {
       // ---- merge(n), then S(n + 1) ----------------------------------------------------------
       wgmma_wait<1>();
       if (lane == 0) mbar_arrive(bars.vempty(s));
-      merge(acc_o, acc_l, acc_b, acc_lb, factor);
+      merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
       wgmma_wait<0>();
       if (lane == 0) mbar_arrive(bars.kempty(s ^ 1));
     }

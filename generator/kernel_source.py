@@ -21,12 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The hand-written bodies: gfx950 BF16, and the sm_90a ones by ``catalogue.sm90_body``.
 BODY = {"hip": ROOT / "hip" / "flash_fwd.hip",
         "ws": ROOT / "cuda" / "flash_fwd_ws.cuh",
-        "fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh",
-        "fp8-wgmma": ROOT / "cuda" / "flash_fwd_fp8_wgmma.cuh"}
+        "fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh"}
 #: What the sm_90a bodies share (the CTA's work, copies, WGMMA primitives, barriers), inserted
 #: before them.
 COMMON = {"cuda": ROOT / "cuda" / "flash_common.cuh"}
-#: What the sm_90a FP8 bodies share besides (layouts, the P arithmetic, the epilogue), with the
+#: What the sm_90a FP8 body builds on (layouts, the P arithmetic, the epilogue), with the
 #: variant's WGMMA wrappers in place of ``ZYFA_WGMMA_WRAPPERS``.
 FP8_COMMON = ROOT / "cuda" / "flash_fp8_lean.cuh"
 
@@ -60,7 +59,7 @@ def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail:
 def _wgmma_wrappers(v: Variant) -> str:
     """The WGMMA instructions of the sm_90a bodies.  BF16 (flash_fwd_ws.cuh): ``wgmma_qk``
     (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB).  FP8
-    (flash_fp8_lean.cuh, for both FP8 bodies): k32 e4m3, both K-major, PV in passes of
+    (flash_fp8_lean.cuh): k32 e4m3, both K-major, PV in passes of
     N <= 128, plus ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum)."""
     n = v.tile.block_n
     if v.dtype == "bf16":

@@ -130,21 +130,15 @@ class Tile:
 
 
 def sm90_body(v: Variant) -> str:
-    """Which CUDA body builds an sm_90a variant (generator/kernel_source.BODY):
+    """Which CUDA body builds an sm_90a variant (generator/kernel_source.BODY); both have a
+    producer warpgroup and two consumer warpgroups in ping-pong:
 
-    * ``"ws"`` -- cuda/flash_fwd_ws.cuh, every BF16 variant: a producer warpgroup and two
-      consumer warpgroups in ping-pong, WGMMA, hardware exp2;
-    * ``"fp8-ws"`` -- cuda/flash_fwd_fp8_ws.cuh, FP8 with d_v <= 128: the same shape, Lean P,
-      the V transpose in the producer;
-    * ``"fp8-wgmma"`` -- cuda/flash_fwd_fp8_wgmma.cuh, FP8 d256: two warpgroups, no producer
-      (a 256-wide block accumulator and the next block's S do not fit one consumer's
-      registers beside O).
+    * ``"ws"`` -- cuda/flash_fwd_ws.cuh, BF16: WGMMA, hardware exp2;
+    * ``"fp8-ws"`` -- cuda/flash_fwd_fp8_ws.cuh, FP8: Lean P, the V transpose in the producer.
     """
     if v.vendor != "cuda":
         raise ValueError(f"{v.name} is not an sm_90a variant")
-    if v.dtype == "bf16":
-        return "ws"
-    return "fp8-ws" if v.d_v <= 128 else "fp8-wgmma"
+    return "ws" if v.dtype == "bf16" else "fp8-ws"
 
 
 def tile_for(v: Variant) -> Tile:
@@ -155,18 +149,13 @@ def tile_for(v: Variant) -> Tile:
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
         smem = 128 * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
         return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem)
-    if v.vendor == "cuda" and sm90_body(v) == "fp8-ws":
-        # a producer warpgroup and 2 consumer warpgroups x 64 query rows, 128-key blocks (the
-        # sm_90a recipe's); Q, then two stages each of K, V staging and V^T, 8 x 128 bytes of
-        # ones, 128 bytes of mbarriers, +1 KiB for alignment.
+    if v.vendor == "cuda":
+        # fp8-ws: a producer warpgroup and 2 consumer warpgroups x 64 query rows, 128-key
+        # blocks (the sm_90a recipe's); Q, then two stages each of K, V staging and V^T, 8 x
+        # 128 bytes of ones, 128 bytes of mbarriers, +1 KiB for alignment (d256: 226 KiB of
+        # the 227 a CTA may have).
         smem = 128 * (v.d_qk + 2 * (v.d_qk + v.d_v + v.d_v)) + 8 * 128 + 128 + 1024
         return Tile(block_m=128, block_n=128, threads=384, dynamic_smem=smem)
-    if v.vendor == "cuda":
-        # fp8-wgmma: 2 warpgroups x 64 query rows, 128-key blocks; Q, two K stages, two V
-        # staging stages, V^T (each 128 rows of the head dim in bytes), 8 x 128 bytes of ones,
-        # +1 KiB for alignment.
-        smem = 128 * (v.d_qk + 2 * v.d_qk + 2 * v.d_v + v.d_v) + 8 * 128 + 1024
-        return Tile(block_m=128, block_n=128, threads=256, dynamic_smem=smem)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
