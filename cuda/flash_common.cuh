@@ -82,6 +82,11 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo, 
   return d;
 }
 
+// The descriptor of the same tile `bytes` (a multiple of 16) further on: shared addresses are
+// below 2^18, so the 14-bit start-address field never carries out, and a tile's descriptor is
+// computed once and stepped by an immediate per WGMMA.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // ---- warp specialisation: mbarriers, named barriers, WGMMA groups ----------------------------
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {

@@ -182,10 +182,11 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_
 
 // S = Q K(stage s)^T for the warpgroup's 64 rows (sQg), issued and committed.
 __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t sQg, uint32_t sK) {
+  const uint64_t dq = desc_64b(sQg), dk = desc_64b(sK);
 #pragma unroll
   for (int k = 0; k < kDqk / 32; ++k) {
     const uint32_t kb = k / 2, kk = k % 2;
-    wgmma_qk(acc_s, desc_64b(sQg + kb * kBlockM * 64 + kk * 32), desc_64b(sK + kb * kBlockN * 64 + kk * 32),
+    wgmma_qk(acc_s, desc_advance(dq, kb * kBlockM * 64 + kk * 32), desc_advance(dk, kb * kBlockN * 64 + kk * 32),
              k > 0);
   }
   wgmma_commit();
@@ -208,10 +209,11 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], float (&fac
 // issued and committed.
 __device__ __forceinline__ void issue_pv(float (&acc_b)[kPvN / 2], float (&acc_lb)[4],
                                          const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes, int pass) {
+  const uint64_t dv = desc_128b(sVt), d1 = desc_128b(sOnes);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 32; ++kk) {
-    wgmma_pv(acc_b, pa + 4 * kk, desc_128b(sVt + pass * kPvN * 128 + kk * 32), kk > 0);
-    if (pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_128b(sOnes + kk * 32), kk > 0);
+    wgmma_pv(acc_b, pa + 4 * kk, desc_advance(dv, pass * kPvN * 128 + kk * 32), kk > 0);
+    if (pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_advance(d1, kk * 32), kk > 0);
   }
   wgmma_commit();
 }

@@ -144,10 +144,11 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_b
 
 // S = Q K(stage)^T for the warpgroup's 64 rows (sQg), issued and committed.
 __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t sQg, uint32_t sK) {
+  const uint64_t dq = desc_kmajor(sQg), dk = desc_kmajor(sK);
 #pragma unroll
   for (int k = 0; k < kDqk / 16; ++k) {
     const uint32_t kb = k / 4, kk = k % 4;
-    wgmma_qk(acc_s, desc_kmajor(sQg + kb * kBlockM * 128 + kk * 32), desc_kmajor(sK + kb * kBlockN * 128 + kk * 32),
+    wgmma_qk(acc_s, desc_advance(dq, kb * kBlockM * 128 + kk * 32), desc_advance(dk, kb * kBlockN * 128 + kk * 32),
              k > 0);
   }
   wgmma_commit();
@@ -155,8 +156,9 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t s
 
 // O += P V(stage), P from registers, issued and committed.
 __device__ __forceinline__ void issue_pv(float (&acc_o)[kDv / 2], const uint32_t (&pa)[kBlockN / 4], uint32_t sV) {
+  const uint64_t dv = desc_mnmajor(sV, kBlockN * 128);
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_pv(acc_o, pa + 4 * kk, desc_mnmajor(sV + kk * 16 * 128, kBlockN * 128));
+  for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_pv(acc_o, pa + 4 * kk, desc_advance(dv, kk * 16 * 128));
   wgmma_commit();
 }
 
