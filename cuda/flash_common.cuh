@@ -2,9 +2,10 @@
 // generated configuration and `struct Params`, before the body.
 //
 // * The work of one CTA: blockIdx = (query-row block, query head, batch entry or varlen
-//   sequence); its sequence's bounds, and the element offsets of its Q, K, V, O and LSE.
-// * The asynchronous-copy and WGMMA primitives of the WGMMA bodies, and the barriers of the
-//   warp-specialised ones.
+//   sequence); its sequence's bounds, the element offsets of its Q, K, V, O and LSE, its key
+//   blocks, and the mask of a block's scores.
+// * The asynchronous-copy and WGMMA primitives, the mbarriers of the K/V pipeline, and the
+//   register split and turns of the producer and consumer warpgroups.
 
 #include <stdint.h>
 
@@ -50,6 +51,51 @@ template <class P>
 __device__ __forceinline__ float* lse_rows(const P& p, const SeqBounds& s, int b, int h) {
   return static_cast<float*>(const_cast<void*>(p.lse)) + b * p.lse_stride_b + h * p.lse_stride_h +
          s.q_start;
+}
+
+// What one CTA does: blockIdx = (query-row block, query head, batch entry or varlen sequence).
+// Causal CTAs are taken heaviest first (the most key blocks), so the short ones fill the last
+// wave.  n_blocks: the kBlockN-key blocks its rows see (0 for an empty key sequence).
+struct CtaWork {
+  SeqBounds seq;
+  TensorOffsets off;
+  int b, h, row0, diag, n_blocks;
+};
+
+// False when the CTA has no query rows (its block lies past the end of a shorter sequence).
+template <class P>
+__device__ __forceinline__ bool cta_work(const P& p, CtaWork& w) {
+  using namespace zyfa_cfg;
+  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  w.h = blockIdx.y;
+  w.b = blockIdx.z;
+  const int h_kv = w.h / (p.hq / p.hkv);
+  w.seq = sequence_bounds(p, w.b);
+  w.row0 = m_block * kBlockM;
+  if (w.row0 >= w.seq.sq) return false;
+  w.off = tensor_offsets(p, w.seq, w.b, w.h, h_kv);
+  w.diag = w.seq.sk - w.seq.sq;
+  int n_end = w.seq.sk;
+  if constexpr (kCausal) n_end = min(w.seq.sk, w.row0 + kBlockM + w.diag);
+  w.n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  return true;
+}
+
+// Scores outside the sequence (col >= sk) or above the causal diagonal -> -inf, in a WGMMA
+// accumulator of one kBlockN-key block.  r_lo: the row of s[4j + 0..1] (s[4j + 2..3] are 8
+// rows below); n0: the block's first key.
+__device__ __forceinline__ void mask_block(float (&s)[zyfa_cfg::kBlockN / 2], int n0, int sk, int r_lo, int diag,
+                                           int quad_col) {
+  using namespace zyfa_cfg;
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = n0 + j * 8 + quad_col + (e & 1);
+      const int row = r_lo + (e >> 1) * 8;
+      if (col >= sk || (kCausal && col > row + diag)) s[4 * j + e] = -INFINITY;
+    }
+  }
 }
 
 // ---- asynchronous copies and WGMMA ---------------------------------------------------------
@@ -141,6 +187,46 @@ struct KvBarriers {
   }
   static __device__ uint32_t full_parity(int n) { return (n / kStages) & 1; }
   static __device__ uint32_t empty_parity(int n) { return (n / kStages + 1) & 1; }   // n >= kStages
+};
+
+
+// ---- the warpgroups: one producer, two consumers --------------------------------------------
+
+// The CTA is launched with 168 registers a thread (65,536 / 384, in steps of 8); setmaxnreg
+// moves them between warpgroups and never grows the pool (.inc waits for what .dec frees).
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(zyfa_cfg::kThreads == 384 && 128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168,
+              "a producer and two consumer warpgroups within the CTA's register pool");
+__device__ __forceinline__ void producer_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
+}
+__device__ __forceinline__ void consumer_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
+}
+
+// The consumers' turns at issuing WGMMAs: named barrier 2 + g is consumer g's, completed by
+// its own bar.sync and the other's bar.arrive.  Consumer 0 goes first; each consumer takes
+// n_blocks + 1 turns (S(0), then one per block) and hands over after each, except consumer 1
+// after its last, so both barriers end balanced.
+struct Turns {
+  static constexpr int kBar = 2;
+  int cw;   // consumer 0 or 1
+  __device__ void take() const { bar_sync(kBar + cw, 256); }
+  __device__ void hand_over() const { bar_arrive(kBar + 1 - cw, 256); }
+  __device__ void hand_over_last() const { if (cw == 0) hand_over(); }
+
+  // The first turn: S(0) = Q K(0)^T by issue_s0(), waited for, K(0)'s stage released.
+  template <int kStages, class IssueS0>
+  __device__ void first(const KvBarriers<kStages>& bars, IssueS0&& issue_s0) const {
+    if (cw == 1) bar_arrive(kBar, 256);
+    mbar_wait(bars.kfull(0), 0);
+    take();
+    wgmma_fence();
+    issue_s0();
+    hand_over();
+    wgmma_wait<0>();
+    if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(0));
+  }
 };
 
 }  // namespace zyfa

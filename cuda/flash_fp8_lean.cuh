@@ -118,21 +118,6 @@ __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float
   return big;
 }
 
-// Scores outside the sequence (col >= sk) or above the causal diagonal -> -inf.  r_lo: the
-// row of s[4j + 0..1] (s[4j + 2..3] are 8 rows below); n0: the block's first key.
-__device__ __forceinline__ void mask_block(float (&s)[kBlockN / 2], int n0, int sk, int r_lo, int diag,
-                                           int quad_col) {
-#pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int col = n0 + j * 8 + quad_col + (e & 1);
-      const int row = r_lo + (e >> 1) * 8;
-      if (col >= sk || (kCausal && col > row + diag)) s[4 * j + e] = -INFINITY;
-    }
-  }
-}
-
 // The Lean byte of one score, before clamping: rint(z) as the bits of a subnormal (an int in
 // [0, 2^23) for 0 <= z, negative for z < 0; -inf gives a negative int too).  The arithmetic of
 // e4m3.p_codes("lean_quad") on y = fma(S, 8c, bias), one fp32 rounding per step.
@@ -190,16 +175,16 @@ __device__ __forceinline__ float log2_scale(const P& p) {
 // O / l * dv as bf16, and LSE = ln 2 (F + log2(l / 256)), for the two rows r_lo, r_lo + 8 a
 // thread holds (acc_o in the WGMMA accumulator layout; every column of acc_l holds the sum).
 template <class P>
-__device__ __forceinline__ void write_rows(const P& p, const SeqBounds& seq, const TensorOffsets& off, int b,
-                                           int h, const float (&acc_o)[kDv / 2], const float (&acc_l)[4],
-                                           const float (&frame)[2], int r_lo, float dv_scale) {
+__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kDv / 2],
+                                           const float (&acc_l)[4], const float (&frame)[2], int r_lo,
+                                           float dv_scale) {
   const int lane = threadIdx.x % 32, quad_col = (lane % 4) * 2;
-  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + off.o;
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const float l = acc_l[2 * hr];
     const int row = r_lo + hr * 8;
-    if (row >= seq.sq) continue;
+    if (row >= w.seq.sq) continue;
     const float inv = l > 0.f ? dv_scale / l : 0.f;
     __nv_bfloat16* orow = go + static_cast<long long>(row) * p.o_stride_s;
 #pragma unroll
@@ -208,7 +193,7 @@ __device__ __forceinline__ void write_rows(const P& p, const SeqBounds& seq, con
       *reinterpret_cast<__nv_bfloat162*>(orow + i * 8 + quad_col) = v2;
     }
     if (p.lse != nullptr && (lane % 4) == 0) {
-      float* glse = lse_rows(p, seq, b, h);
+      float* glse = lse_rows(p, w.seq, w.b, w.h);
       glse[row] = l > 0.f ? (frame[hr] + log2f(l) - kLog2Shift) * kLn2 : -INFINITY;
     }
   }

@@ -64,11 +64,7 @@ constexpr int kBarBytes = 128;
 static_assert(KvBarriers<kStages>::kBytes <= kBarBytes, "the mbarriers' bytes");
 static_assert(kTileQ + kStages * (kTileK + kTileVs + kTileVt) + kTileOnes + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-// The CTA is launched with 168 registers a thread (65,536 / 384, in steps of 8); setmaxnreg
-// moves them between warpgroups and never grows the pool (.inc waits for what .dec frees).
-static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "the CTA's register pool");
-constexpr int kBarProducer = 1, kBarTurn = 2;
+constexpr int kBarProducer = 1;   // the producer's own named barrier (the consumers' turns: Turns)
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
@@ -239,23 +235,10 @@ __device__ void flash_fwd(const P& p) {
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const Smem sm{(smem0 + 1023) & ~1023u};
 
-  // Causal: the CTAs with the most key blocks first, so the short ones fill the last wave.
-  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int h_kv = h / (p.hq / p.hkv);
   const int wg = threadIdx.x / 128;
-
-  const SeqBounds seq = sequence_bounds(p, b);
-  const int sq = seq.sq, sk = seq.sk;
-  const int row0 = m_block * kBlockM;
-  if (row0 >= sq) return;
-  const TensorOffsets off = tensor_offsets(p, seq, b, h, h_kv);
-
-  const int diag = sk - sq;
-  int n_end = sk;
-  if constexpr (kCausal) n_end = min(sk, row0 + kBlockM + diag);
-  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  CtaWork w;
+  if (!cta_work(p, w)) return;
+  const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
   const KvBarriers<kStages> bars = sm.bars();
   if (threadIdx.x == 0) bars.init();
@@ -264,14 +247,14 @@ __device__ void flash_fwd(const P& p) {
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
-    produce(p, sm, static_cast<const uint8_t*>(p.q) + off.q + static_cast<long long>(row0) * p.q_stride_s,
-            static_cast<const uint8_t*>(p.k) + off.k, static_cast<const uint8_t*>(p.v) + off.v, sq - row0, sk,
-            n_blocks);
+    producer_registers();
+    produce(p, sm, static_cast<const uint8_t*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
+            static_cast<const uint8_t*>(p.k) + w.off.k, static_cast<const uint8_t*>(p.v) + w.off.v, sq - row0,
+            sk, n_blocks);
     cp_async_wait<0>();
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
+  consumer_registers();
 
   const int cw = wg - 1;                                    // consumer 0 or 1
   const int warp = (threadIdx.x % 128) / 32;
@@ -282,7 +265,7 @@ __device__ void flash_fwd(const P& p) {
   const float c = log2_scale(p);
   const float c8 = 8.f * c;
   const float dv_scale = *static_cast<const float*>(p.descale_v);
-  const int my_turn = kBarTurn + cw, their_turn = kBarTurn + (1 - cw);
+  const Turns turns{cw};
 
   float acc_o[kDv / 2];
 #pragma unroll
@@ -292,17 +275,8 @@ __device__ void flash_fwd(const P& p) {
   float m_run[2] = {-INFINITY, -INFINITY};    // M: the running max of the block maxima
 
   if (n_blocks > 0) {
-    // Turns: consumer 0 first.  Each consumer takes n_blocks + 1 of them (S(0), then one per
-    // block); consumer 1 hands over after all of its turns but the last.
-    if (cw == 1) bar_arrive(kBarTurn, 256);
     float acc_s[kBlockN / 2];
-    mbar_wait(bars.kfull(0), 0);
-    bar_sync(my_turn, 256);
-    wgmma_fence();
-    issue_qk(acc_s, sQg, sm.k_at(0));
-    bar_arrive(their_turn, 256);
-    wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(bars.kempty(0));
+    turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
     // The last block leaves the loop from its turn: the rest of the body is the same for every
     // block, so that the compiler keeps S(n + 1) in flight across the merge of block n.
@@ -319,7 +293,7 @@ __device__ void flash_fwd(const P& p) {
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
       float acc_b[kPvN / 2], acc_lb[4];
       mbar_wait(bars.vfull(s), bars.full_parity(n));
-      bar_sync(my_turn, 256);
+      turns.take();
       wgmma_fence();
       if constexpr (kPasses > 1) {
         // d_v = 256: the registers hold one block accumulator and no S beside O, so the
@@ -333,20 +307,20 @@ __device__ void flash_fwd(const P& p) {
         }
         if (lane == 0) mbar_arrive(bars.vempty(s));
         if (last) {
-          if (cw == 0) bar_arrive(their_turn, 256);
+          turns.hand_over_last();
           break;
         }
         mbar_wait(bars.kfull(s ^ 1), bars.full_parity(n + 1));
         wgmma_fence();
         issue_qk(acc_s, sQg, sm.k_at(s ^ 1));
-        bar_arrive(their_turn, 256);
+        turns.hand_over();
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.kempty(s ^ 1));
         continue;
       }
       issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones(), 0);
       if (last) {
-        if (cw == 0) bar_arrive(their_turn, 256);
+        turns.hand_over_last();
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(s));
         merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
@@ -354,7 +328,7 @@ __device__ void flash_fwd(const P& p) {
       }
       mbar_wait(bars.kfull(s ^ 1), bars.full_parity(n + 1));
       issue_qk(acc_s, sQg, sm.k_at(s ^ 1));
-      bar_arrive(their_turn, 256);
+      turns.hand_over();
 
       // ---- merge(n), then S(n + 1) ----------------------------------------------------------
       wgmma_wait<1>();
@@ -364,7 +338,7 @@ __device__ void flash_fwd(const P& p) {
       if (lane == 0) mbar_arrive(bars.kempty(s ^ 1));
     }
   }
-  write_rows(p, seq, off, b, h, acc_o, acc_l, frame, r_lo, dv_scale);
+  write_rows(p, w, acc_o, acc_l, frame, r_lo, dv_scale);
 }
 
 }  // namespace zyfa

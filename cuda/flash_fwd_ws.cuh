@@ -44,11 +44,6 @@ constexpr int kBarBytes = 128;
 static_assert(KvBarriers<kStages>::kBytes <= kBarBytes, "the mbarriers' bytes");
 static_assert(kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-// The CTA is launched with 168 registers a thread (65,536 / 384, in steps of 8); setmaxnreg
-// moves them between warpgroups and never grows the pool (.inc waits for what .dec frees).
-static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168, "the CTA's register pool");
-constexpr int kBarTurn = 2;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -169,17 +164,7 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
                                         float (&acc_o)[kDv / 2], float (&m_run)[2], float (&l_run)[2], int n0,
                                         int sk, int wg_row0, int r_lo, int diag, int quad_col, float scale_log2) {
   const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
-  if (need_mask) {
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n0 + j * 8 + quad_col + (e & 1);
-        const int row = r_lo + (e >> 1) * 8;
-        if (col >= sk || (kCausal && col > row + diag)) acc_s[4 * j + e] = -INFINITY;
-      }
-    }
-  }
+  if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float mx = m_run[hr];
@@ -218,37 +203,24 @@ __device__ void flash_fwd(const P& p) {
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const Smem sm{(smem0 + 1023) & ~1023u};
 
-  // Causal: the CTAs with the most key blocks first, so the short ones fill the last wave.
-  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int h_kv = h / (p.hq / p.hkv);
   const int wg = threadIdx.x / 128;
-
-  const SeqBounds seq = sequence_bounds(p, b);
-  const int sq = seq.sq, sk = seq.sk;
-  const int row0 = m_block * kBlockM;
-  if (row0 >= sq) return;
-  const TensorOffsets off = tensor_offsets(p, seq, b, h, h_kv);
-
-  const int diag = sk - sq;
-  int n_end = sk;
-  if constexpr (kCausal) n_end = min(sk, row0 + kBlockM + diag);
-  const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  CtaWork w;
+  if (!cta_work(p, w)) return;
+  const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
   const KvBarriers<kStages> bars = sm.bars();
   if (threadIdx.x == 0) bars.init();
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
-    produce(p, sm, static_cast<const __nv_bfloat16*>(p.q) + off.q + static_cast<long long>(row0) * p.q_stride_s,
-            static_cast<const __nv_bfloat16*>(p.k) + off.k, static_cast<const __nv_bfloat16*>(p.v) + off.v,
+    producer_registers();
+    produce(p, sm, static_cast<const __nv_bfloat16*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
+            static_cast<const __nv_bfloat16*>(p.k) + w.off.k, static_cast<const __nv_bfloat16*>(p.v) + w.off.v,
             sq - row0, sk, n_blocks);
     cp_async_wait<0>();
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
+  consumer_registers();
 
   const int cw = wg - 1;                                    // consumer 0 or 1
   const int warp = (threadIdx.x % 128) / 32;
@@ -257,7 +229,7 @@ __device__ void flash_fwd(const P& p) {
   const int r_lo = row0 + cw * 64 + warp * 16 + lane / 4;   // rows of acc[4j+0..1]; +8 for [4j+2..3]
   const uint32_t sQg = sm.q + cw * 64 * 128;                // this warpgroup's 64 rows (in each K-block)
   const float scale_log2 = p.softmax_scale * kLog2e;
-  const int my_turn = kBarTurn + cw, their_turn = kBarTurn + (1 - cw);
+  const Turns turns{cw};
 
   float acc_o[kDv / 2];
 #pragma unroll
@@ -266,17 +238,8 @@ __device__ void flash_fwd(const P& p) {
   float l_run[2] = {0.f, 0.f};
 
   if (n_blocks > 0) {
-    // Turns: consumer 0 first.  Each consumer takes n_blocks + 1 of them (S(0), then one per
-    // block); consumer 1 hands over after all of its turns but the last.
-    if (cw == 1) bar_arrive(kBarTurn, 256);
     float acc_s[kBlockN / 2];
-    mbar_wait(bars.kfull(0), 0);
-    bar_sync(my_turn, 256);
-    wgmma_fence();
-    issue_qk(acc_s, sQg, sm.k_at(0));
-    bar_arrive(their_turn, 256);
-    wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(bars.kempty(0));
+    turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
     // The last block leaves the loop from its turn: the rest of the body is the same for every
     // block, so that the compiler keeps S(n + 1) in flight beside PV(n).
@@ -287,18 +250,18 @@ __device__ void flash_fwd(const P& p) {
 
       // ---- turn: PV(n), then S(n + 1) ----------------------------------------------------------
       mbar_wait(bars.vfull(s), bars.full_parity(n));
-      bar_sync(my_turn, 256);
+      turns.take();
       wgmma_fence();
       issue_pv(acc_o, pa, sm.v_at(s));
       if (n + 1 == n_blocks) {
-        if (cw == 0) bar_arrive(their_turn, 256);
+        turns.hand_over_last();
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(s));
         break;
       }
       mbar_wait(bars.kfull(s1), bars.full_parity(n + 1));
       issue_qk(acc_s, sQg, sm.k_at(s1));
-      bar_arrive(their_turn, 256);
+      turns.hand_over();
       wgmma_wait<1>();
       if (lane == 0) mbar_arrive(bars.vempty(s));
       wgmma_wait<0>();
@@ -307,7 +270,7 @@ __device__ void flash_fwd(const P& p) {
   }
 
   // ---- epilogue: normalise, store O (bf16) and LSE (fp32, natural log) -----------------
-  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + off.o;
+  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float l = l_run[hr];
@@ -323,7 +286,7 @@ __device__ void flash_fwd(const P& p) {
           pack_bf16(acc_o[4 * i + 2 * hr] * inv, acc_o[4 * i + 2 * hr + 1] * inv);
     }
     if (p.lse != nullptr && (lane % 4) == 0) {
-      float* glse = lse_rows(p, seq, b, h);
+      float* glse = lse_rows(p, w.seq, w.b, w.h);
       glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
     }
   }
