@@ -24,7 +24,7 @@ BODY = {"hip": ROOT / "hip" / "flash_fwd.hip",
         "fp8-ws": ROOT / "cuda" / "flash_fwd_fp8_ws.cuh"}
 #: What the sm_90a bodies share (the CTA's work, copies, WGMMA primitives, barriers), inserted
 #: before them.
-COMMON = {"cuda": ROOT / "cuda" / "flash_common.cuh"}
+COMMON = ROOT / "cuda" / "flash_common.cuh"
 #: What the sm_90a FP8 body builds on (layouts, the P arithmetic, the epilogue), with the
 #: variant's WGMMA wrappers in place of ``ZYFA_WGMMA_WRAPPERS``.
 FP8_COMMON = ROOT / "cuda" / "flash_fp8_lean.cuh"
@@ -138,7 +138,7 @@ def emit(v: Variant) -> str:
     body = BODY[body_key(v)].read_text()
     if v.vendor == "cuda":
         wrappers = _wgmma_wrappers(v)
-        parts.append(COMMON["cuda"].read_text())
+        parts.append(COMMON.read_text())
         if v.dtype == "fp8_e4m3":
             parts.append(FP8_COMMON.read_text().replace("ZYFA_WGMMA_WRAPPERS", wrappers))
         else:
