@@ -4,7 +4,8 @@
 // * The shared-memory layouts: Q and K in 64-byte K-blocks with the 64B swizzle, the V
 //   staging tile, V^T with the 128B swizzle and its keys in P's order.
 // * The P arithmetic of fp8_models.RECIPES["sm_90a"]: the block's frame (its exact fp32 max,
-//   the skip of negligible blocks) and the Lean byte with the quadratic correction.
+//   the skip of negligible blocks) and the Lean byte with the quadratic correction in its
+//   folded form (byte_form "quad_fold": 4 FFMA + 1 LOP3 + 1/2 I2IP per score).
 //
 // P in WGMMA-operand order.  The S accumulator gives a thread, per row and 32 keys, the keys
 // {2t, 2t+1, 2t+8, 2t+9} and the same + 16 (t = lane % 4); the e4m3 A fragment wants the
@@ -31,7 +32,9 @@ using namespace zyfa_cfg;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr double kLog2eD = 1.4426950408889634;
 constexpr float kSkip = 64.f;               // blocks this far below the running max are skipped
-constexpr float kBigT = 262144.f;           // |T| from here on may round y past 120.5: clamp
+constexpr float kBigT = 262144.f;           // |T| from here on may round a code past 120.5: clamp
+constexpr float kFold0 = 16.f + kCode0 / 8.f;   // w of the block max (31): y / 8 + 16 at y = c0
+constexpr float kFoldZMax = (kCode0 - kFoldC) / 8.f;   // z whose code is c0 (exact: -62.625)
 constexpr int kTileOnes = 8 * 128;
 
 // 64B-swizzled K-block offset of (row, 16-byte chunk) for Q and K.
@@ -86,10 +89,12 @@ ZYFA_WGMMA_WRAPPERS
 // ---- the P arithmetic --------------------------------------------------------------------
 
 // The reference of one block for the two rows (hr) a thread holds, after masking: T =
-// fp32(max S * c), bias = fp32(120 - 8T), and the factor 2^(F - T) that moves the row state
+// fp32(max S * c), bias = fp32(31 - T) (w's constant: w = y/8 + 16 in the folded byte form),
+// and the factor 2^(F - T) that moves the row state
 // from its frame F to T.  A row with no key in the block keeps its state (P = 0, factor 1);
 // one whose block max lies kSkip below its running max M is skipped the same way.  Returns
-// whether |T| >= kBigT somewhere (y may then round past 120.5: the clamped path).
+// whether |T| >= kBigT somewhere (w may then round so far past 31 that a code passes 120.5:
+// the clamped path; below it the block max's w is within 2^-5 of 31, its code 120).
 __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float c, float (&frame)[2],
                                             float (&m_run)[2], float (&bias)[2], float (&factor)[2]) {
   bool big = false;
@@ -108,7 +113,7 @@ __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float
       bias[hr] = -INFINITY;
       factor[hr] = 1.f;
     } else {
-      bias[hr] = __fmaf_rn(-8.f, t, kCode0);           // fp32(120 - 8T)
+      bias[hr] = __fsub_rn(kFold0, t);                 // fp32(31 - T)
       factor[hr] = frame[hr] == -INFINITY ? 0.f : exp2f(frame[hr] - t);
       frame[hr] = t;
       m_run[hr] = fmaxf(m_run[hr], t);
@@ -118,22 +123,25 @@ __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float
   return big;
 }
 
-// The Lean byte of one score, before clamping: rint(z) as the bits of a subnormal (an int in
-// [0, 2^23) for 0 <= z, negative for z < 0; -inf gives a negative int too).  The arithmetic of
-// e4m3.p_codes("lean_quad") on y = fma(S, 8c, bias), one fp32 rounding per step.
+// The Lean byte of one score, before clamping: rint(8z + C) as the bits of a subnormal (an
+// int in [0, 2^23) for codes >= 0, negative below; -inf gives a negative int too).  The
+// arithmetic of e4m3.quad_fold_codes on w = fma(S, c, bias), one fp32 rounding per step:
+//   w = S c + (31 - T)            FFMA   y / 8 + 16: in [16, 32) for every code > 0
+//   f = 1 + frac(w) / 16          LOP3   w's low 19 mantissa bits under 1.0's exponent
+//   g = f A1 + A0                 FFMA   A1 = 32 K', A0 = -66 K'
+//   z = f g + w                   FFMA   8z + C = y + K' (x^2 - x), x = frac(w)
+//   code = rint(8z + C)           FFMA   z 2^-146 + C 2^-149: rounded once, onto the subnormals
 template <bool kClamp>
-__device__ __forceinline__ int lean_quad_bits(float s, float c8, float bias) {
-  const float y = __fmaf_rn(s, c8, bias);
-  const float w = __fmaf_rn(y, 0.125f, 16.f);                   // in [16, 32) for every code > 0
-  uint32_t fb;                                                    // 1 + x/16: one LOP3
+__device__ __forceinline__ int lean_quad_bits(float s, float c, float bias) {
+  const float w = __fmaf_rn(s, c, bias);
+  uint32_t fb;
   asm("lop3.b32 %0, %1, 0x7FFFF, %2, 0xEA;\n" : "=r"(fb) : "r"(__float_as_uint(w)), "r"(0x3F800000u));
   const float f = __uint_as_float(fb);
-  const float x = __fmaf_rn(f, 16.f, -16.f);                     // w - floor(w), exact
-  const float h = __fmaf_rn(x, x, -x);
-  float z = __fmaf_rn(h, kQuadK, y);
-  if constexpr (kClamp) z = fminf(z, kCode0);
+  const float g = __fmaf_rn(f, kFoldA1, kFoldA0);
+  float z = __fmaf_rn(f, g, w);
+  if constexpr (kClamp) z = fminf(z, kFoldZMax);
   float r;
-  asm("mul.rn.f32 %0, %1, 0f00000001;\n" : "=f"(r) : "f"(z));    // z * 2^-149, no flush
+  asm("fma.rn.f32 %0, %1, 0f00000008, %2;\n" : "=f"(r) : "f"(z), "f"(__int_as_float(kFoldC)));  // 2^-146, C 2^-149
   return __float_as_int(r);
 }
 
@@ -145,19 +153,19 @@ __device__ __forceinline__ uint32_t pack4(int q0, int q1, int q2, int q3) {
   return d;
 }
 
-// P bytes of the block in A-fragment order (module comment): per 32 keys c, registers
+// P bytes of the block in A-fragment order (module comment): per 32 keys k, registers
 // {row lo: k 4t..4t+3, row hi: same, row lo: 16+4t.., row hi: 16+4t..}.
 template <bool kClamp>
-__device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float (&s)[kBlockN / 2], float c8,
+__device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float (&s)[kBlockN / 2], float c,
                                        const float (&bias)[2]) {
 #pragma unroll
-  for (int c = 0; c < kBlockN / 32; ++c) {
+  for (int k = 0; k < kBlockN / 32; ++k) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {            // r: (16-key half) * 2 + row half
-      const int j = 16 * c + 8 * (r >> 1) + 2 * (r & 1);
+      const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
       const float b = bias[r & 1];
-      pa[4 * c + r] = pack4(lean_quad_bits<kClamp>(s[j], c8, b), lean_quad_bits<kClamp>(s[j + 1], c8, b),
-                            lean_quad_bits<kClamp>(s[j + 4], c8, b), lean_quad_bits<kClamp>(s[j + 5], c8, b));
+      pa[4 * k + r] = pack4(lean_quad_bits<kClamp>(s[j], c, b), lean_quad_bits<kClamp>(s[j + 1], c, b),
+                            lean_quad_bits<kClamp>(s[j + 4], c, b), lean_quad_bits<kClamp>(s[j + 5], c, b));
     }
   }
 }

@@ -191,14 +191,13 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t s
 // Mask, frame and Lean P of one block's S (acc_s) for the warpgroup whose first row is wg_row0.
 __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], float (&factor)[2],
                                         float (&acc_s)[kBlockN / 2], float (&frame)[2], float (&m_run)[2],
-                                        int n0, int sk, int wg_row0, int r_lo, int diag, int quad_col, float c,
-                                        float c8) {
+                                        int n0, int sk, int wg_row0, int r_lo, int diag, int quad_col, float c) {
   const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
   if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
   float bias[2];
   const bool big = block_frame(acc_s, c, frame, m_run, bias, factor);
-  if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c8, bias);
-  else lean_p<false>(pa, acc_s, c8, bias);
+  if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c, bias);
+  else lean_p<false>(pa, acc_s, c, bias);
 }
 
 // O_b = P V^T(stage) for dv columns kPvN pass .. + kPvN, and with pass 0 l_b = P 1, from zero;
@@ -263,7 +262,6 @@ __device__ void flash_fwd(const P& p) {
   const int r_lo = row0 + cw * 64 + warp * 16 + lane / 4;   // rows of acc[4j+0..1]; +8 for [4j+2..3]
   const uint32_t sQg = sm.q + cw * 64 * 64;                 // this warpgroup's 64 rows (in each K-block)
   const float c = log2_scale(p);
-  const float c8 = 8.f * c;
   const float dv_scale = *static_cast<const float*>(p.descale_v);
   const Turns turns{cw};
 
@@ -286,7 +284,7 @@ __device__ void flash_fwd(const P& p) {
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
-      softmax(pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c, c8);
+      softmax(pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
 
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps

@@ -82,13 +82,16 @@ def body_key(v: Variant) -> str:
 def _recipe_constants(v: Variant) -> list[str]:
     """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit."""
     r = fp8_models.RECIPES["sm_90a"]
-    if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset) != \
-            (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0):
-        raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes, the exact fp32 "
-                         f"block max and rounded sums over {v.tile.block_n}-key blocks, not {r}")
+    if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset, r.byte_form) != \
+            (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0, "quad_fold"):
+        raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes in the quad_fold "
+                         f"form, the exact fp32 block max and rounded sums over {v.tile.block_n}-key "
+                         f"blocks, not {r}")
     return [f"constexpr float kCode0 = {float(r.c0)!r}f;       // e4m3 code of p_shift",
             f"constexpr float kLog2Shift = {math.log2(r.p_shift)!r}f;",
-            f"constexpr float kQuadK = {float(e4m3.LEAN_QUAD_K).hex()}f;   // e4m3.LEAN_QUAD_K"]
+            f"constexpr int kFoldC = {e4m3.QUAD_FOLD_C};             // e4m3.QUAD_FOLD_C",
+            f"constexpr float kFoldA1 = {float(e4m3.QUAD_FOLD_A1).hex()}f;   // e4m3.QUAD_FOLD_A1",
+            f"constexpr float kFoldA0 = {float(e4m3.QUAD_FOLD_A0).hex()}f;   // e4m3.QUAD_FOLD_A0"]
 
 
 def config(v: Variant) -> str:

@@ -211,6 +211,27 @@ def test_lean_quad_matches_exact_statistically_and_differs_by_one_code_at_most()
     assert np.abs(rq).max() < 0.065
 
 
+def test_quad_fold_is_the_lean_quad_byte_in_four_fmas():
+    """The folded form (w = y/8 + 16, 4 FMAs) computes y + K'(x^2 - x) with K' 0.02 % from
+    the minimax K: "lean_quad"'s byte but where fp32 rounding of ~1e-4 code units or the
+    changed K moves a value across a rounding boundary, then by one code."""
+    assert e4m3.QUAD_FOLD_C == 272 * e4m3.QUAD_FOLD_K - 128
+    assert abs(e4m3.QUAD_FOLD_K / float(e4m3.LEAN_QUAD_K) - 1) < 3e-4
+    y = dense_y(-40, 120)
+    w = ((y.astype(np.float64) / 8) + 16).astype(np.float32)        # exact for these y
+    fold, quad = e4m3.quad_fold_codes(w), e4m3.p_codes(y, variant="lean_quad")
+    diff = fold.astype(int) - quad.astype(int)
+    assert set(np.unique(diff)) <= {-1, 0, 1} and 0 < np.mean(diff != 0) < 1e-3
+
+
+def test_quad_fold_edges():
+    """The block max (w = 31, or within 2^-5 of it) is code 120; anything with w below 16
+    (y < 0), -inf (a masked key) and NaN give 0; the clamp holds above."""
+    w = np.float32([31.0, 31 + 2 ** -5, 31 - 2 ** -5, 16.0, 15.999, 8.5, -1e30, -np.inf, np.nan, 40.0])
+    np.testing.assert_array_equal(e4m3.quad_fold_codes(w), [120, 120, 120, 0, 0, 0, 0, 0, 0, 120])
+    assert e4m3.quad_fold_codes(np.float32([40.0]), max_code=255)[0] > 120
+
+
 def test_lean_centre_is_the_mean_lean_bias():
     y = dense_y(8, 120)
     ratio = e4m3.decode(e4m3.p_codes(y, variant="lean")) / T(y)

@@ -38,20 +38,25 @@ def test_fp8_wgmma_shapes_follow_the_tile_and_head_dims(v):
 
 
 def test_recipe_constants_are_the_models():
+    """The folded byte's constants reach the kernel exactly as the model holds them."""
     v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
     cfg = ks.config(v)
-    quad = re.search(r"kQuadK = (\S+)f;", cfg).group(1)
-    assert float.fromhex(quad) == float(e4m3.LEAN_QUAD_K)        # exactly, as fp32
-    assert struct.unpack("<f", struct.pack("<f", float.fromhex(quad)))[0] == float.fromhex(quad)
+    for name, value in (("kFoldA1", e4m3.QUAD_FOLD_A1), ("kFoldA0", e4m3.QUAD_FOLD_A0)):
+        text = re.search(rf"{name} = (\S+)f;", cfg).group(1)
+        assert float.fromhex(text) == float(value)                     # exactly, as fp32
+        assert struct.unpack("<f", struct.pack("<f", float.fromhex(text)))[0] == float.fromhex(text)
+    assert f"kFoldC = {e4m3.QUAD_FOLD_C};" in cfg
     r = fp8_models.RECIPES["sm_90a"]
     assert f"kCode0 = {float(r.c0)!r}f" in cfg and r.block_keys == v.tile.block_n
 
 
-def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch):
+@pytest.mark.parametrize("change", [dict(byte_form="fma"), dict(p_rounding="lean", byte_form="fma"),
+                                    dict(block_keys=64)])
+def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch, change):
     v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
-    other = fp8_models.RECIPES["sm_90a"].replace(p_rounding="lean")
+    other = fp8_models.RECIPES["sm_90a"].replace(**change)
     monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", other)
-    with pytest.raises(ValueError, match="implements lean_quad bytes"):
+    with pytest.raises(ValueError, match="implements lean_quad bytes in the quad_fold form"):
         ks.config(v)
 
 

@@ -42,6 +42,17 @@ are common to all and counted elsewhere):
                  float ``1 + x/16``; w is in [16, 32) for every code that is not 0),
                  FFMA (``x = 16 * that - 16``, exact), FFMA (h), FFMA (z), FMUL (x 2^-149)
                  + 1/2 I2IP = 6 FMA-pipe + 1.5 ALU-pipe.  No transcendental on either.
+                 The same byte folded into 4 FMA-pipe instructions (sm_90a's form,
+                 :func:`quad_fold_codes`, ``Recipe.byte_form = "quad_fold"``): work in ``w =
+                 y/8 + 16`` directly, ``w = fp32(S c + fp32(16 + c0/8 - m))`` (FFMA), ``f = 1 +
+                 x/16`` (LOP3, as above), ``g = fp32(f A1 + A0)`` (FFMA), ``z = fp32(f g + w)``
+                 (FFMA), ``code = clamp(rint(8 z + C), 0, c0)`` (FFMA ``z 2^-146 + C 2^-149``,
+                 exact: the subnormal's bits are the integer).  ``8 z + C = y + K' (x^2 - x)``
+                 with ``A1 = 32 K'``, ``A0 = -66 K'``, ``C = 272 K' - 128``; ``C = 621`` makes the
+                 constant an integer, ``K' = 749/272`` (0.02 % from the minimax ``K``; the
+                 quadratic's error grows by 2e-4 code units).  ``z`` lies near -70 (ulp 2^-17),
+                 so the byte sees ~1e-4 code units of fp32 rounding: it is "lean_quad"'s byte but
+                 for 1 in 10^4.  = 4 FMA-pipe + 1.5 ALU-pipe.
 ``"exact"``      ``code = encode(T(y))``, nearest-even: what ``exp2`` followed by a hardware
                  FP8 conversion computes (AITER, FA3).  gfx950: ``v_pk_fma_f32`` (1/2) +
                  ``v_exp_f32`` (1, transcendental) + ``v_cvt_pk_fp8_f32`` (1/2) = 2 issue
@@ -86,7 +97,8 @@ except ImportError:  # pragma: no cover
     ml_dtypes = None
 
 __all__ = ["MAX", "NAN", "decode", "encode", "as_codes", "fma_f32", "p_codes", "lean_p_codes",
-           "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE"]
+           "quad_fold_codes", "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE",
+           "QUAD_FOLD_C", "QUAD_FOLD_K", "QUAD_FOLD_A1", "QUAD_FOLD_A0"]
 
 MAX = 448.0  #: largest finite e4m3 value, code 0x7E
 NAN = 0x7F   #: the NaN code this module produces
@@ -104,6 +116,13 @@ LEAN_CENTRE = float(8 * np.log2(np.mean([(1 + f / 8) / 2 ** (f / 8) for f in ran
 
 #: Quadratic correction ``y + K * (x^2 - x)``: minimax fit of ``8 (2^x - 1 - x)`` on [0, 1].
 LEAN_QUAD_K = np.float32(8 * 0.34429)
+
+#: The folded quadratic byte (:func:`quad_fold_codes`): ``code = rint(8 z + QUAD_FOLD_C)`` with
+#: ``z = w + f (f A1 + A0)``; ``C`` an integer, so ``K' = (128 + C) / 272`` is the K it realises.
+QUAD_FOLD_C = 621
+QUAD_FOLD_K = (128 + QUAD_FOLD_C) / 272
+QUAD_FOLD_A1 = np.float32(32 * QUAD_FOLD_K)
+QUAD_FOLD_A0 = np.float32(-66 * QUAD_FOLD_K)
 
 #: Every P-rounding variant :func:`p_codes` knows.
 P_ROUNDINGS = ("lean", "lean_quad", "exact")
@@ -212,6 +231,23 @@ def p_codes(y, *, variant: str, max_code: int = 120) -> np.ndarray:
     else:
         raise ValueError(f"unknown P rounding {variant!r}; expected one of {P_ROUNDINGS}")
     return np.clip(np.rint(z), 0, max_code).astype(np.uint8)
+
+
+def quad_fold_codes(w, *, max_code: int = 120) -> np.ndarray:
+    """The "lean_quad" byte in its folded form (module docstring) for ``w = y/8 + 16``
+    (float32, the kernel's value), clamped to ``[0, max_code]``.
+
+    ``f`` is ``1 + x/16`` built from the low 19 mantissa bits of ``w``: ``x = w - floor(w)``
+    while ``w`` is in [16, 32), the binade of every code above 0 (below it the correction
+    is some value in [-K'/4, 0] and the code stays below 0; -inf stays -inf).
+    """
+    w = np.asarray(w, dtype=np.float32)
+    f = ((w.view(np.uint32) & np.uint32(0x7FFFF)) | np.uint32(0x3F800000)).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        g = fma_f32(f, QUAD_FOLD_A1, QUAD_FOLD_A0)
+        z = fma_f32(f, g, w)
+        code = np.rint(8.0 * z.astype(np.float64) + QUAD_FOLD_C)   # exact in float64
+    return np.clip(np.nan_to_num(code, nan=0.0, neginf=-1.0), 0, max_code).astype(np.uint8)
 
 
 def lean_p_codes(u, *, variant: str) -> np.ndarray:
