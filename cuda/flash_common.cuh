@@ -98,6 +98,34 @@ __device__ __forceinline__ void mask_block(float (&s)[zyfa_cfg::kBlockN / 2], in
   }
 }
 
+// The maxima of the two rows a thread's accumulator holds (row hr in s[4j + 2hr], s[4j + 2hr +
+// 1]), over the quad's four threads.  A tree of independent FMNMX, both rows at once: the
+// plain loop is a chain of kN / 2 dependent FMNMX per row, each waiting out the ALU latency,
+// and the rows one after the other (~170 cycles of a ~700-cycle softmax at 128 keys).
+template <int kN>
+__device__ __forceinline__ void quad_row_max(const float (&s)[kN], float (&mx)[2]) {
+  constexpr int kGroups = kN / 4;
+  static_assert((kGroups & (kGroups - 1)) == 0, "a power-of-two number of 8-column groups");
+  float v[2][kGroups];
+#pragma unroll
+  for (int j = 0; j < kGroups; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) v[hr][j] = fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]);
+#pragma unroll
+  for (int w = kGroups / 2; w >= 1; w >>= 1)      // levels of the tree
+#pragma unroll
+    for (int i = 0; i < kGroups / 2; ++i)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        if (i < w) v[hr][i] = fmaxf(v[hr][i], v[hr][i + w]);
+#pragma unroll
+  for (int lanes = 1; lanes <= 2; lanes *= 2)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) v[hr][0] = fmaxf(v[hr][0], __shfl_xor_sync(0xffffffffu, v[hr][0], lanes));
+  mx[0] = v[0][0];
+  mx[1] = v[1][0];
+}
+
 // ---- asynchronous copies and WGMMA ---------------------------------------------------------
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {

@@ -97,28 +97,19 @@ ZYFA_WGMMA_WRAPPERS
 // the clamped path; below it the block max's w is within 2^-5 of 31, its code 120).
 __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float c, float (&frame)[2],
                                             float (&m_run)[2], float (&bias)[2], float (&factor)[2]) {
+  float mx[2];
+  quad_row_max(s, mx);
   bool big = false;
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hr], s[4 * j + 2 * hr + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float t = __fmul_rn(mx, c);                  // T: the block's reference max
-    if (mx == -INFINITY) {                             // no key of this block: P = 0, state kept
-      bias[hr] = 0.f;
-      factor[hr] = 1.f;
-    } else if (t < m_run[hr] - kSkip) {                // negligible: P = 0
-      bias[hr] = -INFINITY;
-      factor[hr] = 1.f;
-    } else {
-      bias[hr] = __fsub_rn(kFold0, t);                 // fp32(31 - T)
-      factor[hr] = frame[hr] == -INFINITY ? 0.f : exp2f(frame[hr] - t);
-      frame[hr] = t;
-      m_run[hr] = fmaxf(m_run[hr], t);
-      big |= fabsf(t) >= kBigT;
-    }
+  for (int hr = 0; hr < 2; ++hr) {          // selects, not branches: the two rows overlap
+    const float t = __fmul_rn(mx[hr], c);                     // T: the block's reference max
+    const bool none = mx[hr] == -INFINITY;                    // no key of this block: P = 0
+    const bool live = !none && !(t < m_run[hr] - kSkip);      // else negligible: P = 0
+    bias[hr] = live ? __fsub_rn(kFold0, t) : (none ? 0.f : -INFINITY);   // fp32(31 - T)
+    factor[hr] = live ? exp2f(frame[hr] - t) : 1.f;           // 0 for the first: F = -inf
+    big |= live && fabsf(t) >= kBigT;
+    frame[hr] = live ? t : frame[hr];
+    m_run[hr] = live ? fmaxf(m_run[hr], t) : m_run[hr];
   }
   return big;
 }

@@ -56,6 +56,14 @@ struct Smem {
   __device__ KvBarriers<kStages> bars() const { return {q + kBars}; }
 };
 
+// 2^x, one MUFU.EX2: results below 2^-126 flush to 0 (exp2f adds three instructions per
+// element to keep them; a P that small beside the row's 1 changes nothing).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
@@ -165,32 +173,34 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
                                         int sk, int wg_row0, int r_lo, int diag, int quad_col, float scale_log2) {
   const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
   if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
+  float mx[2], m_use[2], alpha[2];
+  quad_row_max(acc_s, mx);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    float mx = m_run[hr];
+    mx[hr] = fmaxf(m_run[hr], __fmul_rn(mx[hr], scale_log2));   // = max of the scaled scores
+    m_use[hr] = mx[hr] == -INFINITY ? 0.f : mx[hr];
+    alpha[hr] = exp2_ftz(m_run[hr] - m_use[hr]);
+    m_run[hr] = mx[hr];
+  }
+  // P = 2^(S c - m) and its row sums: four partial sums per row, so that the adds are not
+  // one chain of kBlockN / 4 dependent FADDs.
+  float sum[2][4] = {};
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j)
-      mx = fmaxf(mx, fmaxf(acc_s[4 * j + 2 * hr], acc_s[4 * j + 2 * hr + 1]) * scale_log2);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_use = mx == -INFINITY ? 0.f : mx;
-    const float alpha = exp2f(m_run[hr] - m_use);
-    m_run[hr] = mx;
-    float sum = 0.f;
+  for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& s = acc_s[4 * j + 2 * hr + e];
-        s = exp2f(__fmaf_rn(s, scale_log2, -m_use));
-        sum += s;
-      }
+    for (int e = 0; e < 4; ++e) {
+      float& x = acc_s[4 * j + e];
+      x = exp2_ftz(__fmaf_rn(x, scale_log2, -m_use[e >> 1]));
+      sum[e >> 1][(j & 1) * 2 + (e & 1)] += x;
     }
-    l_run[hr] = l_run[hr] * alpha + sum;
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    l_run[hr] = l_run[hr] * alpha[hr] + ((sum[hr][0] + sum[hr][1]) + (sum[hr][2] + sum[hr][3]));
 #pragma unroll
     for (int i = 0; i < kDv / 8; ++i) {
-      acc_o[4 * i + 2 * hr] *= alpha;
-      acc_o[4 * i + 2 * hr + 1] *= alpha;
+      acc_o[4 * i + 2 * hr] *= alpha[hr];
+      acc_o[4 * i + 2 * hr + 1] *= alpha[hr];
     }
   }
 #pragma unroll
