@@ -191,31 +191,40 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(kGroups) : "memory");
 }
 
-// The mbarriers of a producer warpgroup feeding K and V through kStages stages to two consumer
-// warpgroups: kfull / vfull complete when the 128 producer threads have arrived (their writes
-// done and fenced for the async proxy), kempty / vempty when lane 0 of each of the 8 consumer
-// warps has (its WGMMAs reading the stage done).  Block n uses stage n % kStages and waits for
-// the phase n / kStages of a full barrier, the phase n / kStages - 1 of an empty one.
-template <int kStages>
+// The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
+// kVStages to two consumer warpgroups: kfull / vfull complete when the 128 producer threads
+// have arrived (their writes done and fenced for the async proxy), kempty / vempty when lane 0
+// of each of the 8 consumer warps has (its WGMMAs reading the stage done).  Block n uses K
+// stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
+// n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
+template <int kKStages, int kVStages = kKStages>
 struct KvBarriers {
-  static constexpr int kBytes = 4 * kStages * 8;
+  static constexpr int kBytes = 16 * (kKStages + kVStages);
   uint32_t base;
   __device__ uint32_t kfull(int s) const { return base + 8 * s; }
-  __device__ uint32_t vfull(int s) const { return base + 8 * (kStages + s); }
-  __device__ uint32_t kempty(int s) const { return base + 8 * (2 * kStages + s); }
-  __device__ uint32_t vempty(int s) const { return base + 8 * (3 * kStages + s); }
+  __device__ uint32_t kempty(int s) const { return base + 8 * (kKStages + s); }
+  __device__ uint32_t vfull(int s) const { return base + 8 * (2 * kKStages + s); }
+  __device__ uint32_t vempty(int s) const { return base + 8 * (2 * kKStages + kVStages + s); }
   __device__ void init() const {   // one thread, before a CTA barrier
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kKStages; ++s) {
       mbar_init(kfull(s), 128);
-      mbar_init(vfull(s), 128);
       mbar_init(kempty(s), 8);
+    }
+    for (int s = 0; s < kVStages; ++s) {
+      mbar_init(vfull(s), 128);
       mbar_init(vempty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  static __device__ uint32_t full_parity(int n) { return (n / kStages) & 1; }
-  static __device__ uint32_t empty_parity(int n) { return (n / kStages + 1) & 1; }   // n >= kStages
+  static __device__ uint32_t kfull_parity(int n) { return (n / kKStages) & 1; }
+  static __device__ uint32_t kempty_parity(int n) { return (n / kKStages + 1) & 1; }   // n >= kKStages
+  static __device__ uint32_t vfull_parity(int n) { return (n / kVStages) & 1; }
+  static __device__ uint32_t vempty_parity(int n) { return (n / kVStages + 1) & 1; }   // n >= kVStages
 };
+
+// The stage after s of a ring of kN.
+template <int kN>
+__device__ __forceinline__ int next_stage(int s) { return s + 1 == kN ? 0 : s + 1; }
 
 
 // ---- the warpgroups: one producer, two consumers --------------------------------------------
@@ -244,8 +253,8 @@ struct Turns {
   __device__ void hand_over_last() const { if (cw == 0) hand_over(); }
 
   // The first turn: S(0) = Q K(0)^T by issue_s0(), waited for, K(0)'s stage released.
-  template <int kStages, class IssueS0>
-  __device__ void first(const KvBarriers<kStages>& bars, IssueS0&& issue_s0) const {
+  template <class Bars, class IssueS0>
+  __device__ void first(const Bars& bars, IssueS0&& issue_s0) const {
     if (cw == 1) bar_arrive(kBar, 256);
     mbar_wait(bars.kfull(0), 0);
     take();

@@ -53,7 +53,7 @@ static_assert(kFp8 && kDqk % 64 == 0 && (kDv == 64 || kDv == 128 || kDv == 256),
 static_assert(kThreads == 384 && kBlockM == 128 && kBlockN == 128,
               "a producer and 2 consumer warpgroups x 64 rows, 128-key blocks (the sm_90a recipe's block)");
 
-constexpr int kStages = 2;
+constexpr int kVtStages = 2;               // V^T; K and the V staging: kStages (2 or 3)
 constexpr int kTileQ = kBlockM * kDqk;      // bytes
 constexpr int kTileK = kBlockN * kDqk;
 constexpr int kTileVs = kBlockN * kDv;      // V staging
@@ -61,21 +61,23 @@ constexpr int kTileVt = kDv * kBlockN;      // V^T
 constexpr int kPvN = kDv < 128 ? kDv : 128;  // N of one PV pass
 constexpr int kPasses = kDv / kPvN;
 constexpr int kBarBytes = 128;
-static_assert(KvBarriers<kStages>::kBytes <= kBarBytes, "the mbarriers' bytes");
-static_assert(kTileQ + kStages * (kTileK + kTileVs + kTileVt) + kTileOnes + kBarBytes + 1024 == kDynamicSmem,
+using Bars = KvBarriers<kStages, kVtStages>;
+static_assert(kStages >= 2 && Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
+static_assert(kTileQ + kStages * (kTileK + kTileVs) + kVtStages * kTileVt + kTileOnes + kBarBytes + 1024 ==
+                  kDynamicSmem,
               "smem layout must match the catalogue");
 constexpr int kBarProducer = 1;   // the producer's own named barrier (the consumers' turns: Turns)
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
   static constexpr uint32_t kK = kTileQ, kVs = kK + kStages * kTileK, kVt = kVs + kStages * kTileVs,
-                            kOnes = kVt + kStages * kTileVt, kBars = kOnes + kTileOnes;
+                            kOnes = kVt + kVtStages * kTileVt, kBars = kOnes + kTileOnes;
   uint32_t q;
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t vs_at(int s) const { return q + kVs + s * kTileVs; }
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
   __device__ uint32_t ones() const { return q + kOnes; }
-  __device__ KvBarriers<kStages> bars() const { return {q + kBars}; }
+  __device__ Bars bars() const { return {q + kBars}; }
 };
 
 // ---- the producer --------------------------------------------------------------------------
@@ -128,7 +130,6 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
     copy_kblocks<kBlockN, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
     copy_v<true>(sm.vs_at(s), v, p.v_stride_s, sk - n0);
   }
-  cp_async_commit();
 }
 
 // Staged V (keys x Dv) of stage s -> V^T of stage s.  Thread t's units: keys {k0, k0+1, k0+8,
@@ -136,13 +137,13 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
 // h, t0, t1) and warp bit 0 (c1), gl from lane bit 4 and warp bit 1.  The staging chunk of
 // unit i is i ^ f(k0): one XOR of the thread's read address (chunk bits clear);
 // its V^T rows 16 i + 4 gl + j sit 2,048 i bytes after those of unit 0.
-__device__ __forceinline__ void transpose_stage(const Smem& sm, int s) {
+__device__ __forceinline__ void transpose_stage(const Smem& sm, int s, int t_stage) {
   const int tid = threadIdx.x, l = tid & 31, warp = tid >> 5;
   const int c = (l & 1) | ((warp & 1) << 1), h = (l >> 1) & 1, t = (l >> 2) & 3;
   const int gl = ((l >> 4) & 1) | ((warp >> 1) << 1);
   const int k0 = 32 * c + 16 * h + 2 * t, pos = 32 * c + 16 * h + 4 * t;
   const uint32_t ld = sm.vs_at(s) + k0 * kDv + 4 * gl + (stg_f(k0) << 4);
-  const uint32_t st = sm.vt_at(s);
+  const uint32_t st = sm.vt_at(t_stage);
   const uint32_t st0 = st + vt(4 * gl + 0, pos), st1 = st + vt(4 * gl + 1, pos);
   const uint32_t st2 = st + vt(4 * gl + 2, pos), st3 = st + vt(4 * gl + 3, pos);
 #pragma unroll
@@ -150,27 +151,45 @@ __device__ __forceinline__ void transpose_stage(const Smem& sm, int s) {
     transpose_unit(ld ^ (i << 4), st0 + 2048 * i, st1 + 2048 * i, st2 + 2048 * i, st3 + 2048 * i);
 }
 
+// Block n: K and V staging in stage n % kStages, V^T in n % 2.  One cp.async group per block
+// (Q joins block 0's); groups are committed for blocks past the end too, so that "block n has
+// landed" is always "at most kStages - 2 newer groups pending".  With a ring of three, the
+// copies of block n + 2 are issued after the transpose of block n (its V^T is what the
+// consumers wait for); with two there is no room for that, and the copies of n + 1 go first.
 template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gk,
                                         const uint8_t* gv, int rows_q, int sk, int n_blocks) {
   if (n_blocks == 0) return;
-  const KvBarriers<kStages> bars = sm.bars();
-  copy_kblocks<kBlockM, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with block 0
-  copy_block(p, sm, 0, gk, gv, 0, sk);
-  for (int n = 0; n < n_blocks; ++n) {
-    const int s = n & 1;
-    cp_async_wait<0>();       // block n copied (this thread's part)
-    fence_async_smem();
-    bar_sync(kBarProducer, 128);                             // ... every thread's; staging s^1 read
-    mbar_arrive(bars.kfull(s));
-    if (n + 1 < n_blocks) {
-      if (n + 1 >= kStages) mbar_wait(bars.kempty(s ^ 1), bars.empty_parity(n + 1));   // S(n - 1) done
-      copy_block(p, sm, s ^ 1, gk, gv, n + 1, sk);
+  const Bars bars = sm.bars();
+  constexpr int kAhead = kStages - 1;                       // blocks copied ahead of the transpose
+  copy_kblocks<kBlockM, true>(sm.q, gq, p.q_stride_s, rows_q);
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i < n_blocks) copy_block(p, sm, i, gk, gv, i, sk);
+    cp_async_commit();
+  }
+  // Copy block m (= n + kAhead) into its stage, once S(m - kStages) has released it.
+  const auto copy_ahead = [&](int m, int stage) {
+    if (m < n_blocks) {
+      if (m >= kStages) mbar_wait(bars.kempty(stage), Bars::kempty_parity(m));
+      copy_block(p, sm, stage, gk, gv, m, sk);
     }
-    if (n >= kStages) mbar_wait(bars.vempty(s), bars.empty_parity(n));                  // PV(n - 2) done
-    transpose_stage(sm, s);
+    cp_async_commit();
+  };
+  int s = 0;                                                // n % kStages
+  for (int n = 0; n < n_blocks; ++n) {
+    const int t = n & 1, s_ahead = s == 0 ? kStages - 1 : s - 1;   // (n + kAhead) % kStages
+    cp_async_wait<kStages - 2>();   // block n copied (this thread's part)
     fence_async_smem();
-    mbar_arrive(bars.vfull(s));
+    bar_sync(kBarProducer, 128);                             // ... every thread's; staging n-1 read
+    mbar_arrive(bars.kfull(s));
+    if (kStages == 2) copy_ahead(n + kAhead, s_ahead);
+    if (n >= kVtStages) mbar_wait(bars.vempty(t), Bars::vempty_parity(n));    // PV(n - 2) done
+    transpose_stage(sm, s, t);
+    fence_async_smem();
+    mbar_arrive(bars.vfull(t));
+    if (kStages > 2) copy_ahead(n + kAhead, s_ahead);
+    s = next_stage<kStages>(s);
   }
 }
 
@@ -239,7 +258,7 @@ __device__ void flash_fwd(const P& p) {
   if (!cta_work(p, w)) return;
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
-  const KvBarriers<kStages> bars = sm.bars();
+  const Bars bars = sm.bars();
   if (threadIdx.x == 0) bars.init();
   for (int i = threadIdx.x; i < kTileOnes / 4; i += kThreads) sts32(sm.ones() + 4 * i, 0x38383838u);
   fence_async_smem();
@@ -278,8 +297,9 @@ __device__ void flash_fwd(const P& p) {
 
     // The last block leaves the loop from its turn: the rest of the body is the same for every
     // block, so that the compiler keeps S(n + 1) in flight across the merge of block n.
-    for (int n = 0; n < n_blocks; ++n) {
-      const int s = n & 1;
+    int k1 = 1 % kStages;                     // K stage of block n + 1
+    for (int n = 0; n < n_blocks; ++n, k1 = next_stage<kStages>(k1)) {
+      const int t = n & 1;                    // V^T stage of block n
       const bool last = n + 1 == n_blocks;
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
@@ -290,7 +310,7 @@ __device__ void flash_fwd(const P& p) {
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
       float acc_b[kPvN / 2], acc_lb[4];
-      mbar_wait(bars.vfull(s), bars.full_parity(n));
+      mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
       turns.take();
       wgmma_fence();
       if constexpr (kPasses > 1) {
@@ -299,41 +319,41 @@ __device__ void flash_fwd(const P& p) {
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
           if (pass > 0) wgmma_fence();
-          issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones(), pass);
+          issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), pass);
           wgmma_wait<0>();
           merge(acc_o, acc_l, acc_b, acc_lb, factor, pass);
         }
-        if (lane == 0) mbar_arrive(bars.vempty(s));
+        if (lane == 0) mbar_arrive(bars.vempty(t));
         if (last) {
           turns.hand_over_last();
           break;
         }
-        mbar_wait(bars.kfull(s ^ 1), bars.full_parity(n + 1));
+        mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
         wgmma_fence();
-        issue_qk(acc_s, sQg, sm.k_at(s ^ 1));
+        issue_qk(acc_s, sQg, sm.k_at(k1));
         turns.hand_over();
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(bars.kempty(s ^ 1));
+        if (lane == 0) mbar_arrive(bars.kempty(k1));
         continue;
       }
-      issue_pv(acc_b, acc_lb, pa, sm.vt_at(s), sm.ones(), 0);
+      issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
       if (last) {
         turns.hand_over_last();
         wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(bars.vempty(s));
+        if (lane == 0) mbar_arrive(bars.vempty(t));
         merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
         break;
       }
-      mbar_wait(bars.kfull(s ^ 1), bars.full_parity(n + 1));
-      issue_qk(acc_s, sQg, sm.k_at(s ^ 1));
+      mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+      issue_qk(acc_s, sQg, sm.k_at(k1));
       turns.hand_over();
 
       // ---- merge(n), then S(n + 1) ----------------------------------------------------------
       wgmma_wait<1>();
-      if (lane == 0) mbar_arrive(bars.vempty(s));
+      if (lane == 0) mbar_arrive(bars.vempty(t));
       merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
       wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(bars.kempty(s ^ 1));
+      if (lane == 0) mbar_arrive(bars.kempty(k1));
     }
   }
   write_rows(p, w, acc_o, acc_l, frame, r_lo, dv_scale);

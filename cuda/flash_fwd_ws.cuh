@@ -36,7 +36,6 @@ static_assert(!kFp8 && kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256,
 static_assert(kThreads == 384 && kBlockM == 128 && (kBlockN == 64 || kBlockN == 128),
               "a producer and 2 consumer warpgroups x 64 rows, 64 or 128 keys");
 
-constexpr int kStages = 2;
 constexpr int kTileQ = kBlockM * 2 * kDqk;     // bytes
 constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
@@ -128,7 +127,7 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_b
     fence_async_smem();
     mbar_arrive(bars.kfull(s));
     if (more) {
-      if (n + 1 >= kStages) mbar_wait(bars.kempty(s1), bars.empty_parity(n + 1));
+      if (n + 1 >= kStages) mbar_wait(bars.kempty(s1), bars.kempty_parity(n + 1));
       copy_keys<kDqk>(sm.k_at(s1), gk, p.k_stride_s, (n + 1) * kBlockN, sk);
       cp_async_wait<1>();                                    // V(n); K(n + 1) in flight
     } else {
@@ -137,7 +136,7 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_b
     fence_async_smem();
     mbar_arrive(bars.vfull(s));
     if (more) {
-      if (n + 1 >= kStages) mbar_wait(bars.vempty(s1), bars.empty_parity(n + 1));
+      if (n + 1 >= kStages) mbar_wait(bars.vempty(s1), bars.vempty_parity(n + 1));
       copy_keys<kDv>(sm.v_at(s1), gv, p.v_stride_s, (n + 1) * kBlockN, sk);
     }
   }
@@ -259,7 +258,7 @@ __device__ void flash_fwd(const P& p) {
       softmax(pa, acc_s, acc_o, m_run, l_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, scale_log2);
 
       // ---- turn: PV(n), then S(n + 1) ----------------------------------------------------------
-      mbar_wait(bars.vfull(s), bars.full_parity(n));
+      mbar_wait(bars.vfull(s), bars.vfull_parity(n));
       turns.take();
       wgmma_fence();
       issue_pv(acc_o, pa, sm.v_at(s));
@@ -269,7 +268,7 @@ __device__ void flash_fwd(const P& p) {
         if (lane == 0) mbar_arrive(bars.vempty(s));
         break;
       }
-      mbar_wait(bars.kfull(s1), bars.full_parity(n + 1));
+      mbar_wait(bars.kfull(s1), bars.kfull_parity(n + 1));
       issue_qk(acc_s, sQg, sm.k_at(s1));
       turns.hand_over();
       wgmma_wait<1>();

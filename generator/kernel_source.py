@@ -107,6 +107,7 @@ def config(v: Variant) -> str:
         f"constexpr int kBlockN = {t.block_n};",
         f"constexpr int kThreads = {t.threads};",
         f"constexpr int kDynamicSmem = {t.dynamic_smem};",
+        f"constexpr int kStages = {t.stages};",
     ]
     if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)

@@ -127,6 +127,7 @@ class Tile:
     block_n: int        # keys per inner iteration
     threads: int        # threads per workgroup / CTA
     dynamic_smem: int   # dynamic shared memory bytes (CUDA); 0 where LDS is static (HIP)
+    stages: int = 1     # K/V tiles in flight in shared memory (sm_90a's copy ring)
 
 
 def sm90_body(v: Variant) -> str:
@@ -141,6 +142,10 @@ def sm90_body(v: Variant) -> str:
     return "ws" if v.dtype == "bf16" else "fp8-ws"
 
 
+#: Dynamic shared memory one sm_90a CTA may have (227 KiB).
+SM90_MAX_SMEM = 227 * 1024
+
+
 def tile_for(v: Variant) -> Tile:
     if v.vendor == "cuda" and sm90_body(v) == "ws":
         # a producer warpgroup and 2 consumer warpgroups x 64 query rows; Q, then two stages
@@ -148,14 +153,16 @@ def tile_for(v: Variant) -> Tile:
         # blocks, 64 at d256 (a 128-key S does not fit beside O there).
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
         smem = 128 * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
-        return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem)
+        return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem, stages=2)
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and 2 consumer warpgroups x 64 query rows, 128-key
-        # blocks (the sm_90a recipe's); Q, then two stages each of K, V staging and V^T, 8 x
-        # 128 bytes of ones, 128 bytes of mbarriers, +1 KiB for alignment (d256: 226 KiB of
-        # the 227 a CTA may have).
-        smem = 128 * (v.d_qk + 2 * (v.d_qk + v.d_v + v.d_v)) + 8 * 128 + 128 + 1024
-        return Tile(block_m=128, block_n=128, threads=384, dynamic_smem=smem)
+        # blocks (the sm_90a recipe's); Q, a ring of three stages of K and V staging (two at
+        # d256, where three do not fit), two of V^T, 8 x 128 bytes of ones, 128 bytes of
+        # mbarriers, +1 KiB for alignment (d256: 226 KiB of the 227 a CTA may have).
+        def smem(stages):
+            return 128 * (v.d_qk + stages * (v.d_qk + v.d_v) + 2 * v.d_v) + 8 * 128 + 128 + 1024
+        stages = 3 if smem(3) <= SM90_MAX_SMEM else 2
+        return Tile(block_m=128, block_n=128, threads=384, dynamic_smem=smem(stages), stages=stages)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
