@@ -1,0 +1,38 @@
+"""A few launches of one zyfa kernel, for a profiler to attach to (Nsight Compute):
+
+    ncu -k regex:zyfa_fwd --launch-skip 1 --launch-count 1 --set full -o rep \\
+        python3 bench/profile_target.py --dtype fp8_e4m3 --head-dim 128 --seqlen 8192
+
+Inputs are Gaussian (scaled into e4m3's range for FP8); needs PyTorch with CUDA.
+"""
+import argparse
+
+import torch
+
+from zyfa_runtime import as_tensor, flash_attn_func
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=("bf16", "fp8_e4m3"), default="fp8_e4m3")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--launches", type=int, default=3)
+    a = ap.parse_args()
+    shape = (1, a.seqlen, a.heads, a.head_dim)
+    xs = [torch.randn(shape, device="cuda") for _ in range(3)]
+    if a.dtype == "fp8_e4m3":
+        qkv = [as_tensor((t / (t.abs().max() / 448)).to(torch.float8_e4m3fn).view(torch.uint8), dtype="fp8_e4m3")
+               for t in xs]
+    else:
+        qkv = [t.to(torch.bfloat16) for t in xs]
+    out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+    for _ in range(a.launches):
+        flash_attn_func(*qkv, out=out, causal=a.causal)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
