@@ -16,9 +16,11 @@
 //
 // One CTA = 3 warpgroups = 128 query rows of one (sequence, query head), 128-key blocks:
 //   producer (warpgroup 0, setmaxnreg 40)
-//     cp.async Q once, then per block K and V into stage n & 1 (K: 64B-swizzled K-blocks;
-//     V: the row-major staging tile), the copies of block n + 1 in flight while block n is
-//     transposed; V -> V^T in 4x4-byte squares, keys in P's order (transpose_unit), every
+//     cp.async Q once, then per block K and V into stage n % kStages (K: 64B-swizzled
+//     K-blocks; V: the row-major staging tile), the copies of the next kStages - 1 blocks in
+//     flight while block n is transposed into V^T stage n & 1 (with three stages the copies
+//     of n + 2 are issued after that transpose, with two those of n + 1 before it); V -> V^T
+//     in 4x4-byte squares, keys in P's order (transpose_unit), every
 //     address a per-thread constant plus an immediate.  Signals kfull / vfull (mbarriers,
 //     128 arrivals) once its copies or V^T writes are complete and fenced for the async proxy;
 //     waits on kempty / vempty before it overwrites a stage.
@@ -38,7 +40,8 @@
 // acc_o 128, one of acc_b or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
 // registers the CTA is launched with.
 //
-// Shared memory (1024-byte aligned tiles): Q | K x 2 | V staging x 2 | V^T x 2 | ones | mbarriers.
+// Shared memory (1024-byte aligned tiles): Q | K x kStages | V staging x kStages | V^T x 2 | ones |
+// mbarriers (kStages = Tile.stages: 3 where it fits, 2 at d256).
 // Named barriers: 1 the producer's own, 2 + g consumer g's turn.
 
 #include <cuda_bf16.h>
