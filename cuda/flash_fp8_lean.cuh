@@ -17,8 +17,9 @@
 // Layouts (every tile 1024-byte aligned):
 //   Q, K:    64-byte K-blocks of R rows (R = 128), row r's 16-byte chunk c at c ^ ((r >> 1) & 3)
 //            (the 64B swizzle: 512 bytes between 8-row groups, a k32 step is +32 bytes)
-//   staging: row k (key) of Dv bytes, 16-byte chunk c at c ^ f(k), f(k) = bits 1, 2, 4 of k
-//            (the transpose's 4-byte reads then hit at most 2 ways of a bank, its writes 1)
+//   staging: row k (key) of Dv bytes, 16-byte chunk c at c ^ f(k), f(k) = k & 7 (Dv = 64:
+//            (k >> 1) & 3), so the 8 rows of each ldmatrix of the transpose hit 8 distinct
+//            16-byte bank groups
 //   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups)
 //   ones:    8 rows of 128 bytes 0x38 (1.0)
 
@@ -41,46 +42,33 @@ constexpr int kTileOnes = 8 * 128;
 __device__ __forceinline__ uint32_t swz64(int row, int chunk) {
   return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
 }
-// The staging swizzle of key row k: bits 1, 2, 4 of k, within the row's chunks.
-__device__ __forceinline__ int stg_f(int k) {
-  constexpr int kMask = (kDv / 16 >= 8 ? 8 : kDv / 16) - 1;
-  return (((k >> 1) & 3) | ((k >> 2) & 4)) & kMask;
-}
-// Staging offset of (key row k, byte d).
-__device__ __forceinline__ uint32_t stg(int k, int d) {
-  return k * kDv + (((d >> 4) ^ stg_f(k)) << 4) + (d & 15);
-}
-// V^T offset of (dv row n, key position L): 128B swizzle.
-__device__ __forceinline__ uint32_t vt(int n, int l) {
-  return swz128(n, l >> 4) + (l & 15);
-}
+// The staging swizzle of key row k (a function of k & 7 only).
+__device__ __forceinline__ int stg_f(int k) { return kDv >= 128 ? (k & 7) : ((k >> 1) & 3); }
 
 // K-major operand descriptors (the leading byte offset is unused for swizzled K-major tiles):
 // Q and K in 64B swizzle (8-row groups 512 bytes apart), V^T and ones in 128B (1024 apart).
 __device__ __forceinline__ uint64_t desc_64b(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 512, 2); }
 __device__ __forceinline__ uint64_t desc_128b(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 1024, 1); }
 
-__device__ __forceinline__ uint32_t lds32(uint32_t a) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
-  return v;
-}
 __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(a), "r"(v) : "memory");
 }
 
-// One transposition unit: keys {k0, k0+1, k0+8, k0+9} x 4 bytes of dv, read from the staging
-// tile at ld (the byte of key k0; rows are kDv apart), written as 4 dv rows of 4 key bytes at
-// the V^T addresses st0..st3 (consecutive dv rows).  4 reads, 6 byte permutes, 4 writes.
-__device__ __forceinline__ void transpose_unit(uint32_t ld, uint32_t st0, uint32_t st1, uint32_t st2,
-                                               uint32_t st3) {
-  const uint32_t w0 = lds32(ld), w1 = lds32(ld + kDv), w2 = lds32(ld + 8 * kDv), w3 = lds32(ld + 9 * kDv);
-  const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-  const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-  sts32(st0, __byte_perm(lo01, lo23, 0x5410));
-  sts32(st1, __byte_perm(lo01, lo23, 0x7632));
-  sts32(st2, __byte_perm(hi01, hi23, 0x5410));
-  sts32(st3, __byte_perm(hi01, hi23, 0x7632));
+// V -> V^T, one unit: keys 16g .. 16g + 15 x dv bytes 32cp .. 32cp + 31 of the staging tile
+// (512 bytes, one warp).  ldmatrix.trans of four 8x8 b16 matrices (keys 16g + {0-7, 8-15} x dv
+// chunks 2cp, 2cp + 1; lane L addresses row L % 8 of matrix L / 8 at ld) gives lane (r = L /
+// 4, t = L % 4) the bytes V[2t][2r], V[2t][2r+1], V[2t+1][2r], V[2t+1][2r+1] of each matrix:
+// one PRMT of two registers puts keys {2t, 2t+1, 2t+8, 2t+9} of one dv row in a word, which is
+// P's key order at positions 4t .. 4t + 3 (module comment).  stmatrix writes the four words as
+// four 8x8 b16 matrices: dv rows 32cp + 16 (j >> 1) + 2r + (j & 1) of matrix j, 16 key bytes
+// each (lane L addresses row L % 8 of matrix L / 8 at st).  4 loads' worth in one, 4 PRMT.
+__device__ __forceinline__ void transpose_unit(uint32_t ld, uint32_t st) {
+  uint32_t m0, m1, m2, m3;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(m0), "=r"(m1), "=r"(m2), "=r"(m3) : "r"(ld));
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(st), "r"(__byte_perm(m0, m1, 0x6420)), "r"(__byte_perm(m0, m1, 0x7531)),
+                  "r"(__byte_perm(m2, m3, 0x6420)), "r"(__byte_perm(m2, m3, 0x7531)) : "memory");
 }
 
 // The variant's WGMMA instructions (generator/kernel_source.py).

@@ -31,9 +31,10 @@
 //     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
 //     wait S(n + 1)    release K(n + 1)
 //   so one consumer's softmax runs while the other's products do, and the tensor core's
-//   queue holds the two consumers' products alternately (FA3's ping-pong).  At d_v = 256 the
-//   turn issues PV(n) in two passes of 128 columns, each merged before the next, and S(n + 1)
-//   after them: one block accumulator is all the registers hold beside a 256-wide O.
+//   queue holds the two consumers' products alternately (FA3's ping-pong).  At d_v = 256 one
+//   block accumulator is all the registers hold beside a 256-wide O, so PV(n) goes in two
+//   passes of 128 columns and each pass, and then S(n + 1), is a turn of its own: a consumer
+//   waits for its pass and merges it while the other's product runs.
 //
 // Registers per consumer thread (d_v = 128): acc_o 64, acc_b 64 (PV of block n) and acc_s 64
 // (S of block n + 1) in flight together, P 16, acc_l / acc_lb 8, row state 8; (d_v = 256)
@@ -108,12 +109,10 @@ template <bool kCheck>
 __device__ __forceinline__ void copy_v(uint32_t tile, const uint8_t* g, long long stride, int rows) {
   constexpr int kPerRow = kDv / 16, kStep = 128 / kPerRow;
   const int tid = threadIdx.x, r0 = tid / kPerRow, c = tid % kPerRow;
-  const int f0 = stg_f(r0);
+  const int f = stg_f(r0);                           // stg_f(r0 + kStep i): kStep % 8 == 0
   const uint8_t* src = g + r0 * stride + c * 16;
 #pragma unroll
   for (int i = 0; i < kBlockN / kStep; ++i, src += kStep * stride) {
-    // stg_f(r0 + kStep i), r0 < kStep: bits 1, 2 are r0's, bit 4 r0's xor kStep i's
-    const int f = f0 ^ ((((kStep * i) >> 4) & 1) << 2);
     const bool ok = !kCheck || r0 + kStep * i < rows;
     cp_async16(tile + (r0 + kStep * i) * kDv + ((c ^ f) << 4), ok ? src : g, ok);
   }
@@ -135,23 +134,27 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
   }
 }
 
-// Staged V (keys x Dv) of stage s -> V^T of stage s.  Thread t's units: keys {k0, k0+1, k0+8,
-// k0+9} x dv bytes 4 gl + 16 i (i < kDv / 16), with k0 = 32 c + 16 h + 2 t from lane bits (c0,
-// h, t0, t1) and warp bit 0 (c1), gl from lane bit 4 and warp bit 1.  The staging chunk of
-// unit i is i ^ f(k0): one XOR of the thread's read address (chunk bits clear);
-// its V^T rows 16 i + 4 gl + j sit 2,048 i bytes after those of unit 0.
+// Staged V (keys x Dv) of stage s -> V^T of stage t_stage, in units of 16 keys x 32 dv bytes
+// (transpose_unit): warp w takes key groups g = w + 4b (b = 0, 1) of every dv chunk pair cp.
+// A lane's load address is a constant plus 64 kDv b and the chunk XOR cp << 5 (its key row
+// sets the chunk's swizzle, stg_f(16g + key) == stg_f(key)); its store address a constant plus
+// 4096 cp and the key-chunk XOR b << 6 (the V^T row's 128B swizzle, g ^ (n & 7)).
 __device__ __forceinline__ void transpose_stage(const Smem& sm, int s, int t_stage) {
-  const int tid = threadIdx.x, l = tid & 31, warp = tid >> 5;
-  const int c = (l & 1) | ((warp & 1) << 1), h = (l >> 1) & 1, t = (l >> 2) & 3;
-  const int gl = ((l >> 4) & 1) | ((warp >> 1) << 1);
-  const int k0 = 32 * c + 16 * h + 2 * t, pos = 32 * c + 16 * h + 4 * t;
-  const uint32_t ld = sm.vs_at(s) + k0 * kDv + 4 * gl + (stg_f(k0) << 4);
-  const uint32_t st = sm.vt_at(t_stage);
-  const uint32_t st0 = st + vt(4 * gl + 0, pos), st1 = st + vt(4 * gl + 1, pos);
-  const uint32_t st2 = st + vt(4 * gl + 2, pos), st3 = st + vt(4 * gl + 3, pos);
+  constexpr int kPairs = kDv / 32;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, j = lane >> 3, rho = lane & 7;
+  const int key = 8 * (j & 1) + rho;                                  // of the unit's 16
+  const uint32_t ld_row = sm.vs_at(s) + (16 * w + key) * kDv;
+  const uint32_t ld_chunk = ((j >> 1) ^ stg_f(key)) << 4;             // chunk 2cp + (j >> 1), cp = 0
+  const int n = 16 * (j >> 1) + 2 * rho + (j & 1);                    // dv row of the pair's 32
+  const uint32_t st_row = sm.vt_at(t_stage) + n * 128;
+  const uint32_t st_chunk = (w ^ (n & 7)) << 4;                       // key chunk g = w, b = 0
 #pragma unroll
-  for (int i = 0; i < kDv / 16; ++i)
-    transpose_unit(ld ^ (i << 4), st0 + 2048 * i, st1 + 2048 * i, st2 + 2048 * i, st3 + 2048 * i);
+  for (int cp = 0; cp < kPairs; ++cp) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+      transpose_unit(ld_row + 64 * kDv * b + (ld_chunk ^ (cp << 5)),
+                     st_row + 4096 * cp + (st_chunk ^ (b << 6)));
+  }
 }
 
 // Block n: K and V staging in stage n % kStages, V^T in n % 2.  One cp.async group per block
@@ -314,24 +317,24 @@ __device__ void flash_fwd(const P& p) {
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
       float acc_b[kPvN / 2], acc_lb[4];
       mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
-      turns.take();
-      wgmma_fence();
       if constexpr (kPasses > 1) {
-        // d_v = 256: the registers hold one block accumulator and no S beside O, so the
-        // passes are merged within the turn and S(n + 1) is issued after them.
+        // d_v = 256: the registers hold one block accumulator and no S beside O, so each pass
+        // of PV(n) and then S(n + 1) is a turn of its own: the other consumer's product runs
+        // while this one waits for its pass and merges it.
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
-          if (pass > 0) wgmma_fence();
+          turns.take();
+          wgmma_fence();
           issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), pass);
+          if (last && pass + 1 == kPasses) turns.hand_over_last();
+          else turns.hand_over();
           wgmma_wait<0>();
           merge(acc_o, acc_l, acc_b, acc_lb, factor, pass);
         }
         if (lane == 0) mbar_arrive(bars.vempty(t));
-        if (last) {
-          turns.hand_over_last();
-          break;
-        }
+        if (last) break;
         mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+        turns.take();
         wgmma_fence();
         issue_qk(acc_s, sQg, sm.k_at(k1));
         turns.hand_over();
@@ -339,6 +342,8 @@ __device__ void flash_fwd(const P& p) {
         if (lane == 0) mbar_arrive(bars.kempty(k1));
         continue;
       }
+      turns.take();
+      wgmma_fence();
       issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
       if (last) {
         turns.hand_over_last();
