@@ -165,22 +165,40 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[kDv / 2], const uint32_t
 }
 
 // Online softmax of one block for the two rows (r_lo, r_lo + 8) a thread holds: scores scaled
-// to log2 units and masked, the running max m, O and the thread's partial row sums l rescaled
-// by 2^(m_old - m_new), P = exp2(S - m) packed as bf16 A fragments.
+// to log2 units and masked, P = exp2(S c - m) packed as bf16 A fragments, l += its row sums.
+// The reference m moves only when a row's max passes it by more than kRescaleSlack (or has no
+// finite value yet): then, for the whole warp, m becomes the running max and O and l are
+// rescaled by 2^(m_old - m_new).  Otherwise P stays below 2^kRescaleSlack and the 64 FMULs of
+// the rescale are skipped, which after the first blocks of a row is the rule.
+constexpr float kRescaleSlack = 8.f;
 __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc_s)[kBlockN / 2],
                                         float (&acc_o)[kDv / 2], float (&m_run)[2], float (&l_run)[2], int n0,
                                         int sk, int wg_row0, int r_lo, int diag, int quad_col, float scale_log2) {
   const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
   if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
-  float mx[2], m_use[2], alpha[2];
+  float mx[2];
   quad_row_max(acc_s, mx);
+  bool grow = false;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    mx[hr] = fmaxf(m_run[hr], __fmul_rn(mx[hr], scale_log2));   // = max of the scaled scores
-    m_use[hr] = mx[hr] == -INFINITY ? 0.f : mx[hr];
-    alpha[hr] = exp2_ftz(m_run[hr] - m_use[hr]);
-    m_run[hr] = mx[hr];
+    mx[hr] = __fmul_rn(mx[hr], scale_log2);              // = max of the scaled scores
+    grow |= mx[hr] > m_run[hr] + kRescaleSlack;          // -inf + slack = -inf: a first max grows
   }
+  if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float m_new = fmaxf(m_run[hr], mx[hr]);
+      const float alpha = exp2_ftz(m_run[hr] - (m_new == -INFINITY ? 0.f : m_new));   // 0 from -inf
+      m_run[hr] = m_new;
+      l_run[hr] *= alpha;
+#pragma unroll
+      for (int i = 0; i < kDv / 8; ++i) {
+        acc_o[4 * i + 2 * hr] *= alpha;
+        acc_o[4 * i + 2 * hr + 1] *= alpha;
+      }
+    }
+  }
+  const float m_use[2] = {m_run[0] == -INFINITY ? 0.f : m_run[0], m_run[1] == -INFINITY ? 0.f : m_run[1]};
   // P = 2^(S c - m) and its row sums: four partial sums per row, so that the adds are not
   // one chain of kBlockN / 4 dependent FADDs.
   float sum[2][4] = {};
@@ -194,14 +212,7 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
     }
   }
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    l_run[hr] = l_run[hr] * alpha[hr] + ((sum[hr][0] + sum[hr][1]) + (sum[hr][2] + sum[hr][3]));
-#pragma unroll
-    for (int i = 0; i < kDv / 8; ++i) {
-      acc_o[4 * i + 2 * hr] *= alpha[hr];
-      acc_o[4 * i + 2 * hr + 1] *= alpha[hr];
-    }
-  }
+  for (int hr = 0; hr < 2; ++hr) l_run[hr] += (sum[hr][0] + sum[hr][1]) + (sum[hr][2] + sum[hr][3]);
 #pragma unroll
   for (int i = 0; i < kBlockN / 4; ++i) pa[i] = pack_bf16(acc_s[2 * i], acc_s[2 * i + 1]);
 }
