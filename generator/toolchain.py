@@ -57,6 +57,11 @@ NVCC_FLAGS = ("-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c+
 
 TIMEOUT_S = 900
 
+#: What ptxas says when it serialises a kernel's WGMMAs (a register of one in flight is read or
+#: written before its wait, on some path): the kernel still runs, but its products no longer
+#: overlap anything, so a build that meets it fails.
+WGMMA_SERIALISED = "wgmma.mma_async instructions are serialized"
+
 
 class ToolchainError(RuntimeError):
     """No usable compiler was found; the message says what to install."""
@@ -90,7 +95,7 @@ class Toolchain:
             image = _in_tempdir(
                 {"kernel.cu": source},
                 [[*self.compiler, *NVCC_FLAGS, "-o", "kernel.cubin", "kernel.cu"]],
-                "kernel.cubin", tmp_env=True)
+                "kernel.cubin", tmp_env=True, check_log=_refuse_serialised_wgmma)
         else:
             image = _in_tempdir(
                 {"kernel.hip": source},
@@ -135,9 +140,16 @@ def _show(cmd: list[str]) -> str:
     return " ".join(cmd)
 
 
+def _refuse_serialised_wgmma(cmd: list[str], log: str) -> None:
+    lines = [line for line in log.splitlines() if WGMMA_SERIALISED in line]
+    if lines:
+        raise CompileError(f"{_show(cmd)}: ptxas serialised the WGMMAs:\n" + "\n".join(lines))
+
+
 def _in_tempdir(inputs: dict[str, str], steps: list[list[str]], result: str,
-                tmp_env: bool = False) -> bytes:
-    """Write ``inputs`` into a fresh directory, run ``steps`` there, return ``result``'s bytes."""
+                tmp_env: bool = False, check_log=None) -> bytes:
+    """Write ``inputs`` into a fresh directory, run ``steps`` there, return ``result``'s bytes.
+    ``check_log(cmd, output)``, if given, sees each successful step's output and may raise."""
     with tempfile.TemporaryDirectory(prefix="zyfa-build-") as tmp:
         for name, text in inputs.items():
             Path(tmp, name).write_text(text, encoding="utf-8")
@@ -149,6 +161,8 @@ def _in_tempdir(inputs: dict[str, str], steps: list[list[str]], result: str,
             if proc.returncode != 0:
                 log = (proc.stderr + proc.stdout).strip()
                 raise CompileError(f"{_show(cmd)} failed (exit {proc.returncode}):\n{log}")
+            if check_log is not None:
+                check_log(cmd, proc.stderr + proc.stdout)
         return Path(tmp, result).read_bytes()
 
 

@@ -213,3 +213,33 @@ def test_gfx950_bf16_kernel_matches_the_catalogue(v, gfx950_images):
     assert k["wavefront_size"] == 64
     assert k["max_flat_workgroup_size"] == v.tile.threads == 256
     assert k["vgpr_count"] + k["agpr_count"] <= 512
+
+
+def _wgmma_probe(read_in_flight: bool) -> str:
+    """A loop of m64n8k16 WGMMAs, each waited for; with ``read_in_flight`` the first
+    iteration also reads the accumulator between the WGMMA and its wait."""
+    from generator.kernel_source import _wgmma
+    read = "    if (i == 0) out[threadIdx.x + 128] = d[1];\n" if read_in_flight else ""
+    return ("#include <stdint.h>\n" + _wgmma("mma", "m64n8k16", "bf16.bf16", 4, False, "1, 1, 0, 0") +
+            '\nextern "C" __global__ void probe(float* out, uint64_t da, uint64_t db, int n) {\n'
+            "  float d[4] = {0.f, 0.f, 0.f, 0.f};\n"
+            "  for (int i = 0; i < n; ++i) {\n"
+            '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");\n'
+            "    mma(d, da, db, true);\n"
+            '    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");\n'
+            + read +
+            '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");\n'
+            "  }\n"
+            "  out[threadIdx.x] = d[0] + d[1] + d[2] + d[3];\n}\n")
+
+
+def test_a_build_whose_wgmmas_ptxas_serialises_fails(tmp_path):
+    """Reading a WGMMA's accumulator before its wait (on any path) makes ptxas serialise the
+    kernel's WGMMAs (it still runs, without any overlap): the build refuses it, and builds the
+    same loop without that read."""
+    from generator.toolchain import CompileError
+    tc = _toolchain("sm_90a")
+    tc.compile_cxx(_wgmma_probe(False), tmp_path / "ok.cubin")
+    assert (tmp_path / "ok.cubin").stat().st_size > 0
+    with pytest.raises(CompileError, match="serialised the WGMMAs"):
+        tc.compile_cxx(_wgmma_probe(True), tmp_path / "bad.cubin")
