@@ -192,13 +192,12 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
-// kVStages to two consumer warpgroups: kfull / vfull complete when the kFullArrivals producer
-// threads that write the tile have arrived (their writes done and fenced for the async
-// proxy), kempty / vempty when lane 0
+// kVStages to two consumer warpgroups: kfull / vfull complete when the 128 producer threads
+// have arrived (their writes done and fenced for the async proxy), kempty / vempty when lane 0
 // of each of the 8 consumer warps has (its WGMMAs reading the stage done).  Block n uses K
 // stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
 // n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
-template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
+template <int kKStages, int kVStages = kKStages>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
   uint32_t base;
@@ -208,11 +207,11 @@ struct KvBarriers {
   __device__ uint32_t vempty(int s) const { return base + 8 * (2 * kKStages + kVStages + s); }
   __device__ void init() const {   // one thread, before a CTA barrier
     for (int s = 0; s < kKStages; ++s) {
-      mbar_init(kfull(s), kFullArrivals);
+      mbar_init(kfull(s), 128);
       mbar_init(kempty(s), 8);
     }
     for (int s = 0; s < kVStages; ++s) {
-      mbar_init(vfull(s), kFullArrivals);
+      mbar_init(vfull(s), 128);
       mbar_init(vempty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

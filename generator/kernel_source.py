@@ -58,8 +58,7 @@ def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail:
 
 def _wgmma_wrappers(v: Variant) -> str:
     """The WGMMA instructions of the sm_90a bodies.  BF16 (flash_fwd_ws.cuh): ``wgmma_qk``
-    (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB) or
-    ``wgmma_pv_ss`` (P in shared memory, K-major).  FP8
+    (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB).  FP8
     (flash_fp8_lean.cuh): k32 e4m3, both K-major, PV in passes of
     N <= 128, plus ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum)."""
     n = v.tile.block_n
@@ -67,8 +66,6 @@ def _wgmma_wrappers(v: Variant) -> str:
         return "\n".join([
             _wgmma("wgmma_qk", f"m64n{n}k16", "bf16.bf16", n // 2, False, "1, 1, 0, 0"),
             _wgmma("wgmma_pv", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, True, "1, 1, 1",
-                   accumulate_arg=False),
-            _wgmma("wgmma_pv_ss", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, False, "1, 1, 0, 1",
                    accumulate_arg=False)])
     pv_n = min(v.d_v, 128)     # one PV pass: kPvN in the body
     return "\n".join([
@@ -111,7 +108,6 @@ def config(v: Variant) -> str:
         f"constexpr int kThreads = {t.threads};",
         f"constexpr int kDynamicSmem = {t.dynamic_smem};",
         f"constexpr int kStages = {t.stages};",
-        f"constexpr bool kPInSmem = {'true' if t.p_in_smem else 'false'};",
     ]
     if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)

@@ -128,7 +128,6 @@ class Tile:
     threads: int        # threads per workgroup / CTA
     dynamic_smem: int   # dynamic shared memory bytes (CUDA); 0 where LDS is static (HIP)
     stages: int = 1     # K/V tiles in flight in shared memory (sm_90a's copy ring)
-    p_in_smem: bool = False   # sm_90a BF16: P staged in shared memory (an SS PV product)
 
 
 def sm90_body(v: Variant) -> str:
@@ -152,14 +151,9 @@ def tile_for(v: Variant) -> Tile:
         # a producer warpgroup and 2 consumer warpgroups x 64 query rows; Q, then two stages
         # each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for alignment.  128-key
         # blocks, 64 at d256 (a 128-key S does not fit beside O there).
-        # Where it fits, P also goes through shared memory, two buffers per consumer, so that a
-        # consumer's softmax can run while its own PV product reads the previous P.
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
         smem = 128 * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
-        p_bytes = 2 * 2 * 64 * block_n * 2
-        p_in_smem = smem + p_bytes <= SM90_MAX_SMEM
-        return Tile(block_m=128, block_n=block_n, threads=384, stages=2, p_in_smem=p_in_smem,
-                    dynamic_smem=smem + (p_bytes if p_in_smem else 0))
+        return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem, stages=2)
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and 2 consumer warpgroups x 64 query rows, 128-key
         # blocks (the sm_90a recipe's); Q, a ring of three stages of K and V staging (two at
