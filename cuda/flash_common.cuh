@@ -136,13 +136,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// An empty asm that "reads" registers: keeps the operands of a WGMMA in flight (P from
-// registers) allocated until the wait that ends it.
-template <int kN>
-__device__ __forceinline__ void keep_operands(const uint32_t (&r)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" :: "r"(r[i]));
-}
 __device__ __forceinline__ void fence_async_smem() {   // generic smem writes -> WGMMA reads
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -199,12 +192,12 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
-// kVStages to two consumer warpgroups: kfull / vfull complete when kFullArrivals producer
-// threads (those that write the tile) have arrived (their writes done and fenced for the async proxy), kempty / vempty when lane 0
+// kVStages to two consumer warpgroups: kfull / vfull complete when the 128 producer threads
+// have arrived (their writes done and fenced for the async proxy), kempty / vempty when lane 0
 // of each of the 8 consumer warps has (its WGMMAs reading the stage done).  Block n uses K
 // stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
 // n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
-template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
+template <int kKStages, int kVStages = kKStages>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
   uint32_t base;
@@ -214,11 +207,11 @@ struct KvBarriers {
   __device__ uint32_t vempty(int s) const { return base + 8 * (2 * kKStages + kVStages + s); }
   __device__ void init() const {   // one thread, before a CTA barrier
     for (int s = 0; s < kKStages; ++s) {
-      mbar_init(kfull(s), kFullArrivals);
+      mbar_init(kfull(s), 128);
       mbar_init(kempty(s), 8);
     }
     for (int s = 0; s < kVStages; ++s) {
-      mbar_init(vfull(s), kFullArrivals);
+      mbar_init(vfull(s), 128);
       mbar_init(vempty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

@@ -1,0 +1,124 @@
+"""Find registers of an in-flight WGMMA that a kernel overwrites, in its SASS.
+
+A WGMMA that takes A from registers (``HGMMA``/``QGMMA ... R<d>, R<a>, gdesc...``) keeps
+reading ``R<a> .. R<a+3>`` until a ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` retires it. ptxas
+protects a WGMMA's accumulators (it injects waits, or serialises the WGMMAs and says so, which
+the build refuses), but not this A operand: when the kernel "keeps" P alive only as values,
+ptxas may hand the registers themselves to later code. The result is wrong only sometimes
+(the read races the write), so this walks the control flow of the SASS instead: from each
+such WGMMA, along every path (branches followed, predicated ones both ways), until a wait
+that retires everything, no instruction may write one of its A registers.
+
+    python -m generator.wgmma_hazards prebuilt/*.cubin      # needs cuobjdump (CUDA toolkit)
+
+The check is conservative in one way: only ``DEPBAR.LE gsb0, 0x0`` ends a WGMMA (a wait that
+leaves one group in flight might leave this one). It reads the first operand of an
+instruction as its destination, which holds for the ALU, FMA, conversion and move
+instructions that could reuse a register; stores, barriers, branches and compares write no
+general register.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+#: Instructions (by opcode prefix) whose first operand is not a general register they write.
+_NO_REGISTER_WRITE = ("ST", "BAR", "SYNCS", "RED", "ATOM", "BRA", "WARPGROUP", "HGMMA", "QGMMA", "EXIT",
+                      "BSYNC", "BSSY", "NOP", "ISETP", "FSETP", "PLOP3", "UISETP", "MEMBAR", "FENCE",
+                      "DEPBAR", "CCTL", "ERRBAR", "YIELD", "WARPSYNC", "VOTEU", "R2UR", "ELECT")
+_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_RS_WGMMA = re.compile(r"\b[HQ]GMMA\S*\s+R\d+,\s+R(\d+),")
+_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hazard:
+    wgmma_at: int      # SASS address of the WGMMA
+    wgmma: str
+    write_at: int      # address of the instruction that writes one of its A registers
+    write: str
+
+    def __str__(self) -> str:
+        return f"{self.wgmma_at:#06x} {self.wgmma}  <-  {self.write_at:#06x} {self.write}"
+
+
+def parse(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text) of every instruction in cuobjdump -sass output, in order."""
+    return [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
+
+
+def hazards(instructions: list[tuple[int, str]]) -> list[Hazard]:
+    """Every (WGMMA, first overwriting instruction) pair, one per WGMMA at most."""
+    index = {addr: i for i, (addr, _) in enumerate(instructions)}
+    found = []
+    for i, (addr, text) in enumerate(instructions):
+        m = _RS_WGMMA.search(text)
+        if not m:
+            continue
+        a_regs = {f"R{int(m.group(1)) + k}" for k in range(4)}
+        seen, todo = set(), [i + 1]
+        while todo:
+            j = todo.pop()
+            if j in seen or j >= len(instructions):
+                continue
+            seen.add(j)
+            jaddr, jtext = instructions[j]
+            predicated = bool(_PREDICATE.match(jtext))
+            body = _PREDICATE.sub("", jtext)
+            opcode = body.split()[0]
+            if opcode.startswith("WARPGROUP.DEPBAR") and body.replace(" ", "").endswith("gsb0,0x0"):
+                continue                                   # retired on this path
+            if opcode == "EXIT" and not predicated:
+                continue
+            if not opcode.startswith(_NO_REGISTER_WRITE):
+                first = body[len(opcode):].split(",")[0].strip()
+                if first in a_regs:
+                    found.append(Hazard(addr, text, jaddr, jtext))
+                    break
+            if opcode == "BRA":
+                target = re.search(r"0x([0-9a-f]+)", body)
+                if target and int(target.group(1), 16) in index:
+                    todo.append(index[int(target.group(1), 16)])
+                if predicated:
+                    todo.append(j + 1)
+            else:
+                todo.append(j + 1)
+    return found
+
+
+def cuobjdump() -> str | None:
+    """The cuobjdump of the CUDA toolkit beside nvcc, or on PATH; None if there is none."""
+    nvcc = shutil.which("nvcc")
+    for cand in ([str(Path(nvcc).resolve().parent / "cuobjdump")] if nvcc else []) + [shutil.which("cuobjdump")]:
+        if cand and Path(cand).is_file():
+            return cand
+    return None
+
+
+def check_cubin(path: Path, tool: str) -> list[Hazard]:
+    out = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    return hazards(parse(out))
+
+
+def main(argv=None) -> int:
+    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
+    tool = cuobjdump()
+    if tool is None:
+        print("no cuobjdump found (it comes with the CUDA toolkit)", file=sys.stderr)
+        return 2
+    bad = 0
+    for p in paths:
+        found = check_cubin(p, tool)
+        bad += bool(found)
+        print(f"{p.name}: " + ("ok" if not found else f"{len(found)} hazards\n  " +
+                               "\n  ".join(map(str, found))))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""generator/wgmma_hazards.py: an in-flight WGMMA's A registers overwritten before its wait.
+
+The SASS below is the shape of what cuobjdump printed for a BF16 body that overlapped its
+softmax with its own PV (P from registers) and was wrong under compute-sanitizer: the next
+block's F2FP wrote R180 on the path back to the loop head, before the wait."""
+
+from pathlib import Path
+
+import pytest
+
+from generator import wgmma_hazards as wh
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOOP = """
+        /*0100*/                   F2FP.BF16.F32.PACK_AB R180, R25, R24 ;
+        /*0110*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0120*/                   FMUL R88, R88, R7 ;
+        /*0130*/                   WARPGROUP.ARRIVE ;
+        /*0140*/                   HGMMA.64x128x16.F32.BF16 R88, R180, gdesc[UR12].tnspB, R88, gsb0 ;
+        /*0150*/                   BAR.ARV R11, 0x100 ;
+        /*0160*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0170*/              @!P0 BRA 0x100 ;
+        /*0180*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0190*/                   EXIT ;
+"""
+
+
+def test_a_write_on_the_path_back_to_the_loop_head_is_found():
+    found = wh.hazards(wh.parse(LOOP))
+    assert len(found) == 1
+    assert found[0].wgmma_at == 0x140 and found[0].write_at == 0x100 and "R180" in found[0].write
+
+
+def test_a_wait_that_retires_everything_first_clears_it():
+    # the wait moved before the F2FP: the write comes after the WGMMA is retired
+    fixed = LOOP.replace("F2FP.BF16.F32.PACK_AB R180, R25, R24", "WARPGROUP.DEPBAR.LE gsb0, 0x0") \
+                .replace("/*0110*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0",
+                         "/*0110*/                   F2FP.BF16.F32.PACK_AB R180, R25, R24")
+    assert wh.hazards(wh.parse(fixed)) == []
+
+
+def test_writes_to_other_registers_reads_and_a_wait_leaving_one_group_are_not_enough():
+    other = LOOP.replace("PACK_AB R180,", "PACK_AB R176,")
+    assert wh.hazards(wh.parse(other)) == []                  # R176 is not one of R180..R183
+    reads = LOOP.replace("F2FP.BF16.F32.PACK_AB R180, R25, R24", "FADD R24, R180, R181")
+    assert wh.hazards(wh.parse(reads)) == []
+    last = LOOP.replace("F2FP.BF16.F32.PACK_AB R180, R25, R24", "NOP").replace(
+        "/*0180*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0", "/*0180*/                   MOV R183, RZ")
+    assert [h.write_at for h in wh.hazards(wh.parse(last))] == [0x180]   # 0x1 did not retire it
+
+
+def test_the_built_sm90a_code_objects_have_none():
+    """Every sm_90a code object in prebuilt/ (built by build.py), where cuobjdump exists."""
+    tool = wh.cuobjdump()
+    cubins = sorted((ROOT / "prebuilt").glob("fwd_sm_90a_*.cubin"))
+    if tool is None or not cubins:
+        pytest.skip("needs cuobjdump (CUDA toolkit) and built sm_90a code objects")
+    for c in cubins:
+        assert wh.check_cubin(c, tool) == [], c.name
