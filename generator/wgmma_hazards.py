@@ -9,7 +9,8 @@ ptxas may hand the registers themselves to later code. The result is wrong only 
 such WGMMA, along every path (branches followed, predicated ones both ways), until a wait
 that retires everything, no instruction may write one of its A registers.
 
-    python -m generator.wgmma_hazards prebuilt/*.cubin      # needs cuobjdump (CUDA toolkit)
+    python -m generator.wgmma_hazards prebuilt/*.cubin   # needs cuobjdump and nvdisasm (the
+                                                         # CUDA toolkit's, or the test extra's)
 
 The check is conservative in one way: only ``DEPBAR.LE gsb0, 0x0`` ends a WGMMA (a wait that
 leaves one group in flight might leave this one). It reads the first operand of an
@@ -21,6 +22,8 @@ general register.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -92,17 +95,27 @@ def hazards(instructions: list[tuple[int, str]]) -> list[Hazard]:
 
 
 def cuobjdump() -> str | None:
-    """The cuobjdump of the CUDA toolkit beside nvcc, or on PATH; None if there is none."""
+    """cuobjdump: beside nvcc, on PATH, or from the ``nvidia-cuda-cuobjdump`` wheel (the test
+    extra, with ``nvidia-cuda-nvdisasm``, which it runs); None if there is none."""
     nvcc = shutil.which("nvcc")
-    for cand in ([str(Path(nvcc).resolve().parent / "cuobjdump")] if nvcc else []) + [shutil.which("cuobjdump")]:
-        if cand and Path(cand).is_file():
+    cands = [str(Path(nvcc).resolve().parent / "cuobjdump")] if nvcc else []
+    cands.append(shutil.which("cuobjdump"))
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        cands += sorted(str(p) for p in Path(base).glob("cu*/bin/cuobjdump"))
+    for cand in cands:
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
             return cand
     return None
 
 
 def check_cubin(path: Path, tool: str) -> list[Hazard]:
-    out = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-    return hazards(parse(out))
+    # cuobjdump -sass runs nvdisasm: look for it beside cuobjdump first (the wheels share a bin/)
+    env = dict(os.environ, PATH=str(Path(tool).parent) + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tool} -sass {path} failed: {(proc.stderr or proc.stdout).strip()}")
+    return hazards(parse(proc.stdout))
 
 
 def main(argv=None) -> int:

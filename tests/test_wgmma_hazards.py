@@ -55,6 +55,7 @@ def test_the_built_sm90a_code_objects_have_none():
     tool = wh.cuobjdump()
     cubins = sorted((ROOT / "prebuilt").glob("fwd_sm_90a_*.cubin"))
     if tool is None or not cubins:
-        pytest.skip("needs cuobjdump (CUDA toolkit) and built sm_90a code objects")
+        pytest.skip("needs cuobjdump (CUDA toolkit or the test extra's nvidia-cuda-cuobjdump) "
+                    "and built sm_90a code objects")
     for c in cubins:
         assert wh.check_cubin(c, tool) == [], c.name
