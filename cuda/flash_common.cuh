@@ -144,6 +144,33 @@ __device__ __forceinline__ void fence_async_smem() {   // generic smem writes ->
 __device__ __forceinline__ uint32_t swz128(int row, int chunk) {
   return row * 128 + ((chunk ^ (row & 7)) << 4);
 }
+// The same in a K-block of 64-byte rows with the 64B swizzle (512 bytes between 8-row groups).
+__device__ __forceinline__ uint32_t swz64(int row, int chunk) {
+  return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
+
+// Copy kRows rows of kCols elements T (global pitch `stride` elements) into K-blocks of
+// kBlockBytes-byte rows (64: the 64B swizzle, 128: the 128B swizzle), by the producer's 128
+// threads.  Thread t copies chunk t % c of rows t / c + (128 / c) i of every K-block (c =
+// kBlockBytes / 16 chunks a row): one smem offset and one global pointer per thread, the rest
+// immediates (the swizzle of row r0 + (128 / c) i is r0's).  With kCheck, rows from `rows` on
+// are zeros.
+template <int kRows, int kCols, int kBlockBytes, bool kCheck, class T>
+__device__ __forceinline__ void copy_kblocks(uint32_t tile, const T* g, long long stride, int rows) {
+  static_assert(kBlockBytes == 64 || kBlockBytes == 128, "the 64B or the 128B swizzle");
+  constexpr int kChunks = kBlockBytes / 16, kStep = 128 / kChunks;
+  constexpr int kChunkElems = 16 / sizeof(T), kBlockElems = kBlockBytes / sizeof(T);
+  const int tid = threadIdx.x, r0 = tid / kChunks, c = tid % kChunks;
+  const uint32_t dst = tile + (kBlockBytes == 64 ? swz64(r0, c) : swz128(r0, c));
+  const T* src = g + r0 * stride + c * kChunkElems;
+#pragma unroll
+  for (int i = 0; i < kRows / kStep; ++i, src += kStep * stride) {
+    const bool ok = !kCheck || r0 + kStep * i < rows;
+#pragma unroll
+    for (int kb = 0; kb < kCols / kBlockElems; ++kb)
+      cp_async16(dst + kb * kRows * kBlockBytes + i * kStep * kBlockBytes, ok ? src + kb * kBlockElems : g, ok);
+  }
+}
 
 // WGMMA shared-memory descriptor: start address, leading and stride byte offsets, swizzle
 // mode (1 = 128B, 2 = 64B).

@@ -38,10 +38,6 @@ constexpr float kFold0 = 16.f + kCode0 / 8.f;   // w of the block max (31): y / 
 constexpr float kFoldZMax = (kCode0 - kFoldC) / 8.f;   // z whose code is c0 (exact: -62.625)
 constexpr int kTileOnes = 8 * 128;
 
-// 64B-swizzled K-block offset of (row, 16-byte chunk) for Q and K.
-__device__ __forceinline__ uint32_t swz64(int row, int chunk) {
-  return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
-}
 // The staging swizzle of key row k (a function of k & 7 only).
 __device__ __forceinline__ int stg_f(int k) { return kDv >= 128 ? (k & 7) : ((k >> 1) & 3); }
 

@@ -86,23 +86,6 @@ struct Smem {
 
 // ---- the producer --------------------------------------------------------------------------
 
-// Copy kRows rows of kDqk bytes (global pitch `stride`) into 64-byte K-blocks (64B swizzle).
-// Thread t copies chunk t % 4 of rows t / 4 + 32 i of every K-block: one smem offset and one
-// global pointer per thread, the rest immediates.  With kCheck, rows from `rows` on are zeros.
-template <int kRows, bool kCheck>
-__device__ __forceinline__ void copy_kblocks(uint32_t tile, const uint8_t* g, long long stride, int rows) {
-  const int tid = threadIdx.x, r0 = tid / 4, c = tid % 4;
-  const uint32_t dst = tile + swz64(r0, c);            // (r0 + 32 i) >> 1 & 3 == r0 >> 1 & 3
-  const uint8_t* src = g + r0 * stride + c * 16;
-#pragma unroll
-  for (int i = 0; i < kRows / 32; ++i, src += 32 * stride) {
-    const bool ok = !kCheck || r0 + 32 * i < rows;
-#pragma unroll
-    for (int kb = 0; kb < kDqk / 64; ++kb)
-      cp_async16(dst + kb * kRows * 64 + i * 2048, ok ? src + kb * 64 : g, ok);
-  }
-}
-
 // Copy kBlockN rows of V (kDv bytes each) into the staging tile: thread t copies chunk
 // t % (kDv / 16) of rows t / (kDv / 16) + kStep i.
 template <bool kCheck>
@@ -126,10 +109,10 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
   const uint8_t* k = gk + static_cast<long long>(n0) * p.k_stride_s;
   const uint8_t* v = gv + static_cast<long long>(n0) * p.v_stride_s;
   if (n0 + kBlockN <= sk) {
-    copy_kblocks<kBlockN, false>(sm.k_at(s), k, p.k_stride_s, kBlockN);
+    copy_kblocks<kBlockN, kDqk, 64, false>(sm.k_at(s), k, p.k_stride_s, kBlockN);
     copy_v<false>(sm.vs_at(s), v, p.v_stride_s, kBlockN);
   } else {
-    copy_kblocks<kBlockN, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
+    copy_kblocks<kBlockN, kDqk, 64, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
     copy_v<true>(sm.vs_at(s), v, p.v_stride_s, sk - n0);
   }
 }
@@ -168,7 +151,7 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_
   if (n_blocks == 0) return;
   const Bars bars = sm.bars();
   constexpr int kAhead = kStages - 1;                       // blocks copied ahead of the transpose
-  copy_kblocks<kBlockM, true>(sm.q, gq, p.q_stride_s, rows_q);
+  copy_kblocks<kBlockM, kDqk, 64, true>(sm.q, gq, p.q_stride_s, rows_q);
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) {
     if (i < n_blocks) copy_block(p, sm, i, gk, gv, i, sk);

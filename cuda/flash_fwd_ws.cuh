@@ -81,30 +81,13 @@ ZYFA_WGMMA_WRAPPERS
 
 // ---- the producer --------------------------------------------------------------------------
 
-// Copy kRows rows of kCols bf16 (global pitch `stride` elements) into 64-element K-blocks with
-// the 128B swizzle.  Thread t copies chunk t % 8 of rows t / 8 + 16 i of every K-block: one
-// smem offset and one global pointer per thread, the rest immediates.  With kCheck, rows from
-// `rows` on are zeros.
-template <int kRows, int kCols, bool kCheck>
-__device__ __forceinline__ void copy_tile(uint32_t tile, const __nv_bfloat16* g, long long stride, int rows) {
-  const int tid = threadIdx.x, r0 = tid / 8, c = tid % 8;
-  const uint32_t dst = tile + swz128(r0, c);           // (r0 + 16 i) & 7 == r0 & 7
-  const __nv_bfloat16* src = g + r0 * stride + c * 8;
-#pragma unroll
-  for (int i = 0; i < kRows / 16; ++i, src += 16 * stride) {
-    const bool ok = !kCheck || r0 + 16 * i < rows;
-#pragma unroll
-    for (int kb = 0; kb < kCols / 64; ++kb)
-      cp_async16(dst + kb * kRows * 128 + i * 2048, ok ? src + kb * 64 : g, ok);
-  }
-}
-
+// Q, K and V tiles: 64-element K-blocks with the 128B swizzle (copy_kblocks).
 template <int kCols>
 __device__ __forceinline__ void copy_keys(uint32_t tile, const __nv_bfloat16* g, long long stride, int n0,
                                           int sk) {
   g += static_cast<long long>(n0) * stride;
-  if (n0 + kBlockN <= sk) copy_tile<kBlockN, kCols, false>(tile, g, stride, kBlockN);
-  else copy_tile<kBlockN, kCols, true>(tile, g, stride, sk - n0);
+  if (n0 + kBlockN <= sk) copy_kblocks<kBlockN, kCols, 128, false>(tile, g, stride, kBlockN);
+  else copy_kblocks<kBlockN, kCols, 128, true>(tile, g, stride, sk - n0);
   cp_async_commit();
 }
 
@@ -116,7 +99,7 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_b
                                         int n_blocks) {
   if (n_blocks == 0) return;
   const KvBarriers<kStages> bars = sm.bars();
-  copy_tile<kBlockM, kDqk, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with K(0)
+  copy_kblocks<kBlockM, kDqk, 128, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with K(0)
   copy_keys<kDqk>(sm.k_at(0), gk, p.k_stride_s, 0, sk);
   copy_keys<kDv>(sm.v_at(0), gv, p.v_stride_s, 0, sk);
   for (int n = 0; n < n_blocks; ++n) {
