@@ -4,8 +4,10 @@
 // * The shared-memory layouts: Q and K in 64-byte K-blocks with the 64B swizzle, the V
 //   staging tile, V^T with the 128B swizzle and its keys in P's order.
 // * The P arithmetic of fp8_models.RECIPES["sm_90a"]: the block's frame (its exact fp32 max,
-//   the skip of negligible blocks) and the Lean byte with the quadratic correction in its
-//   folded form (byte_form "quad_fold": 4 FFMA + 1 LOP3 + 1/2 I2IP per score).
+//   the skip of negligible blocks) and the Lean byte with the quadratic correction, in half
+//   precision two scores at a time (byte_form "quad_h2", kByteH2: per score 1 FFMA + 2 HFMA2
+//   + 1/2 F2FP + 1/2 LOP3 + 1/4 PRMT) or in fp32 (byte_form "quad_fold": 4 FFMA + 1 LOP3 + 1/2
+//   I2IP), whichever the recipe names.
 //
 // P in WGMMA-operand order.  The S accumulator gives a thread, per row and 32 keys, the keys
 // {2t, 2t+1, 2t+8, 2t+9} and the same + 16 (t = lane % 4); the e4m3 A fragment wants the
@@ -120,6 +122,29 @@ __device__ __forceinline__ int lean_quad_bits(float s, float c, float bias) {
   return __float_as_int(r);
 }
 
+// The Lean byte of two scores in half precision, the arithmetic of e4m3.quad_h2_codes on the
+// fp32 w of each (one rounding per step, f16 subnormals kept):
+//   W = f16x2(w_hi, w_lo)        1/2 F2FP  y / 8 + 16 to 1/64: 4 bits of binade, 6 of x
+//   F = 1 + x / 16               1/2 LOP3  W's low 6 mantissa bits under 1.0's exponent
+//   t1 = F A - A = A x / 16      1/2 HFMA2
+//   t2 = F B - 17 B / 16         1/2 HFMA2 = B (x - 1) / 16 (17 B / 16 is an f16: B = 75/8)
+//   z = t1 t2 + W                1/2 HFMA2 8z - 128 = y + K'' (x^2 - x), K'' = A B / 32
+//   code = sat(z 2^-21 - 2^-17)  1/2 HFMA2 rint(8z - 128) as the bits of an f16 subnormal, the
+//                                          negative codes (and -inf, NaN) saturated to 0
+// Returns the two codes in the low bytes of the two halves (bits above them zero).
+template <bool kClamp>
+__device__ __forceinline__ uint32_t lean_quad_h2(float w_lo, float w_hi) {
+  uint32_t big_w, f, t1, t2, z, code;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(big_w) : "f"(w_hi), "f"(w_lo));
+  asm("lop3.b32 %0, %1, 0x003F003F, %2, 0xEA;\n" : "=r"(f) : "r"(big_w), "r"(0x3C003C00u));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(t1) : "r"(f), "r"(kH2A), "r"(kH2NegA));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(t2) : "r"(f), "r"(kH2B), "r"(kH2NegB17));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(z) : "r"(t1), "r"(t2), "r"(big_w));
+  if constexpr (kClamp) asm("min.f16x2 %0, %1, %2;\n" : "=r"(z) : "r"(z), "r"(kH2ZMax));
+  asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(code) : "r"(z), "r"(0x00080008u), "r"(0x80808080u));  // 2^-21, -2^-17
+  return code;
+}
+
 // Four codes -> one b32 of bytes [q0, q1, q2, q3] (q0 lowest), each saturated to [0, 255].
 __device__ __forceinline__ uint32_t pack4(int q0, int q1, int q2, int q3) {
   uint32_t hi, d;
@@ -139,8 +164,14 @@ __device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float 
     for (int r = 0; r < 4; ++r) {            // r: (16-key half) * 2 + row half
       const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
       const float b = bias[r & 1];
-      pa[4 * k + r] = pack4(lean_quad_bits<kClamp>(s[j], c, b), lean_quad_bits<kClamp>(s[j + 1], c, b),
-                            lean_quad_bits<kClamp>(s[j + 4], c, b), lean_quad_bits<kClamp>(s[j + 5], c, b));
+      if constexpr (kByteH2) {
+        const uint32_t lo = lean_quad_h2<kClamp>(__fmaf_rn(s[j], c, b), __fmaf_rn(s[j + 1], c, b));
+        const uint32_t hi = lean_quad_h2<kClamp>(__fmaf_rn(s[j + 4], c, b), __fmaf_rn(s[j + 5], c, b));
+        pa[4 * k + r] = __byte_perm(lo, hi, 0x6420);
+      } else {
+        pa[4 * k + r] = pack4(lean_quad_bits<kClamp>(s[j], c, b), lean_quad_bits<kClamp>(s[j + 1], c, b),
+                              lean_quad_bits<kClamp>(s[j + 4], c, b), lean_quad_bits<kClamp>(s[j + 5], c, b));
+      }
     }
   }
 }

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import math
 
+import numpy as np
+
 from zyfa_runtime import catalogue, e4m3, fp8_models
 from zyfa_runtime.catalogue import ARG_TYPES, Variant, kernargs
 
@@ -80,18 +82,33 @@ def body_key(v: Variant) -> str:
 
 
 def _recipe_constants(v: Variant) -> list[str]:
-    """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit."""
+    """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit.
+    The body implements the "lean_quad" byte in two forms (``kByteH2`` picks one): "quad_h2"
+    (the correction in f16x2, the target's) and "quad_fold" (fp32, kept for ablations)."""
     r = fp8_models.RECIPES["sm_90a"]
-    if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset, r.byte_form) != \
-            (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0, "quad_fold"):
-        raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes in the quad_fold "
-                         f"form, the exact fp32 block max and rounded sums over {v.tile.block_n}-key "
-                         f"blocks, not {r}")
+    if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset) != \
+            (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0) or \
+            r.byte_form not in ("quad_fold", "quad_h2"):
+        raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes in the quad_h2 or "
+                         f"quad_fold form, the exact fp32 block max and rounded sums over "
+                         f"{v.tile.block_n}-key blocks, not {r}")
+
+    def f16x2(x) -> str:       # an f16 constant in both halves of a b32, as its bits
+        bits = int(np.float16(x).view(np.uint16))
+        return f"0x{bits << 16 | bits:08X}u"
+
     return [f"constexpr float kCode0 = {float(r.c0)!r}f;       // e4m3 code of p_shift",
             f"constexpr float kLog2Shift = {math.log2(r.p_shift)!r}f;",
+            f"constexpr bool kByteH2 = {'true' if r.byte_form == 'quad_h2' else 'false'};"
+            f"   // byte_form {r.byte_form!r}",
             f"constexpr int kFoldC = {e4m3.QUAD_FOLD_C};             // e4m3.QUAD_FOLD_C",
             f"constexpr float kFoldA1 = {float(e4m3.QUAD_FOLD_A1).hex()}f;   // e4m3.QUAD_FOLD_A1",
-            f"constexpr float kFoldA0 = {float(e4m3.QUAD_FOLD_A0).hex()}f;   // e4m3.QUAD_FOLD_A0"]
+            f"constexpr float kFoldA0 = {float(e4m3.QUAD_FOLD_A0).hex()}f;   // e4m3.QUAD_FOLD_A0",
+            f"constexpr unsigned kH2A = {f16x2(e4m3.QUAD_H2_A)};   // e4m3.QUAD_H2_A, f16x2",
+            f"constexpr unsigned kH2NegA = {f16x2(-e4m3.QUAD_H2_A)};",
+            f"constexpr unsigned kH2B = {f16x2(e4m3.QUAD_H2_B)};   // e4m3.QUAD_H2_B",
+            f"constexpr unsigned kH2NegB17 = {f16x2(-e4m3.QUAD_H2_B17)};   // -e4m3.QUAD_H2_B17",
+            f"constexpr unsigned kH2ZMax = {f16x2((r.c0 + 128) / 8)};   // z of code c0: (c0 + 128) / 8"]
 
 
 def config(v: Variant) -> str:

@@ -232,6 +232,42 @@ def test_quad_fold_edges():
     assert e4m3.quad_fold_codes(np.float32([40.0]), max_code=255)[0] > 120
 
 
+def test_fma_f16_rounds_once_and_keeps_subnormals():
+    """One rounding to nearest-even, also onto the subnormal grid (2^-24), as an HFMA2 lane:
+    a sum just past a tie goes up (a float32 detour would round it to the tie, then to even)."""
+    one, tiny = np.float16(1.0), np.float16(2.0 ** -24)
+    assert e4m3.fma_f16(np.float16(2.0 ** -11), one, np.float16(1 + 2.0 ** -10)) == np.float16(1 + 2 ** -9)
+    assert e4m3.fma_f16(np.float16(1 + 2.0 ** -10), np.float16(2.0 ** -11), one) == np.float16(1 + 2 ** -10)
+    assert e4m3.fma_f16(np.float16(5.0), tiny, np.float16(0.0)).view(np.uint16) == 5
+    assert e4m3.fma_f16(np.float16(2.5), tiny, np.float16(0.0)).view(np.uint16) == 2       # tie: even
+    assert e4m3.fma_f16(np.float16(2.5 + 2 ** -8), tiny, np.float16(0.0)).view(np.uint16) == 3
+
+
+def test_quad_h2_is_the_lean_quad_byte_to_an_eighth_of_a_code():
+    """The half-precision form: K'' = A B / 32 0.03 % from the minimax K, 17 B / 16 exact in
+    f16; its bytes are "lean_quad"'s but where y lay within ~1/8 code of a rounding boundary
+    (then one code off), and its relative error of P is within 3 % of "exact"'s RMS."""
+    assert float(e4m3.QUAD_H2_B17) == float(e4m3.QUAD_H2_B) * 17 / 16
+    assert abs(e4m3.QUAD_H2_K / float(e4m3.LEAN_QUAD_K) - 1) < 5e-4
+    y = dense_y(-40, 120)
+    w = ((y.astype(np.float64) / 8) + 16).astype(np.float32)
+    h2, quad, exact = e4m3.quad_h2_codes(w), e4m3.p_codes(y, variant="lean_quad"), e4m3.p_codes(y, variant="exact")
+    diff = h2.astype(int) - quad.astype(int)
+    assert set(np.unique(diff)) <= {-1, 0, 1} and 0.01 < np.mean(diff != 0) < 0.1
+    big = y > 8
+    rh, rx = (e4m3.decode(c[big]) / T(y[big]) - 1 for c in (h2, exact))
+    assert 1.0 < np.sqrt(np.mean(rh ** 2)) / np.sqrt(np.mean(rx ** 2)) < 1.03
+    assert np.abs(rh).max() < 0.075
+
+
+def test_quad_h2_edges():
+    """As the folded form: the block max (w = 31, or within 2^-5) is code 120; w below 16, a
+    w past f16's range (-inf), -inf and NaN give 0; +inf (past the clamp) the max code."""
+    w = np.float32([31.0, 31 + 2 ** -5, 31 - 2 ** -5, 16.0, 15.999, 8.5, -1e30, -np.inf, np.nan, np.inf])
+    np.testing.assert_array_equal(e4m3.quad_h2_codes(w), [120, 120, 120, 0, 0, 0, 0, 0, 0, 120])
+    assert e4m3.quad_h2_codes(np.float32([31.9]), max_code=255)[0] == 127
+
+
 def test_lean_centre_is_the_mean_lean_bias():
     y = dense_y(8, 120)
     ratio = e4m3.decode(e4m3.p_codes(y, variant="lean")) / T(y)

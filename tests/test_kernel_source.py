@@ -4,6 +4,7 @@ is given, and the FP8 body's recipe constants, taken from the model it must matc
 import re
 import struct
 
+import numpy as np
 import pytest
 
 from generator import kernel_source as ks
@@ -48,6 +49,19 @@ def test_recipe_constants_are_the_models():
     assert f"kFoldC = {e4m3.QUAD_FOLD_C};" in cfg
     r = fp8_models.RECIPES["sm_90a"]
     assert f"kCode0 = {float(r.c0)!r}f" in cfg and r.block_keys == v.tile.block_n
+    # the half-precision form's constants, both halves of each b32 the model's f16 bits
+    assert "kByteH2 = true;" in cfg
+    for name, value in (("kH2A", e4m3.QUAD_H2_A), ("kH2NegA", -e4m3.QUAD_H2_A), ("kH2B", e4m3.QUAD_H2_B),
+                        ("kH2NegB17", -e4m3.QUAD_H2_B17), ("kH2ZMax", np.float16((r.c0 + 128) / 8))):
+        word = int(re.search(rf"{name} = 0x([0-9A-F]{{8}})u;", cfg).group(1), 16)
+        half = np.uint16(word & 0xFFFF).view(np.float16)
+        assert word >> 16 == word & 0xFFFF and half == np.float16(value)
+    assert e4m3.quad_h2_codes(np.float32([(r.c0 + 128) / 8]))[0] == r.c0   # w = z = ZMax: code c0
+
+
+def test_the_folded_form_is_still_built_where_the_recipe_names_it(monkeypatch):
+    monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", fp8_models.RECIPES["sm_90a/fold"])
+    assert "kByteH2 = false;" in ks.config(Variant("sm_90a", "fp8_e4m3", 128, 128, False))
 
 
 @pytest.mark.parametrize("change", [dict(byte_form="fma"), dict(p_rounding="lean", byte_form="fma"),
@@ -56,7 +70,7 @@ def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch, change):
     v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
     other = fp8_models.RECIPES["sm_90a"].replace(**change)
     monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", other)
-    with pytest.raises(ValueError, match="implements lean_quad bytes in the quad_fold form"):
+    with pytest.raises(ValueError, match="implements lean_quad bytes in the quad_h2 or quad_fold form"):
         ks.config(v)
 
 

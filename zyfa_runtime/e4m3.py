@@ -53,6 +53,21 @@ are common to all and counted elsewhere):
                  quadratic's error grows by 2e-4 code units).  ``z`` lies near -70 (ulp 2^-17),
                  so the byte sees ~1e-4 code units of fp32 rounding: it is "lean_quad"'s byte but
                  for 1 in 10^4.  = 4 FMA-pipe + 1.5 ALU-pipe.
+                 The same correction in half precision, two scores per instruction
+                 (sm_90a's form since, :func:`quad_h2_codes`, ``Recipe.byte_form =
+                 "quad_h2"``): ``w`` as above (FFMA), ``W = f16(w)`` (1/2 F2FP, two scores),
+                 ``F = 1 + x/16`` (1/2 LOP3: ``W``'s low 6 mantissa bits under 1.0's
+                 exponent), ``t1 = f16(F A - A) = A x / 16``, ``t2 = f16(F B - 17 B / 16) = B
+                 (x - 1) / 16``, ``z = f16(t1 t2 + W)``, and ``code = rint(8 z - 128)`` as
+                 the bits of the f16 subnormal ``sat(z 2^-21 - 2^-17)`` (HFMA2s, 1/2 each;
+                 ``.sat`` clamps the negative codes to 0); PRMT packs four codes (1/4) =
+                 2.5 FMA-pipe + 1.25 other.  ``8 z - 128 = y + K'' (x^2 - x)`` with ``K'' =
+                 A B / 32``: ``B = 75/8`` (so that ``17 B / 16`` is an f16) and ``A`` the f16
+                 nearest ``32 K / B`` make ``K''`` 0.03 % from the minimax ``K``.  ``W`` holds
+                 ``y`` to 1/8 code unit (f16 in [16, 32): 4 bits of binade, 6 of ``x``) and
+                 ``z`` rounds to the same grid, so the byte is "lean_quad"'s but for about 5 %
+                 of bytes, one code away, where ``y`` lay within 1/8 of a rounding boundary:
+                 the relative error of P grows from 2.66 % to 2.72 % RMS ("exact": 2.65 %).
 ``"exact"``      ``code = encode(T(y))``, nearest-even: what ``exp2`` followed by a hardware
                  FP8 conversion computes (AITER, FA3).  gfx950: ``v_pk_fma_f32`` (1/2) +
                  ``v_exp_f32`` (1, transcendental) + ``v_cvt_pk_fp8_f32`` (1/2) = 2 issue
@@ -98,7 +113,8 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["MAX", "NAN", "decode", "encode", "as_codes", "fma_f32", "p_codes", "lean_p_codes",
            "quad_fold_codes", "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE",
-           "QUAD_FOLD_C", "QUAD_FOLD_K", "QUAD_FOLD_A1", "QUAD_FOLD_A0"]
+           "QUAD_FOLD_C", "QUAD_FOLD_K", "QUAD_FOLD_A1", "QUAD_FOLD_A0", "quad_h2_codes", "fma_f16",
+           "QUAD_H2_A", "QUAD_H2_B", "QUAD_H2_B17", "QUAD_H2_K"]
 
 MAX = 448.0  #: largest finite e4m3 value, code 0x7E
 NAN = 0x7F   #: the NaN code this module produces
@@ -123,6 +139,13 @@ QUAD_FOLD_C = 621
 QUAD_FOLD_K = (128 + QUAD_FOLD_C) / 272
 QUAD_FOLD_A1 = np.float32(32 * QUAD_FOLD_K)
 QUAD_FOLD_A0 = np.float32(-66 * QUAD_FOLD_K)
+
+#: The half-precision quadratic byte (:func:`quad_h2_codes`): ``t1 = A x/16``, ``t2 = B (x -
+#: 1)/16``, ``K'' = A B / 32``.  ``B`` has 7 significant bits so that ``17 B / 16`` is an f16.
+QUAD_H2_B = np.float16(75 / 8)
+QUAD_H2_B17 = np.float16(75 / 8 * 17 / 16)
+QUAD_H2_A = np.float16(32 * float(LEAN_QUAD_K) / float(QUAD_H2_B))
+QUAD_H2_K = float(QUAD_H2_A) * float(QUAD_H2_B) / 32
 
 #: Every P-rounding variant :func:`p_codes` knows.
 P_ROUNDINGS = ("lean", "lean_quad", "exact")
@@ -248,6 +271,38 @@ def quad_fold_codes(w, *, max_code: int = 120) -> np.ndarray:
         z = fma_f32(f, g, w)
         code = np.rint(8.0 * z.astype(np.float64) + QUAD_FOLD_C)   # exact in float64
     return np.clip(np.nan_to_num(code, nan=0.0, neginf=-1.0), 0, max_code).astype(np.uint8)
+
+
+def fma_f16(a, b, c) -> np.ndarray:
+    """``f16(a * b + c)`` with one rounding (nearest-even, subnormals kept), for float16
+    arrays: what an HFMA2 lane computes.  ``a * b`` (11 + 11 bits) and its sum with ``c``
+    are exact in float64 whenever the exponents of the two addends are within 30 of each
+    other (always for the byte's operands), and numpy rounds float64 to float16 directly.
+    """
+    a, b, c = (np.asarray(v, dtype=np.float16).astype(np.float64) for v in (a, b, c))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(a * b + c).astype(np.float16)
+
+
+def quad_h2_codes(w, *, max_code: int = 120) -> np.ndarray:
+    """The "lean_quad" byte in half precision (module docstring) for ``w = y/8 + 16``
+    (float32, the kernel's value), clamped to ``[0, max_code]``.
+
+    ``W = f16(w)`` (an overflow is -inf: the code is 0); ``F`` is ``1 + x/16`` from ``W``'s
+    low 6 mantissa bits, ``x = W - floor(W)`` while ``W`` is in [16, 32), the binade of
+    every code above 0 (below it the correction is some value in [-K''/4, 0] and the code
+    stays at 0).  The code is ``rint(8 z - 128)``, the bits of an f16 subnormal, saturated
+    below at 0 (NaN gives 0, as ``.sat`` does).
+    """
+    with np.errstate(over="ignore"):
+        big_w = np.asarray(w, dtype=np.float32).astype(np.float16)
+    f = ((big_w.view(np.uint16) & np.uint16(0x3F)) | np.uint16(0x3C00)).view(np.float16)
+    t1 = fma_f16(f, QUAD_H2_A, -QUAD_H2_A)
+    t2 = fma_f16(f, QUAD_H2_B, -QUAD_H2_B17)
+    z = fma_f16(t1, t2, big_w)
+    r = fma_f16(z, np.float16(2.0 ** -21), np.float16(-2.0 ** -17)).astype(np.float64)
+    code = np.nan_to_num(r, nan=0.0, neginf=0.0, posinf=1.0) * 2.0 ** 24   # exact integers
+    return np.clip(code, 0, max_code).astype(np.uint8)
 
 
 def lean_p_codes(u, *, variant: str) -> np.ndarray:

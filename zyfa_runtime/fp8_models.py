@@ -78,7 +78,7 @@ __all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "log2_scale",
 
 MAX_KINDS = ("running_fp32", "running_integer", "block_integer", "block_fp32")
 SUMS = ("rounded", "unrounded")
-BYTE_FORMS = ("fma", "pk_u8", "quad_fold")
+BYTE_FORMS = ("fma", "pk_u8", "quad_fold", "quad_h2")
 _LOG2E = 1.4426950408889634
 
 
@@ -105,7 +105,9 @@ class Recipe:
                     from "fma"'s by the placement of one fp32 rounding.  Needs "lean" and
                     "block_fp32".  Or "quad_fold", sm_90a's: ``w = fp32(S c + fp32(16 +
                     (c0 - delta)/8 - m_b))`` (one FMA) and ``e4m3.quad_fold_codes(w)``,
-                    the "lean_quad" byte in 4 FMA-pipe instructions instead of 6.  Needs
+                    the "lean_quad" byte in 4 FMA-pipe instructions instead of 6.  Or
+                    "quad_h2", sm_90a's: the same ``w`` and ``e4m3.quad_h2_codes(w)``, the
+                    correction in half precision, two scores an instruction.  Both need
                     "lean_quad" and "block_fp32".
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
@@ -133,8 +135,10 @@ class Recipe:
             raise ValueError(f"byte_form must be one of {BYTE_FORMS}, got {self.byte_form!r}")
         if self.byte_form == "pk_u8" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
             raise ValueError("byte_form 'pk_u8' is defined for lean bytes with a block_fp32 max")
-        if self.byte_form == "quad_fold" and (self.p_rounding, self.max_kind) != ("lean_quad", "block_fp32"):
-            raise ValueError("byte_form 'quad_fold' is defined for lean_quad bytes with a block_fp32 max")
+        if self.byte_form in ("quad_fold", "quad_h2") and \
+                (self.p_rounding, self.max_kind) != ("lean_quad", "block_fp32"):
+            raise ValueError(f"byte_form {self.byte_form!r} is defined for lean_quad bytes with a "
+                             "block_fp32 max")
         if not 0 <= self.code_offset < 8:
             raise ValueError(f"code_offset must be in [0, 8), got {self.code_offset!r}")
         k = math.log2(self.p_shift) if self.p_shift > 0 else -1
@@ -176,8 +180,9 @@ def _recipes() -> dict[str, Recipe]:
     * "gfx950": Lean P with the block's exact fp32 max and the centring offset, rounded
       sum, 64-key blocks: 2 VALU slots per P element plus the O rescale (d / 2N).
     * "sm_90a": Lean P with the quadratic mantissa correction, exact fp32 block max,
-      rounded sum, 128-key blocks: no MUFU at all; in the folded byte form 4 FMA-pipe + 1.5
-      ALU-pipe per element ("sm_90a/fma", the same byte in the FMA form, 6 + 1.5).
+      rounded sum, 128-key blocks: no MUFU at all; the correction in half precision, two
+      scores an instruction, 2.5 FMA-pipe + 1.25 other instructions per element
+      ("sm_90a/fold": the same byte in fp32, 4 + 1.5; "sm_90a/fma": the FMA form, 6 + 1.5).
 
     Kernels take their P arithmetic from these two entries.  "lean64" / "lean128" are the
     first design (Lean P, integer block max, rounded sum) from which the ablations are
@@ -195,8 +200,9 @@ def _recipes() -> dict[str, Recipe]:
         # The targets (see the docstring).
         "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
                          "pk_u8"),
-        "sm_90a": Recipe("sm_90a", 128, "lean_quad", "block_fp32", "rounded", 256.0, 0.0, "quad_fold"),
+        "sm_90a": Recipe("sm_90a", 128, "lean_quad", "block_fp32", "rounded", 256.0, 0.0, "quad_h2"),
     }
+    r["sm_90a/fold"] = r["sm_90a"].replace(name="sm_90a/fold", byte_form="quad_fold")
     r["sm_90a/fma"] = r["sm_90a"].replace(name="sm_90a/fma", byte_form="fma")
     changes = {
         "exact": dict(p_rounding="exact"),
@@ -302,10 +308,11 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
                 u = np.nextafter(e4m3.fma_f32(sb.max(axis=3), c8, -kc), np.float32(np.inf))
                 y = e4m3.fma_f32(sb, c8, -u[..., None])
             codes = np.clip(np.rint(np.nan_to_num(y, nan=0.0, neginf=0.0)), 0, 255).astype(np.uint8)
-        elif recipe.byte_form == "quad_fold":
+        elif recipe.byte_form in ("quad_fold", "quad_h2"):
             bias = _fp32(np.where(live, 16.0 + c0 / 8.0 - np.where(live, ref, 0.0), 0.0))
             w = e4m3.fma_f32(sb, c, bias[..., None])
-            codes = e4m3.quad_fold_codes(w, max_code=recipe.c0)
+            byte = e4m3.quad_fold_codes if recipe.byte_form == "quad_fold" else e4m3.quad_h2_codes
+            codes = byte(w, max_code=recipe.c0)
             y = _fp32((w.astype(np.float64) - 16.0) * 8.0)        # for an "unrounded" sum
         else:
             bias = _fp32(np.where(live, c0 - 8.0 * np.where(live, ref, 0.0), 0.0))
