@@ -136,6 +136,14 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// An empty asm that "reads" registers: after the wait that ends a WGMMA taking its A operand
+// from these registers, it keeps ptxas from handing them to anything else while the WGMMA runs
+// (ptxas protects a WGMMA's accumulators, not its A operand; generator/wgmma_hazards.py checks).
+template <int kN>
+__device__ __forceinline__ void keep_operands(const uint32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" :: "r"(r[i]));
+}
 __device__ __forceinline__ void fence_async_smem() {   // generic smem writes -> WGMMA reads
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -150,17 +158,18 @@ __device__ __forceinline__ uint32_t swz64(int row, int chunk) {
 }
 
 // Copy kRows rows of kCols elements T (global pitch `stride` elements) into K-blocks of
-// kBlockBytes-byte rows (64: the 64B swizzle, 128: the 128B swizzle), by the producer's 128
-// threads.  Thread t copies chunk t % c of rows t / c + (128 / c) i of every K-block (c =
-// kBlockBytes / 16 chunks a row): one smem offset and one global pointer per thread, the rest
-// immediates (the swizzle of row r0 + (128 / c) i is r0's).  With kCheck, rows from `rows` on
-// are zeros.
-template <int kRows, int kCols, int kBlockBytes, bool kCheck, class T>
+// kBlockBytes-byte rows (64: the 64B swizzle, 128: the 128B swizzle), by kCopyThreads producer
+// threads (the warpgroup, or a warp pair).  Thread t copies chunk t % c of rows t / c +
+// (kCopyThreads / c) i of every K-block (c = kBlockBytes / 16 chunks a row): one smem offset and
+// one global pointer per thread, the rest immediates (the swizzle of row r0 + (kCopyThreads /
+// c) i is r0's).  With kCheck, rows from `rows` on are zeros.
+template <int kRows, int kCols, int kBlockBytes, bool kCheck, class T, int kCopyThreads = 128>
 __device__ __forceinline__ void copy_kblocks(uint32_t tile, const T* g, long long stride, int rows) {
   static_assert(kBlockBytes == 64 || kBlockBytes == 128, "the 64B or the 128B swizzle");
-  constexpr int kChunks = kBlockBytes / 16, kStep = 128 / kChunks;
+  constexpr int kChunks = kBlockBytes / 16, kStep = kCopyThreads / kChunks;
+  static_assert(kStep % 8 == 0 && kRows % kStep == 0, "whole 8-row swizzle groups a step");
   constexpr int kChunkElems = 16 / sizeof(T), kBlockElems = kBlockBytes / sizeof(T);
-  const int tid = threadIdx.x, r0 = tid / kChunks, c = tid % kChunks;
+  const int tid = threadIdx.x % kCopyThreads, r0 = tid / kChunks, c = tid % kChunks;
   const uint32_t dst = tile + (kBlockBytes == 64 ? swz64(r0, c) : swz128(r0, c));
   const T* src = g + r0 * stride + c * kChunkElems;
 #pragma unroll
@@ -219,12 +228,13 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
-// kVStages to two consumer warpgroups: kfull / vfull complete when the 128 producer threads
-// have arrived (their writes done and fenced for the async proxy), kempty / vempty when lane 0
+// kVStages to two consumer warpgroups: kfull / vfull complete when the kFullArrivals producer
+// threads that write the tile (the warpgroup, or a warp pair) have arrived (their writes done
+// and fenced for the async proxy), kempty / vempty when lane 0
 // of each of the 8 consumer warps has (its WGMMAs reading the stage done).  Block n uses K
 // stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
 // n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
-template <int kKStages, int kVStages = kKStages>
+template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
   uint32_t base;
@@ -234,11 +244,11 @@ struct KvBarriers {
   __device__ uint32_t vempty(int s) const { return base + 8 * (2 * kKStages + kVStages + s); }
   __device__ void init() const {   // one thread, before a CTA barrier
     for (int s = 0; s < kKStages; ++s) {
-      mbar_init(kfull(s), 128);
+      mbar_init(kfull(s), kFullArrivals);
       mbar_init(kempty(s), 8);
     }
     for (int s = 0; s < kVStages; ++s) {
-      mbar_init(vfull(s), 128);
+      mbar_init(vfull(s), kFullArrivals);
       mbar_init(vempty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

@@ -7,16 +7,26 @@
 //     cp.async Q once, then per block K and V into stage n & 1, each its own commit group and
 //     its own full barrier: K(n + 1) is requested as soon as S(n - 1) has released its stage,
 //     V(n + 1) once PV(n - 1) has.  Both are K-major/MN-major tiles of 64-element K-blocks
-//     with the 128B swizzle, as they lie in memory: the PV WGMMA transposes V (tnspB).
-//   consumers (warpgroups 1 and 2, 64 rows each, setmaxnreg 232), per block n:
-//     softmax(n)       scale, mask, running max, O *= 2^(m_old - m_new), P = exp2(S - m) as
-//                      bf16 A fragments (the S accumulator layout is the A-register layout)
-//     turn             issue O += P V(n), then S(n + 1) = Q K(n + 1)^T; hand the turn over
-//     wait PV(n)       release V(n); wait S(n + 1), release K(n + 1)
-//   so one consumer's softmax runs while the other's products do (FA3's ping-pong).
+//     with the 128B swizzle, as they lie in memory: the PV WGMMA transposes V (tnspB).  With
+//     kOverlap, warps 0-1 copy Q and K, warps 2-3 V, each pair on its own (PV(n - 1) now ends
+//     late in block n: one stream would hold K(n + 1) back behind V's wait).
+//   consumers (warpgroups 1 and 2, 64 rows each, setmaxnreg 232), per block n, kOverlap
+//   (d_v <= 128):
+//     softmax(n)       scale, mask, max, P(n) = exp2(S - m) as bf16 A fragments (the S
+//                      accumulator layout is the A-register layout), l; PV(n - 1) in flight
+//     wait PV(n - 1)   release V(n - 1); O *= 2^(m_old - m_new) if the reference moved
+//     turn             issue S(n + 1) = Q K(n + 1)^T, then O += P(n) V(n); hand the turn over
+//     wait S(n + 1)    release K(n + 1)
+//   so a consumer's softmax runs while its own PV and the other's products do (FA3's
+//   ping-pong and its overlap inside a warpgroup).  P(n) goes to one of two register arrays
+//   alternately and is "read" after the wait that ends PV(n) (keep_operands), so that ptxas
+//   keeps the registers the WGMMA reads.  At d256 (no room for the second P beside O and
+//   S: it spilled, 14 % slower) the turn is PV(n), then S(n + 1), both waited for before
+//   softmax(n + 1), which rescales O itself: only the two consumers overlap.
 //
-// Registers per consumer thread (d128): acc_o 64 and acc_s 64 in flight together, P 32, row
-// state 4.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the registers the CTA is launched with.
+// Registers per consumer thread (d128): acc_o 64 and acc_s 64 in flight together, P(n) 32
+// beside the P(n - 1) that PV(n - 1) still reads, 32, row state 4.  128 x 40 + 256 x 232 =
+// 64,512 = 384 x 168, the registers the CTA is launched with.
 //
 // Shared memory (1024-byte aligned tiles): Q | K x 2 | V x 2 | mbarriers.  A tile of R rows is
 // split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128 bytes, row r's 16-byte chunk c
@@ -40,7 +50,10 @@ constexpr int kTileQ = kBlockM * 2 * kDqk;     // bytes
 constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
 constexpr int kBarBytes = 128;
-static_assert(KvBarriers<kStages>::kBytes <= kBarBytes, "the mbarriers' bytes");
+constexpr bool kOverlap = kDv <= 128;       // the softmax overlaps the warpgroup's own PV
+constexpr int kCopyThreads = kOverlap ? 64 : 128;   // a warp pair per stream, or the warpgroup
+using Bars = KvBarriers<kStages, kStages, kCopyThreads>;
+static_assert(Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
 static_assert(kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 constexpr float kLog2e = 1.4426950408889634f;
@@ -52,7 +65,7 @@ struct Smem {
   uint32_t q;
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t v_at(int s) const { return q + kV + s * kTileV; }
-  __device__ KvBarriers<kStages> bars() const { return {q + kBars}; }
+  __device__ Bars bars() const { return {q + kBars}; }
 };
 
 // 2^x, one MUFU.EX2: results below 2^-126 flush to 0 (exp2f adds three instructions per
@@ -81,25 +94,62 @@ ZYFA_WGMMA_WRAPPERS
 
 // ---- the producer --------------------------------------------------------------------------
 
-// Q, K and V tiles: 64-element K-blocks with the 128B swizzle (copy_kblocks).
+// Q, K and V tiles: 64-element K-blocks with the 128B swizzle (copy_kblocks), by the
+// kCopyThreads threads of the stream.
+template <int kRows, int kCols, bool kCheck>
+__device__ __forceinline__ void copy_tile(uint32_t tile, const __nv_bfloat16* g, long long stride, int rows) {
+  copy_kblocks<kRows, kCols, 128, kCheck, __nv_bfloat16, kCopyThreads>(tile, g, stride, rows);
+}
 template <int kCols>
 __device__ __forceinline__ void copy_keys(uint32_t tile, const __nv_bfloat16* g, long long stride, int n0,
                                           int sk) {
   g += static_cast<long long>(n0) * stride;
-  if (n0 + kBlockN <= sk) copy_kblocks<kBlockN, kCols, 128, false>(tile, g, stride, kBlockN);
-  else copy_kblocks<kBlockN, kCols, 128, true>(tile, g, stride, sk - n0);
+  if (n0 + kBlockN <= sk) copy_tile<kBlockN, kCols, false>(tile, g, stride, kBlockN);
+  else copy_tile<kBlockN, kCols, true>(tile, g, stride, sk - n0);
   cp_async_commit();
 }
 
-// Groups in flight at the top of block n: K(n), V(n).  Each full barrier is arrived on by every
-// producer thread once its own copies of the tile are complete and fenced.
+// kOverlap: one warp pair's stream of tiles (K with Q, or V) through the ring.  Tile n + 1 is
+// requested once the consumers have released its stage (block n + 1 - kStages done); one
+// commit group in flight at a time, each full barrier arrived on by the pair's 64 threads once
+// their own copies of the tile are complete and fenced for the async proxy.
+template <int kCols, class CopyFirst>
+__device__ __forceinline__ void stream(const Bars& bars, bool is_k, uint32_t tile0, uint32_t tile_bytes,
+                                       const __nv_bfloat16* g, long long stride, int sk, int n_blocks,
+                                       CopyFirst&& copy_first) {
+  copy_first();
+  copy_keys<kCols>(tile0, g, stride, 0, sk);
+  for (int n = 0; n < n_blocks; ++n) {
+    const int s = n % kStages, s1 = (n + 1) % kStages;
+    cp_async_wait<0>();
+    fence_async_smem();
+    mbar_arrive(is_k ? bars.kfull(s) : bars.vfull(s));
+    if (n + 1 < n_blocks) {
+      if (n + 1 >= kStages)
+        mbar_wait(is_k ? bars.kempty(s1) : bars.vempty(s1), Bars::kempty_parity(n + 1));   // = vempty_parity
+      copy_keys<kCols>(tile0 + s1 * tile_bytes, g, stride, (n + 1) * kBlockN, sk);
+    }
+  }
+}
+
+// Otherwise one stream: groups in flight at the top of block n are K(n), V(n), and each full
+// barrier is arrived on by every producer thread once its own copies of the tile are complete
+// and fenced.
 template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_bfloat16* gq,
                                         const __nv_bfloat16* gk, const __nv_bfloat16* gv, int rows_q, int sk,
                                         int n_blocks) {
   if (n_blocks == 0) return;
-  const KvBarriers<kStages> bars = sm.bars();
-  copy_kblocks<kBlockM, kDqk, 128, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with K(0)
+  const Bars bars = sm.bars();
+  if constexpr (kOverlap) {
+    if (threadIdx.x < kCopyThreads)           // warps 0-1: Q (with K(0)), then K
+      stream<kDqk>(bars, true, sm.k_at(0), kTileK, gk, p.k_stride_s, sk, n_blocks,
+                   [&] { copy_tile<kBlockM, kDqk, true>(sm.q, gq, p.q_stride_s, rows_q); });
+    else                                      // warps 2-3: V
+      stream<kDv>(bars, false, sm.v_at(0), kTileV, gv, p.v_stride_s, sk, n_blocks, [] {});
+    return;
+  }
+  copy_tile<kBlockM, kDqk, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with K(0)
   copy_keys<kDqk>(sm.k_at(0), gk, p.k_stride_s, 0, sk);
   copy_keys<kDv>(sm.v_at(0), gv, p.v_stride_s, 0, sk);
   for (int n = 0; n < n_blocks; ++n) {
@@ -148,15 +198,16 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[kDv / 2], const uint32_t
 }
 
 // Online softmax of one block for the two rows (r_lo, r_lo + 8) a thread holds: scores scaled
-// to log2 units and masked, P = exp2(S c - m) packed as bf16 A fragments, l += its row sums.
-// The reference m moves only when a row's max passes it by more than kRescaleSlack (or has no
-// finite value yet): then, for the whole warp, m becomes the running max and O and l are
-// rescaled by 2^(m_old - m_new).  Otherwise P stays below 2^kRescaleSlack and the 64 FMULs of
-// the rescale are skipped, which after the first blocks of a row is the rule.
+// to log2 units and masked, P = exp2(S c - m) packed as bf16 A fragments, l = l alpha + its row
+// sums.  The reference m moves only when a row's max passes it by more than kRescaleSlack (or
+// has no finite value yet): then, for the whole warp, m becomes the running max and the
+// function returns true with alpha = 2^(m_old - m_new), by which O is to be scaled (rescale_o)
+// once no PV into it is in flight.  Otherwise P stays below 2^kRescaleSlack and the 64 FMULs
+// of the rescale are skipped, which after the first blocks of a row is the rule.
 constexpr float kRescaleSlack = 8.f;
-__device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc_s)[kBlockN / 2],
-                                        float (&acc_o)[kDv / 2], float (&m_run)[2], float (&l_run)[2], int n0,
-                                        int sk, int wg_row0, int r_lo, int diag, int quad_col, float scale_log2) {
+__device__ __forceinline__ bool softmax(uint32_t (&pa)[kBlockN / 4], float (&acc_s)[kBlockN / 2],
+                                        float (&alpha)[2], float (&m_run)[2], float (&l_run)[2], int n0, int sk,
+                                        int wg_row0, int r_lo, int diag, int quad_col, float scale_log2) {
   const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
   if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
   float mx[2];
@@ -167,18 +218,14 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
     mx[hr] = __fmul_rn(mx[hr], scale_log2);              // = max of the scaled scores
     grow |= mx[hr] > m_run[hr] + kRescaleSlack;          // -inf + slack = -inf: a first max grows
   }
-  if (__any_sync(0xffffffffu, grow)) {
+  const bool moved = __any_sync(0xffffffffu, grow);
+  if (moved) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float m_new = fmaxf(m_run[hr], mx[hr]);
-      const float alpha = exp2_ftz(m_run[hr] - (m_new == -INFINITY ? 0.f : m_new));   // 0 from -inf
+      alpha[hr] = exp2_ftz(m_run[hr] - (m_new == -INFINITY ? 0.f : m_new));   // 0 from -inf
       m_run[hr] = m_new;
-      l_run[hr] *= alpha;
-#pragma unroll
-      for (int i = 0; i < kDv / 8; ++i) {
-        acc_o[4 * i + 2 * hr] *= alpha;
-        acc_o[4 * i + 2 * hr + 1] *= alpha;
-      }
+      l_run[hr] *= alpha[hr];
     }
   }
   const float m_use[2] = {m_run[0] == -INFINITY ? 0.f : m_run[0], m_run[1] == -INFINITY ? 0.f : m_run[1]};
@@ -198,6 +245,16 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
   for (int hr = 0; hr < 2; ++hr) l_run[hr] += (sum[hr][0] + sum[hr][1]) + (sum[hr][2] + sum[hr][3]);
 #pragma unroll
   for (int i = 0; i < kBlockN / 4; ++i) pa[i] = pack_bf16(acc_s[2 * i], acc_s[2 * i + 1]);
+  return moved;
+}
+
+// O *= alpha, per row half.
+__device__ __forceinline__ void rescale_o(float (&acc_o)[kDv / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < kDv / 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[4 * i + e] *= alpha[e >> 1];
+  }
 }
 
 template <class P>
@@ -211,7 +268,7 @@ __device__ void flash_fwd(const P& p) {
   if (!cta_work(p, w)) return;
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
-  const KvBarriers<kStages> bars = sm.bars();
+  const Bars bars = sm.bars();
   if (threadIdx.x == 0) bars.init();
   __syncthreads();
 
@@ -244,31 +301,76 @@ __device__ void flash_fwd(const P& p) {
     float acc_s[kBlockN / 2];
     turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
-    // The last block leaves the loop from its turn: the rest of the body is the same for every
-    // block, so that the compiler keeps S(n + 1) in flight beside PV(n).
-    for (int n = 0; n < n_blocks; ++n) {
-      const int s = n % kStages, s1 = (n + 1) % kStages;
-      uint32_t pa[kBlockN / 4];
-      softmax(pa, acc_s, acc_o, m_run, l_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, scale_log2);
-
-      // ---- turn: PV(n), then S(n + 1) ----------------------------------------------------------
-      mbar_wait(bars.vfull(s), bars.vfull_parity(n));
-      turns.take();
-      wgmma_fence();
-      issue_pv(acc_o, pa, sm.v_at(s));
-      if (n + 1 == n_blocks) {
-        turns.hand_over_last();
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(bars.vempty(s));
-        break;
+    if constexpr (kOverlap) {
+      // Block n: P(n) goes to pa_a or pa_b alternately (two iterations of the loop per trip,
+      // so that each array is fixed registers); its softmax runs while PV(n - 1) reads the
+      // other array, which is "read" again after the wait that ends PV(n - 1).
+      const auto block = [&](int n, uint32_t (&pa)[kBlockN / 4], uint32_t (&pa_prev)[kBlockN / 4]) -> bool {
+        const int s = n % kStages, s1 = (n + 1) % kStages;
+        const bool last = n + 1 == n_blocks;
+        float alpha[2];
+        const bool moved =
+            softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, scale_log2);
+        wgmma_wait<0>();                                     // PV(n - 1)
+        keep_operands(pa_prev);
+        if (n > 0 && lane == 0) mbar_arrive(bars.vempty((n - 1) % kStages));
+        if (moved) rescale_o(acc_o, alpha);
+        mbar_wait(bars.vfull(s), Bars::vfull_parity(n));
+        if (!last) mbar_wait(bars.kfull(s1), Bars::kfull_parity(n + 1));
+        turns.take();
+        wgmma_fence();
+        if (!last) issue_qk(acc_s, sQg, sm.k_at(s1));
+        issue_pv(acc_o, pa, sm.v_at(s));
+        if (last) {
+          turns.hand_over_last();
+          wgmma_wait<0>();
+          keep_operands(pa);
+          if (lane == 0) mbar_arrive(bars.vempty(s));
+          return false;
+        }
+        turns.hand_over();
+        wgmma_wait<1>();                                     // S(n + 1); PV(n) in flight
+        if (lane == 0) mbar_arrive(bars.kempty(s1));
+        return true;
+      };
+      uint32_t pa_a[kBlockN / 4], pa_b[kBlockN / 4];
+#pragma unroll
+      for (int i = 0; i < kBlockN / 4; ++i) pa_b[i] = 0u;
+      for (int n = 0; n < n_blocks; n += 2) {
+        if (!block(n, pa_a, pa_b)) break;
+        if (!block(n + 1, pa_b, pa_a)) break;
       }
-      mbar_wait(bars.kfull(s1), bars.kfull_parity(n + 1));
-      issue_qk(acc_s, sQg, sm.k_at(s1));
-      turns.hand_over();
-      wgmma_wait<1>();
-      if (lane == 0) mbar_arrive(bars.vempty(s));
-      wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(bars.kempty(s1));
+      wgmma_wait<0>();   // a no-op (the last block waited in its turn), for ptxas's view of the exits
+    } else {
+      // The last block leaves the loop from its turn: the rest of the body is the same for
+      // every block, so that the compiler keeps S(n + 1) in flight beside PV(n).
+      for (int n = 0; n < n_blocks; ++n) {
+        const int s = n % kStages, s1 = (n + 1) % kStages;
+        uint32_t pa[kBlockN / 4];
+        float alpha[2];
+        if (softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col,
+                    scale_log2))
+          rescale_o(acc_o, alpha);
+
+        // ---- turn: PV(n), then S(n + 1) --------------------------------------------------------
+        mbar_wait(bars.vfull(s), bars.vfull_parity(n));
+        turns.take();
+        wgmma_fence();
+        issue_pv(acc_o, pa, sm.v_at(s));
+        if (n + 1 == n_blocks) {
+          turns.hand_over_last();
+          wgmma_wait<0>();
+          if (lane == 0) mbar_arrive(bars.vempty(s));
+          break;
+        }
+        mbar_wait(bars.kfull(s1), bars.kfull_parity(n + 1));
+        issue_qk(acc_s, sQg, sm.k_at(s1));
+        turns.hand_over();
+        wgmma_wait<1>();
+        if (lane == 0) mbar_arrive(bars.vempty(s));
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(bars.kempty(s1));
+      }
     }
   }
 
