@@ -169,7 +169,9 @@ __device__ __forceinline__ void copy_kblocks(uint32_t tile, const T* g, long lon
   constexpr int kChunks = kBlockBytes / 16, kStep = kCopyThreads / kChunks;
   static_assert(kStep % 8 == 0 && kRows % kStep == 0, "whole 8-row swizzle groups a step");
   constexpr int kChunkElems = 16 / sizeof(T), kBlockElems = kBlockBytes / sizeof(T);
-  const int tid = threadIdx.x % kCopyThreads, r0 = tid / kChunks, c = tid % kChunks;
+  // the warpgroup's threads are 0-127 (the producer is warpgroup 0); a warp pair's, t % 64
+  const int tid = kCopyThreads == 128 ? threadIdx.x : threadIdx.x % kCopyThreads;
+  const int r0 = tid / kChunks, c = tid % kChunks;
   const uint32_t dst = tile + (kBlockBytes == 64 ? swz64(r0, c) : swz128(r0, c));
   const T* src = g + r0 * stride + c * kChunkElems;
 #pragma unroll
