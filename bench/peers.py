@@ -608,6 +608,19 @@ def run_point(shape, causal, impls, args, sampler, tri):
             "label": shape_label(shape), "causal": causal, "flop": fl, "impls": results}
 
 
+def code_objects(arch: str = "sm_90a") -> dict:
+    """sha256 of each built zyfa code object the runtime would load for ``arch`` (the manifest
+    of ``ZYFA_PREBUILT_DIR`` or the package's): which kernels a run measured, whatever commit
+    its label names."""
+    try:
+        from zyfa_runtime import cache
+        manifest = cache.load_manifest()
+    except Exception as e:   # noqa: BLE001
+        return {"error": _clean(f"{type(e).__name__}: {e}")}
+    return {k["name"]: k["sha256"] for k in manifest["kernels"]
+            if k.get("built") and k["variant"]["arch"] == arch}
+
+
 def _clean(text: str) -> str:
     """Error text without directory names (results may be kept in the repository)."""
     return re.sub(r"(?<![\w.])/(?:[\w.+-]+/)+", ".../", text)
@@ -784,6 +797,7 @@ def main(argv=None):
         versions["zyfa_runtime"] = getattr(zyfa_runtime, "__version__", "present")
     except Exception as e:   # noqa: BLE001
         versions["zyfa_runtime"] = _clean(f"import failed: {type(e).__name__}: {e}")
+    versions["zyfa_code_objects"] = code_objects()
     data = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "commit": args.commit,
             "mode": mode, "min_s": args.min_s, "warm_s": args.warm_s, "seed": args.seed,
             "inputs": args.inputs, "softmax_scale": "0.125 (SmolLM2's)" if args.real is not None

@@ -70,3 +70,20 @@ def test_the_bar_is_bridged_through_this_runs_cudnn(peers):
     row = lines[-1]
     assert "| 1.100 |" in row and "cuDNN FP8 1026" in row and "(0.50x)" in row and "missing" in row
     assert peers.bridged_table({"points": [dict(point, causal=None)]}) == []
+
+
+def test_a_run_records_the_code_objects_it_loads(peers, tmp_path, monkeypatch):
+    """results.json names every built sm_90a code object by its sha256 (from the manifest the
+    runtime reads), so a run is tied to the kernels it timed, not only to a commit label."""
+    import json
+    kernel = {"name": "fwd_sm_90a_bf16_d64x64_full", "sha256": "ab" * 32, "built": True,
+              "variant": {"arch": "sm_90a"}}
+    other = dict(kernel, name="fwd_gfx950_bf16_d64x64_full", variant={"arch": "gfx950"})
+    unbuilt = dict(kernel, name="fwd_sm_90a_bf16_d64x64_causal", built=False)
+    manifest = {"format": 1, "package_version": "0.1.0", "toolkits": {}, "compilers": {},
+                "kernels": [kernel, other, unbuilt]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("ZYFA_PREBUILT_DIR", str(tmp_path))
+    assert peers.code_objects() == {"fwd_sm_90a_bf16_d64x64_full": "ab" * 32}
+    monkeypatch.setenv("ZYFA_PREBUILT_DIR", str(tmp_path / "missing"))
+    assert "error" in peers.code_objects()
