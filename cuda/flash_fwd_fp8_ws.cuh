@@ -61,13 +61,19 @@ constexpr int kVtStages = 2;               // V^T; K and the V staging: kStages 
 constexpr int kTileQ = kBlockM * kDqk;      // bytes
 constexpr int kTileK = kBlockN * kDqk;
 constexpr int kTileVs = kBlockN * kDv;      // V staging
-constexpr int kTileVt = kDv * kBlockN;      // V^T
 constexpr int kPvN = kDv < 128 ? kDv : 128;  // N of one PV pass
 constexpr int kPasses = kDv / kPvN;
+// One PV pass (d_v <= 128): each V^T stage is followed by 8 rows of ones, and PV is one product
+// of N = d_v + 8 whose last 8 columns are the rounded row sum P 1.  Two passes (d256): one
+// tile of ones beside V^T and a product of its own (N = 8) with the first pass.
+constexpr bool kOnesInVt = kPasses == 1;
+constexpr int kTileVt = (kDv + (kOnesInVt ? 8 : 0)) * kBlockN;   // V^T (and its ones)
+constexpr int kTileOnesApart = kOnesInVt ? 0 : kTileOnes;
+constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's accumulators
 constexpr int kBarBytes = 128;
 using Bars = KvBarriers<kStages, kVtStages>;
 static_assert(kStages >= 2 && Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
-static_assert(kTileQ + kStages * (kTileK + kTileVs) + kVtStages * kTileVt + kTileOnes + kBarBytes + 1024 ==
+static_assert(kTileQ + kStages * (kTileK + kTileVs) + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
                   kDynamicSmem,
               "smem layout must match the catalogue");
 constexpr int kBarProducer = 1;   // the producer's own named barrier (the consumers' turns: Turns)
@@ -75,12 +81,17 @@ constexpr int kBarProducer = 1;   // the producer's own named barrier (the consu
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
   static constexpr uint32_t kK = kTileQ, kVs = kK + kStages * kTileK, kVt = kVs + kStages * kTileVs,
-                            kOnes = kVt + kVtStages * kTileVt, kBars = kOnes + kTileOnes;
+                            kOnes = kVt + kVtStages * kTileVt, kBars = kOnes + kTileOnesApart;
   uint32_t q;
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t vs_at(int s) const { return q + kVs + s * kTileVs; }
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
-  __device__ uint32_t ones() const { return q + kOnes; }
+  __device__ uint32_t ones() const { return q + kOnes; }   // kOnesInVt: none apart
+  // The bytes of ones: after each V^T stage's kDv rows, or the tile apart.
+  __device__ uint32_t ones_at(int i) const {
+    return kOnesInVt ? vt_at(i / (kTileOnes / 4)) + kDv * kBlockN + 4 * (i % (kTileOnes / 4)) : ones() + 4 * i;
+  }
+  static constexpr int kOnesWords = (kOnesInVt ? kVtStages : 1) * kTileOnes / 4;
   __device__ Bars bars() const { return {q + kBars}; }
 };
 
@@ -209,21 +220,22 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], float (&fac
 }
 
 // O_b = P V^T(stage) for dv columns kPvN pass .. + kPvN, and with pass 0 l_b = P 1, from zero;
-// issued and committed.
-__device__ __forceinline__ void issue_pv(float (&acc_b)[kPvN / 2], float (&acc_lb)[4],
+// issued and committed.  kOnesInVt: one product per k-step, l_b in acc_b's last 4 registers
+// (columns kPvN .. kPvN + 7: the rows of ones after V^T); else l_b by a product of its own.
+__device__ __forceinline__ void issue_pv(float (&acc_b)[kAccB], float (&acc_lb)[4],
                                          const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes, int pass) {
   const uint64_t dv = desc_128b(sVt), d1 = desc_128b(sOnes);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 32; ++kk) {
     wgmma_pv(acc_b, pa + 4 * kk, desc_advance(dv, pass * kPvN * 128 + kk * 32), kk > 0);
-    if (pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_advance(d1, kk * 32), kk > 0);
+    if (!kOnesInVt && pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_advance(d1, kk * 32), kk > 0);
   }
   wgmma_commit();
 }
 
 // O = O 2^(F - T) + O_b for the pass's columns, and with pass 0 l likewise (factor = 2^(F - T)
 // per row half).
-__device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4], const float (&acc_b)[kPvN / 2],
+__device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4], const float (&acc_b)[kAccB],
                                       const float (&acc_lb)[4], const float (&factor)[2], int pass) {
 #pragma unroll
   for (int i = 0; i < kPvN / 2; ++i) {
@@ -232,7 +244,12 @@ __device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4]
   }
   if (pass == 0) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], acc_lb[i]);
+    for (int i = 0; i < 4; ++i) {
+      float lb;
+      if constexpr (kOnesInVt) lb = acc_b[kAccB - 4 + i];
+      else lb = acc_lb[i];
+      acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], lb);
+    }
   }
 }
 
@@ -249,7 +266,7 @@ __device__ void flash_fwd(const P& p) {
 
   const Bars bars = sm.bars();
   if (threadIdx.x == 0) bars.init();
-  for (int i = threadIdx.x; i < kTileOnes / 4; i += kThreads) sts32(sm.ones() + 4 * i, 0x38383838u);
+  for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads) sts32(sm.ones_at(i), 0x38383838u);
   fence_async_smem();
   __syncthreads();
 
@@ -298,7 +315,7 @@ __device__ void flash_fwd(const P& p) {
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
-      float acc_b[kPvN / 2], acc_lb[4];
+      float acc_b[kAccB], acc_lb[4];
       mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
       if constexpr (kPasses > 1) {
         // d_v = 256: the registers hold one block accumulator and no S beside O, so each pass

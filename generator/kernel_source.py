@@ -62,7 +62,9 @@ def _wgmma_wrappers(v: Variant) -> str:
     """The WGMMA instructions of the sm_90a bodies.  BF16 (flash_fwd_ws.cuh): ``wgmma_qk``
     (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB).  FP8
     (flash_fp8_lean.cuh): k32 e4m3, both K-major, PV in passes of
-    N <= 128, plus ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum)."""
+    N <= 128, plus ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum).  Where
+    PV is one pass (d_v <= 128), V^T's stage is followed by 8 rows of ones and the PV product is
+    N = d_v + 8: the rounded row sum comes out of its last 8 columns (wgmma_sum is unused)."""
     n = v.tile.block_n
     if v.dtype == "bf16":
         return "\n".join([
@@ -70,9 +72,10 @@ def _wgmma_wrappers(v: Variant) -> str:
             _wgmma("wgmma_pv", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, True, "1, 1, 1",
                    accumulate_arg=False)])
     pv_n = min(v.d_v, 128)     # one PV pass: kPvN in the body
+    ones = 8 if v.d_v <= 128 else 0   # the rows of ones after V^T: l in the PV product itself
     return "\n".join([
         _wgmma("wgmma_qk", f"m64n{n}k32", "e4m3.e4m3", n // 2, False, "1, 1"),
-        _wgmma("wgmma_pv", f"m64n{pv_n}k32", "e4m3.e4m3", pv_n // 2, True, "1, 1"),
+        _wgmma("wgmma_pv", f"m64n{pv_n + ones}k32", "e4m3.e4m3", (pv_n + ones) // 2, True, "1, 1"),
         _wgmma("wgmma_sum", "m64n8k32", "e4m3.e4m3", 4, True, "1, 1")])
 
 

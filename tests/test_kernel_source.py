@@ -31,8 +31,16 @@ def test_fp8_wgmma_shapes_follow_the_tile_and_head_dims(v):
     src = ks.emit(v)
     n = v.tile.block_n
     assert f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{" in src
-    assert f"m64n{min(v.d_v, 128)}k32.f32.e4m3.e4m3" in src      # PV in passes of N <= 128
-    assert "m64n8k32.f32.e4m3.e4m3" in src                       # the row sum against ones
+    # PV in passes of N <= 128; where one pass does (d_v <= 128) it is N = d_v + 8 against V^T
+    # and the 8 rows of ones after it (the rounded row sum in its last 8 columns), else the
+    # row sum is a product of its own against the tile of ones
+    pv = re.search(r"void wgmma_pv\(float \(&d\)\[(\d+)\]", src)
+    if v.d_v <= 128:
+        assert f"m64n{v.d_v + 8}k32.f32.e4m3.e4m3" in src and int(pv.group(1)) == (v.d_v + 8) // 2
+        assert "kOnesInVt = kPasses == 1" in src and "wgmma_sum(acc_lb" in src   # d256's, unused here
+    else:
+        assert "m64n128k32.f32.e4m3.e4m3" in src and int(pv.group(1)) == 64
+        assert "m64n8k32.f32.e4m3.e4m3" in src
     # one PTX operand per accumulator: N/2 of S, the scale-d predicate after the operands
     qk = re.search(r"void wgmma_qk\(float \(&d\)\[(\d+)\]", src)
     assert int(qk.group(1)) == n // 2

@@ -157,10 +157,13 @@ def tile_for(v: Variant) -> Tile:
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and 2 consumer warpgroups x 64 query rows, 128-key
         # blocks (the sm_90a recipe's); Q, a ring of three stages of K and V staging (two at
-        # d256, where three do not fit), two of V^T, 8 x 128 bytes of ones, 128 bytes of
+        # d256, where three do not fit), two of V^T each followed by 8 x 128 bytes of ones (one
+        # tile of ones beside them at d256, whose PV goes in two passes), 128 bytes of
         # mbarriers, +1 KiB for alignment (d256: 226 KiB of the 227 a CTA may have).
+        ones_tiles = 2 if v.d_v <= 128 else 1
         def smem(stages):
-            return 128 * (v.d_qk + stages * (v.d_qk + v.d_v) + 2 * v.d_v) + 8 * 128 + 128 + 1024
+            return (128 * (v.d_qk + stages * (v.d_qk + v.d_v) + 2 * v.d_v) + ones_tiles * 8 * 128
+                    + 128 + 1024)
         stages = 3 if smem(3) <= SM90_MAX_SMEM else 2
         return Tile(block_m=128, block_n=128, threads=384, dynamic_smem=smem(stages), stages=stages)
     if v.built_from == "asm-generator":
