@@ -23,7 +23,8 @@
 //            (k >> 1) & 3), so the 8 rows of each ldmatrix of the transpose hit 8 distinct
 //            16-byte bank groups
 //   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups)
-//   ones:    8 rows of 128 bytes 0x38 (1.0)
+//   ones:    8 rows of 128 bytes 0x38 (1.0): after each V^T stage's rows where PV is one pass
+//            (d_v <= 128: N = d_v + 8), else one tile apart
 
 #include <cuda_bf16.h>
 #include <stdint.h>

@@ -26,8 +26,9 @@
 //     waits on kempty / vempty before it overwrites a stage.
 //   consumers (warpgroups 1 and 2, 64 rows each, setmaxnreg 232), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
-//     turn             (named barrier: the two consumers take turns)  issue PV(n) and the
-//                      row sum against ones, then S(n + 1) = Q K(n + 1)^T; hand the turn over
+//     turn             (named barrier: the two consumers take turns)  issue PV(n) with the
+//                      row sum (N = d_v + 8: V^T's stage ends in 8 rows of ones), then S(n + 1)
+//                      = Q K(n + 1)^T; hand the turn over
 //     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
 //     wait S(n + 1)    release K(n + 1)
 //   so one consumer's softmax runs while the other's products do, and the tensor core's
@@ -36,13 +37,14 @@
 //   passes of 128 columns and each pass, and then S(n + 1), is a turn of its own: a consumer
 //   waits for its pass and merges it while the other's product runs.
 //
-// Registers per consumer thread (d_v = 128): acc_o 64, acc_b 64 (PV of block n) and acc_s 64
-// (S of block n + 1) in flight together, P 16, acc_l / acc_lb 8, row state 8; (d_v = 256)
+// Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block
+// n) and acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256)
 // acc_o 128, one of acc_b or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
 // registers the CTA is launched with.
 //
-// Shared memory (1024-byte aligned tiles): Q | K x kStages | V staging x kStages | V^T x 2 | ones |
-// mbarriers (kStages = Tile.stages: 3 where it fits, 2 at d256).
+// Shared memory (1024-byte aligned tiles): Q | K x kStages | V staging x kStages | (V^T, 8 rows
+// of ones) x 2 | mbarriers (kStages = Tile.stages: 3 where it fits, 2 at d256, where the ones
+// are one tile after the two V^T).
 // Named barriers: 1 the producer's own, 2 + g consumer g's turn.
 
 #include <cuda_bf16.h>
