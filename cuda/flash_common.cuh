@@ -280,6 +280,23 @@ __device__ __forceinline__ void consumer_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
 }
 
+// The dynamic shared memory's first 1024-byte aligned address (every tile of both bodies is
+// 1024-aligned; the catalogue's smem has the 1 KiB this may skip).
+__device__ __forceinline__ uint32_t smem_base_1024() {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  return (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023) & ~1023u;
+}
+
+// Where a consumer thread (of warpgroup wg = 1 or 2) sits: consumer cw = wg - 1 of 64 rows, its
+// warp's 16 rows, and in the WGMMA accumulator layout the rows r_lo (acc[4j + 0..1]) and r_lo + 8
+// (acc[4j + 2..3]) at columns quad_col, quad_col + 1 of each 8.
+struct ConsumerLane {
+  int cw, warp, lane, quad_col, r_lo;
+  __device__ ConsumerLane(int wg, int row0)
+      : cw(wg - 1), warp((threadIdx.x % 128) / 32), lane(threadIdx.x % 32), quad_col((lane % 4) * 2),
+        r_lo(row0 + cw * 64 + warp * 16 + lane / 4) {}
+};
+
 // The consumers' turns at issuing WGMMAs: named barrier 2 + g is consumer g's, completed by
 // its own bar.sync and the other's bar.arrive.  Consumer 0 goes first; each consumer takes
 // n_blocks + 1 turns (S(0), then one per block) and hands over after each, except consumer 1

@@ -259,9 +259,7 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kDv / 2], const float (
 
 template <class P>
 __device__ void flash_fwd(const P& p) {
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const Smem sm{(smem0 + 1023) & ~1023u};
+  const Smem sm{smem_base_1024()};
 
   const int wg = threadIdx.x / 128;
   CtaWork w;
@@ -282,11 +280,8 @@ __device__ void flash_fwd(const P& p) {
   }
   consumer_registers();
 
-  const int cw = wg - 1;                                    // consumer 0 or 1
-  const int warp = (threadIdx.x % 128) / 32;
-  const int lane = threadIdx.x % 32;
-  const int quad_col = (lane % 4) * 2;
-  const int r_lo = row0 + cw * 64 + warp * 16 + lane / 4;   // rows of acc[4j+0..1]; +8 for [4j+2..3]
+  const ConsumerLane me(wg, row0);
+  const int cw = me.cw, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * 64 * 128;                // this warpgroup's 64 rows (in each K-block)
   const float scale_log2 = p.softmax_scale * kLog2e;
   const Turns turns{cw};
