@@ -177,6 +177,68 @@ __device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float 
   }
 }
 
+// ---- the diagonal blocks: P in two terms -------------------------------------------------
+//
+// Where the causal diagonal of the warpgroup's 64 rows cuts a block (the recipe's "hi_lo"
+// diagonal: the keys nearest each query), P goes in two e4m3 terms, both multiplied with V^T
+// (two PV products into one accumulator, the ones rows summing both):
+//   x  = 2^(w - 23)      e4m3.exp2_x: 256 at the block max, 0 for w < 16 (and masked keys)
+//   X  = f16(x)          1/2 F2FP
+//   hi = e4m3(X)         1/2 F2FP (cvt.rn.satfinite.e4m3x2.f16x2)
+//   lo = e4m3(X - hi)    1/2 F2FP back to f16x2, 1/2 HADD2 (exact), 1/2 F2FP
+// about 2^-10 of P (RMS) instead of one byte's 2^-5.  A warpgroup meets one such block, two
+// where the diagonal crosses a block boundary inside its rows.
+
+// e4m3.exp2_x of one score: f = frac(w) exactly (w's low 19 mantissa bits: w in [16, 32)),
+// 2^-7 2^f by the degree-4 polynomial (4 FFMA), then floor(w) - 16 added to its exponent.
+// kClamp (|T| >= kBigT somewhere): w held below 32 first, so the bit arithmetic holds.
+template <bool kClamp>
+__device__ __forceinline__ float exp2_x(float s, float c, float bias) {
+  float w = __fmaf_rn(s, c, bias);
+  if constexpr (kClamp) w = fminf(w, kExpWMax);
+  uint32_t fb;
+  asm("lop3.b32 %0, %1, 0x7FFFF, %2, 0xEA;\n" : "=r"(fb) : "r"(__float_as_uint(w)), "r"(0x3F800000u));
+  const float f = __fmaf_rn(__uint_as_float(fb), 16.f, -16.f);
+  float p = __fmaf_rn(kExp4, f, kExp3);
+  p = __fmaf_rn(p, f, kExp2);
+  p = __fmaf_rn(p, f, kExp1);
+  p = __fmaf_rn(p, f, kExp0);
+  const uint32_t x = __float_as_uint(p) + ((__float_as_uint(w) & 0x780000u) << 4);
+  return w >= 16.f ? __uint_as_float(x) : 0.f;
+}
+
+// Two scores' x (x0 in the low byte) -> their hi and lo codes, two bytes each (e4m3.hi_lo_codes).
+__device__ __forceinline__ void hi_lo_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  uint32_t x16, hb;
+  unsigned short h, l;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(x16) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(h) : "r"(x16));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(hb) : "h"(h));
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(x16) : "r"(x16), "r"(hb));
+  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(l) : "r"(x16));
+  hi = h;
+  lo = l;
+}
+
+// P of a diagonal block in A-fragment order (as lean_p): pa the first terms, pl the second.
+template <bool kClamp>
+__device__ __forceinline__ void hi_lo_p(uint32_t (&pa)[kBlockN / 8], uint32_t (&pl)[kBlockN / 8],
+                                        const float (&s)[kBlockN / 2], float c, const float (&bias)[2]) {
+#pragma unroll
+  for (int k = 0; k < kBlockN / 32; ++k) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
+      const float b = bias[r & 1];
+      uint32_t h01, l01, h45, l45;
+      hi_lo_pair(exp2_x<kClamp>(s[j], c, b), exp2_x<kClamp>(s[j + 1], c, b), h01, l01);
+      hi_lo_pair(exp2_x<kClamp>(s[j + 4], c, b), exp2_x<kClamp>(s[j + 5], c, b), h45, l45);
+      pa[4 * k + r] = __byte_perm(h01, h45, 0x5410);
+      pl[4 * k + r] = __byte_perm(l01, l45, 0x5410);
+    }
+  }
+}
+
 // c = fp32(softmax_scale * log2(e) * dq * dk), the products in double (fp8_models.log2_scale).
 template <class P>
 __device__ __forceinline__ float log2_scale(const P& p) {

@@ -209,28 +209,52 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t s
   wgmma_commit();
 }
 
-// Mask, frame and Lean P of one block's S (acc_s) for the warpgroup whose first row is wg_row0.
-__device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], float (&factor)[2],
-                                        float (&acc_s)[kBlockN / 2], float (&frame)[2], float (&m_run)[2],
-                                        int n0, int sk, int wg_row0, int r_lo, int diag, int quad_col, float c) {
+// The first block that the causal diagonal of the warpgroup's rows (first row wg_row0) cuts:
+// the first n with n kBlockN + kBlockN - 1 > wg_row0 + diag (its first row does not see the
+// block's last key), within [0, n_blocks].  Every block from it on is masked for these rows, and
+// with the recipe's "hi_lo" diagonal its P goes in two terms.  Broadcast from lane 0, so that
+// ptxas sees a warp-uniform loop bound around the WGMMAs.
+__device__ __forceinline__ int first_diagonal_block(int wg_row0, int diag, int n_blocks) {
+  const int x = wg_row0 + diag - (kBlockN - 1);              // n kBlockN > x
+  const int n = x < 0 ? 0 : x / kBlockN + 1;
+  return __shfl_sync(0xffffffffu, n < n_blocks ? n : n_blocks, 0);
+}
+
+template <bool kTwo>
+struct Terms { static constexpr bool value = kTwo; };
+
+// Mask, frame and P of one block's S (acc_s) for the warpgroup whose first row is wg_row0: the
+// Lean byte into pa, or with kTwo (a diagonal block) the two terms into pa and pl.
+template <bool kTwo>
+__device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&pl)[kBlockN / 8],
+                                        float (&factor)[2], float (&acc_s)[kBlockN / 2], float (&frame)[2],
+                                        float (&m_run)[2], int n0, int sk, int wg_row0, int r_lo, int diag,
+                                        int quad_col, float c) {
   const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
   if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
   float bias[2];
   const bool big = block_frame(acc_s, c, frame, m_run, bias, factor);
-  if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c, bias);
-  else lean_p<false>(pa, acc_s, c, bias);
+  if constexpr (kTwo) {
+    if (__any_sync(0xffffffffu, big)) hi_lo_p<true>(pa, pl, acc_s, c, bias);
+    else hi_lo_p<false>(pa, pl, acc_s, c, bias);
+  } else {
+    if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c, bias);
+    else lean_p<false>(pa, acc_s, c, bias);
+  }
 }
 
 // O_b = P V^T(stage) for dv columns kPvN pass .. + kPvN, and with pass 0 l_b = P 1, from zero;
 // issued and committed.  kOnesInVt: one product per k-step, l_b in acc_b's last 4 registers
 // (columns kPvN .. kPvN + 7: the rows of ones after V^T); else l_b by a product of its own.
+// With `onto`, onto what the accumulators hold (a diagonal block's second term of P).
 __device__ __forceinline__ void issue_pv(float (&acc_b)[kAccB], float (&acc_lb)[4],
-                                         const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes, int pass) {
+                                         const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes, int pass,
+                                         bool onto = false) {
   const uint64_t dv = desc_128b(sVt), d1 = desc_128b(sOnes);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 32; ++kk) {
-    wgmma_pv(acc_b, pa + 4 * kk, desc_advance(dv, pass * kPvN * 128 + kk * 32), kk > 0);
-    if (!kOnesInVt && pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_advance(d1, kk * 32), kk > 0);
+    wgmma_pv(acc_b, pa + 4 * kk, desc_advance(dv, pass * kPvN * 128 + kk * 32), onto || kk > 0);
+    if (!kOnesInVt && pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_advance(d1, kk * 32), onto || kk > 0);
   }
   wgmma_commit();
 }
@@ -253,6 +277,35 @@ __device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4]
       acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], lb);
     }
   }
+}
+
+// PV(n) of a diagonal block at d_v <= 128 (one pass), P in two terms: a turn holding the product
+// of pa and that of pl onto it, their wait and the merge; V^T released.  Returns `last`.
+__device__ __forceinline__ bool diagonal_pv(float (&acc_o)[kDv / 2], float (&acc_l)[4], float (&acc_b)[kAccB],
+                                            float (&acc_lb)[4], const uint32_t (&pa)[kBlockN / 8],
+                                            const uint32_t (&pl)[kBlockN / 8], const float (&factor)[2],
+                                            const Smem& sm, const Bars& bars, const Turns& turns, int t, bool last) {
+  turns.take();
+  wgmma_fence();
+  issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
+  issue_pv(acc_b, acc_lb, pl, sm.vt_at(t), sm.ones(), 0, true);
+  if (last) turns.hand_over_last();
+  else turns.hand_over();
+  wgmma_wait<0>();
+  merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+  if (threadIdx.x % 32 == 0) mbar_arrive(bars.vempty(t));
+  return last;
+}
+
+// S(n + 1) into acc_s once K(n + 1) (stage k1) has landed, waited for; K released.  After a
+// diagonal block's PV, outside the turns (every block takes one, the PV's).
+__device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg, const Smem& sm, const Bars& bars,
+                                       int n, int k1) {
+  mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+  wgmma_fence();
+  issue_qk(acc_s, sQg, sm.k_at(k1));
+  wgmma_wait<0>();
+  if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(k1));
 }
 
 template <class P>
@@ -298,16 +351,25 @@ __device__ void flash_fwd(const P& p) {
     float acc_s[kBlockN / 2];
     turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
-    // The last block leaves the loop from its turn: the rest of the body is the same for every
-    // block, so that the compiler keeps S(n + 1) in flight across the merge of block n.
-    int k1 = 1 % kStages;                     // K stage of block n + 1
-    for (int n = 0; n < n_blocks; ++n, k1 = next_stage<kStages>(k1)) {
+    // The diagonal blocks (the "hi_lo" recipe: P in two terms) are the warpgroup's last, from
+    // n_diag on.  At d_v <= 128 they have a loop of their own after this one, so that the
+    // registers of their second P never weigh on the other blocks'; d_v = 256 takes them here,
+    // in its passes (its registers do not fit a loop of each).  The last block leaves the loop
+    // from its turn: the rest of the body is the same for every block, so that the compiler
+    // keeps S(n + 1) in flight across the merge of block n.
+    const int n_diag = kCausal && kDiagHiLo ? first_diagonal_block(row0 + cw * 64, diag, n_blocks) : n_blocks;
+    const int n_two = kPasses == 1 ? n_diag : n_blocks;   // where this loop ends
+    int n = 0, k1 = 1 % kStages;              // k1: the K stage of block n + 1
+    for (; n < n_two; ++n, k1 = next_stage<kStages>(k1)) {
       const int t = n & 1;                    // V^T stage of block n
       const bool last = n + 1 == n_blocks;
-      // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
-      uint32_t pa[kBlockN / 8];
+      // ---- softmax(n): mask, frame, Lean P (d_v = 256: the two terms of a diagonal block) ---
+      uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
       float factor[2];
-      softmax(pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
+      bool two = false;
+      if constexpr (kCausal && kDiagHiLo && kPasses > 1) two = n >= n_diag;
+      if (two) softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
+      else softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
 
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
@@ -323,13 +385,17 @@ __device__ void flash_fwd(const P& p) {
           turns.take();
           wgmma_fence();
           issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), pass);
+          if (two) issue_pv(acc_b, acc_lb, pl, sm.vt_at(t), sm.ones(), pass, true);
           if (last && pass + 1 == kPasses) turns.hand_over_last();
           else turns.hand_over();
           wgmma_wait<0>();
           merge(acc_o, acc_l, acc_b, acc_lb, factor, pass);
         }
         if (lane == 0) mbar_arrive(bars.vempty(t));
-        if (last) break;
+        if (last) {
+          n = n_blocks;
+          break;
+        }
         mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
         turns.take();
         wgmma_fence();
@@ -347,6 +413,7 @@ __device__ void flash_fwd(const P& p) {
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(t));
         merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+        n = n_blocks;
         break;
       }
       mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
@@ -359,6 +426,20 @@ __device__ void flash_fwd(const P& p) {
       merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
       wgmma_wait<0>();
       if (lane == 0) mbar_arrive(bars.kempty(k1));
+    }
+
+    // The diagonal blocks at d_v <= 128 (the "hi_lo" recipe): P in two terms.
+    if constexpr (kCausal && kDiagHiLo && kPasses == 1) {
+      for (; n < n_blocks; ++n, k1 = next_stage<kStages>(k1)) {
+        uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
+        float factor[2];
+        softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
+        float acc_b[kAccB], acc_lb[4];
+        const int t = n & 1;
+        mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
+        if (diagonal_pv(acc_o, acc_l, acc_b, acc_lb, pa, pl, factor, sm, bars, turns, t, n + 1 == n_blocks)) break;
+        next_s(acc_s, sQg, sm, bars, n, k1);   // the registers do not hold pl beside S(n + 1) in flight
+      }
     }
   }
   write_rows(p, w, acc_o, acc_l, frame, r_lo, dv_scale);

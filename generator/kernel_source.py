@@ -91,10 +91,12 @@ def _recipe_constants(v: Variant) -> list[str]:
     r = fp8_models.RECIPES["sm_90a"]
     if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset) != \
             (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0) or \
-            r.byte_form not in ("quad_fold", "quad_h2"):
+            r.byte_form not in ("quad_fold", "quad_h2") or \
+            (r.diagonal == "hi_lo" and r.diagonal_rows != v.tile.block_m // 2):
         raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes in the quad_h2 or "
                          f"quad_fold form, the exact fp32 block max and rounded sums over "
-                         f"{v.tile.block_n}-key blocks, not {r}")
+                         f"{v.tile.block_n}-key blocks, and two-term diagonals per consumer "
+                         f"warpgroup's {v.tile.block_m // 2} rows, not {r}")
 
     def f16x2(x) -> str:       # an f16 constant in both halves of a b32, as its bits
         bits = int(np.float16(x).view(np.uint16))
@@ -111,7 +113,13 @@ def _recipe_constants(v: Variant) -> list[str]:
             f"constexpr unsigned kH2NegA = {f16x2(-e4m3.QUAD_H2_A)};",
             f"constexpr unsigned kH2B = {f16x2(e4m3.QUAD_H2_B)};   // e4m3.QUAD_H2_B",
             f"constexpr unsigned kH2NegB17 = {f16x2(-e4m3.QUAD_H2_B17)};   // -e4m3.QUAD_H2_B17",
-            f"constexpr unsigned kH2ZMax = {f16x2((r.c0 + 128) / 8)};   // z of code c0: (c0 + 128) / 8"]
+            f"constexpr unsigned kH2ZMax = {f16x2((r.c0 + 128) / 8)};   // z of code c0: (c0 + 128) / 8",
+            f"constexpr bool kDiagHiLo = {'true' if r.diagonal == 'hi_lo' else 'false'};"
+            f"   // diagonal {r.diagonal!r}",
+            f"constexpr float kExpWMax = {float(np.float32(float.fromhex('0x1.fffffep4'))).hex()}f;"
+            "   // w held below 32 (e4m3.exp2_x)",
+            *(f"constexpr float kExp{i} = {float(a).hex()}f;   // e4m3.EXP2_POLY[{i}]"
+              for i, a in enumerate(e4m3.EXP2_POLY))]
 
 
 def config(v: Variant) -> str:

@@ -109,6 +109,15 @@ class Recipe:
                     "quad_h2", sm_90a's: the same ``w`` and ``e4m3.quad_h2_codes(w)``, the
                     correction in half precision, two scores an instruction.  Both need
                     "lean_quad" and "block_fp32".
+    ``diagonal``    "same", or "hi_lo": with a causal mask, the key blocks that the diagonal
+                    of a row's group of ``diagonal_rows`` rows cuts (the group's first row
+                    does not see the block's last key: the blocks a kernel masks for those
+                    rows) carry P in two e4m3 terms, ``e4m3.hi_lo_codes(w)`` (about 2^-10
+                    relative instead of one byte's 2^-5, RMS), both multiplied with V and
+                    both in the rounded sum.  These are the keys nearest each query, where
+                    a model's attention is most local and a row near the start of a sequence
+                    has all its keys.  ``w = fp32(S c + fp32(16 + c0/8 - m_b))`` as in
+                    the quad forms; needs "block_fp32".
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
 
@@ -120,6 +129,8 @@ class Recipe:
     p_shift: float = 256.0
     code_offset: float = 0.0
     byte_form: str = "fma"
+    diagonal: str = "same"
+    diagonal_rows: int = 64
 
     def __post_init__(self):
         if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
@@ -139,6 +150,12 @@ class Recipe:
                 (self.p_rounding, self.max_kind) != ("lean_quad", "block_fp32"):
             raise ValueError(f"byte_form {self.byte_form!r} is defined for lean_quad bytes with a "
                              "block_fp32 max")
+        if self.diagonal not in ("same", "hi_lo"):
+            raise ValueError(f"diagonal must be 'same' or 'hi_lo', got {self.diagonal!r}")
+        if self.diagonal == "hi_lo" and self.max_kind != "block_fp32":
+            raise ValueError("diagonal 'hi_lo' is defined for a block_fp32 max")
+        if not (isinstance(self.diagonal_rows, int) and self.diagonal_rows >= 1):
+            raise ValueError(f"diagonal_rows must be a positive int, got {self.diagonal_rows!r}")
         if not 0 <= self.code_offset < 8:
             raise ValueError(f"code_offset must be in [0, 8), got {self.code_offset!r}")
         k = math.log2(self.p_shift) if self.p_shift > 0 else -1
@@ -200,9 +217,11 @@ def _recipes() -> dict[str, Recipe]:
         # The targets (see the docstring).
         "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
                          "pk_u8"),
-        "sm_90a": Recipe("sm_90a", 128, "lean_quad", "block_fp32", "rounded", 256.0, 0.0, "quad_h2"),
+        "sm_90a": Recipe("sm_90a", 128, "lean_quad", "block_fp32", "rounded", 256.0, 0.0, "quad_h2",
+                         "hi_lo"),
     }
     r["sm_90a/fold"] = r["sm_90a"].replace(name="sm_90a/fold", byte_form="quad_fold")
+    r["sm_90a/one"] = r["sm_90a"].replace(name="sm_90a/one", diagonal="same")
     r["sm_90a/fma"] = r["sm_90a"].replace(name="sm_90a/fma", byte_form="fma")
     changes = {
         "exact": dict(p_rounding="exact"),
@@ -261,7 +280,8 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     if sq == 0 or sk == 0:
         return (np.zeros((h, sq, dv), np.float32), np.zeros((h, sq), np.float32),
                 np.full((h, sq), -np.inf), np.zeros((h, sq, sk), np.uint8) if trace else None,
-                np.zeros((h, sq, 0)) if trace else None)
+                np.zeros((h, sq, 0)) if trace else None,
+                np.zeros((h, sq, sk), np.uint8) if trace else None)
     n = recipe.block_keys
     nb_all = -(-sk // n)
     pad = nb_all * n - sk
@@ -276,6 +296,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     l = np.zeros((h, sq), np.float32)
     m = np.full((h, sq), -np.inf)
     codes_all = np.zeros((h, sq, sk), np.uint8) if trace else None
+    lo_all = np.zeros((h, sq, sk), np.uint8) if trace else None
     ref_all = np.full((h, sq, nb_all), -np.inf) if trace else None
     rows = max(16, _CHUNK // (h * nb_all * n))
     for r0 in range(0, sq, rows):
@@ -318,7 +339,22 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             bias = _fp32(np.where(live, c0 - 8.0 * np.where(live, ref, 0.0), 0.0))
             y = e4m3.fma_f32(sb, c8, bias[..., None])
             codes = e4m3.p_codes(y, variant=recipe.p_rounding, max_code=recipe.c0)
-        ob = np.matmul(e4m3.decode(codes).transpose(0, 2, 1, 3), v1b[:, :nb])  # (H, nb, R, Dv+1)
+        pd = e4m3.decode(codes)
+        if causal and recipe.diagonal == "hi_lo":
+            # The blocks the causal diagonal of each row's group cuts: the group's first row
+            # (g0) does not see the block's last key.
+            g = recipe.diagonal_rows
+            g0 = (np.arange(r0, r1) // g) * g
+            cut = (np.arange(nb)[None, :] * n + n - 1) > (g0 + off)[:, None]        # (R, nb)
+            sel = np.broadcast_to(cut[None, :, :, None], pd.shape)
+            bias16 = _fp32(np.where(live, 16.0 + c0 / 8.0 - np.where(live, ref, 0.0), 0.0))
+            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb, c, bias16[..., None])[sel])
+            codes[sel] = hi
+            pd[sel] = e4m3.decode(hi) + e4m3.decode(lo)
+            if trace:
+                lo_blk = np.zeros(codes.shape, np.uint8)
+                lo_blk[sel] = lo
+        ob = np.matmul(pd.transpose(0, 2, 1, 3), v1b[:, :nb])  # (H, nb, R, Dv+1)
         if recipe.sum_of == "rounded":
             lb = ob[..., dv].transpose(0, 2, 1)
         else:
@@ -338,8 +374,10 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
         o[:, r0:r1], l[:, r0:r1], m[:, r0:r1] = oc, lc, big[..., -1]
         if trace:
             codes_all[:, r0:r1, :kend] = codes.reshape(h, r1 - r0, nb * n)[:, :, :kend]
+            if causal and recipe.diagonal == "hi_lo":
+                lo_all[:, r0:r1, :kend] = lo_blk.reshape(h, r1 - r0, nb * n)[:, :, :kend]
             ref_all[:, r0:r1, :nb] = ref
-    return o, l, m, codes_all, ref_all
+    return o, l, m, codes_all, ref_all, lo_all
 
 
 def _finish(o, l, m, recipe: Recipe, dv: float):
@@ -394,7 +432,7 @@ def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v
     qh = np.ascontiguousarray(qd.transpose(1, 0, 2))
     kt = np.ascontiguousarray(kd.transpose(1, 2, 0)[kv])
     v1 = np.concatenate([vd.transpose(1, 0, 2), np.ones((hkv, sk, 1))], axis=2)[kv]
-    o, l, m, _, _ = _forward(qh, kt, v1, recipe, log2_scale(scale, descale_q, descale_k), causal)
+    o, l, m, _, _, _ = _forward(qh, kt, v1, recipe, log2_scale(scale, descale_q, descale_k), causal)
     out, lse = _finish(o, l, m, recipe, descale_v)
     return out.transpose(1, 0, 2), lse
 
@@ -407,7 +445,8 @@ class HeadResult:
     for keys the row does not see).  ``ref_max`` (Sq, blocks): the reference max ``m_b``
     used for that row and key block (log2 units; an integer for the integer kinds; -inf
     where the row has seen no key yet, and for the block kinds where it sees none of the
-    block).  ``row_max`` (Sq,): the final ``M``.
+    block).  ``row_max`` (Sq,): the final ``M``.  ``p_lo`` (Sq, Sk) uint8: the second term
+    of P where the recipe's ``diagonal`` is "hi_lo" (``p_codes`` holds the first there), else 0.
     """
 
     out: np.ndarray
@@ -415,6 +454,7 @@ class HeadResult:
     p_codes: np.ndarray
     ref_max: np.ndarray
     row_max: np.ndarray
+    p_lo: np.ndarray
 
 
 def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0,
@@ -429,8 +469,8 @@ def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0
     if scores is not None:
         scores = np.asarray(scores, dtype=np.float32)[None]
     v1 = np.concatenate([vd, np.ones((vd.shape[0], 1))], axis=1)[None]
-    o, l, m, codes, ref = _forward(qd[None], kd.T[None], v1, recipe,
+    o, l, m, codes, ref, lo = _forward(qd[None], kd.T[None], v1, recipe,
                                    log2_scale(scale, descale_q, descale_k), causal,
                                    scores=scores, trace=True)
     out, lse = _finish(o, l, m, recipe, descale_v)
-    return HeadResult(out[0], lse[0], codes[0], ref[0], m[0])
+    return HeadResult(out[0], lse[0], codes[0], ref[0], m[0], lo[0])
