@@ -279,12 +279,13 @@ __device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4]
   }
 }
 
-// PV(n) of a diagonal block at d_v <= 128 (one pass), P in two terms: a turn holding the product
+// PV(n) of a diagonal block (d_v <= 128: one pass), P in two terms: a turn holding the product
 // of pa and that of pl onto it, their wait and the merge; V^T released.  Returns `last`.
 __device__ __forceinline__ bool diagonal_pv(float (&acc_o)[kDv / 2], float (&acc_l)[4], float (&acc_b)[kAccB],
                                             float (&acc_lb)[4], const uint32_t (&pa)[kBlockN / 8],
                                             const uint32_t (&pl)[kBlockN / 8], const float (&factor)[2],
                                             const Smem& sm, const Bars& bars, const Turns& turns, int t, bool last) {
+  static_assert(!kDiagHiLo || kPasses == 1, "two-term diagonals where PV is one pass (d_v <= 128)");
   turns.take();
   wgmma_fence();
   issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
@@ -351,25 +352,20 @@ __device__ void flash_fwd(const P& p) {
     float acc_s[kBlockN / 2];
     turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
-    // The diagonal blocks (the "hi_lo" recipe: P in two terms) are the warpgroup's last, from
-    // n_diag on.  At d_v <= 128 they have a loop of their own after this one, so that the
-    // registers of their second P never weigh on the other blocks'; d_v = 256 takes them here,
-    // in its passes (its registers do not fit a loop of each).  The last block leaves the loop
-    // from its turn: the rest of the body is the same for every block, so that the compiler
-    // keeps S(n + 1) in flight across the merge of block n.
-    const int n_diag = kCausal && kDiagHiLo ? first_diagonal_block(row0 + cw * 64, diag, n_blocks) : n_blocks;
-    const int n_two = kPasses == 1 ? n_diag : n_blocks;   // where this loop ends
+    // The diagonal blocks (the "hi_lo" recipe at this d_v: P in two terms) are the warpgroup's
+    // last, from n_two on, in a loop of their own after this one, so that the registers of
+    // their second P never weigh on the other blocks'.  The last block leaves the loop from its
+    // turn: the rest of the body is the same for every block, so that the compiler keeps
+    // S(n + 1) in flight across the merge of block n.
+    const int n_two = kCausal && kDiagHiLo ? first_diagonal_block(row0 + cw * 64, diag, n_blocks) : n_blocks;
     int n = 0, k1 = 1 % kStages;              // k1: the K stage of block n + 1
     for (; n < n_two; ++n, k1 = next_stage<kStages>(k1)) {
       const int t = n & 1;                    // V^T stage of block n
       const bool last = n + 1 == n_blocks;
-      // ---- softmax(n): mask, frame, Lean P (d_v = 256: the two terms of a diagonal block) ---
-      uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
+      // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
+      uint32_t pa[kBlockN / 8];
       float factor[2];
-      bool two = false;
-      if constexpr (kCausal && kDiagHiLo && kPasses > 1) two = n >= n_diag;
-      if (two) softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
-      else softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
+      softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
 
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
@@ -385,7 +381,6 @@ __device__ void flash_fwd(const P& p) {
           turns.take();
           wgmma_fence();
           issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), pass);
-          if (two) issue_pv(acc_b, acc_lb, pl, sm.vt_at(t), sm.ones(), pass, true);
           if (last && pass + 1 == kPasses) turns.hand_over_last();
           else turns.hand_over();
           wgmma_wait<0>();
@@ -428,8 +423,8 @@ __device__ void flash_fwd(const P& p) {
       if (lane == 0) mbar_arrive(bars.kempty(k1));
     }
 
-    // The diagonal blocks at d_v <= 128 (the "hi_lo" recipe): P in two terms.
-    if constexpr (kCausal && kDiagHiLo && kPasses == 1) {
+    // The diagonal blocks: P in two terms.
+    if constexpr (kCausal && kDiagHiLo) {
       for (; n < n_blocks; ++n, k1 = next_stage<kStages>(k1)) {
         uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
         float factor[2];

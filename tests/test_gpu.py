@@ -100,7 +100,8 @@ def test_torch_fp8_as_uint8_with_descales():
 
 @pytest.mark.parametrize("d,sq,sk,causal", [(64, 128, 48, False), (128, 80, 304, False),
                                             (128, 272, 400, True), (192, 96, 272, False),
-                                            (256, 208, 256, True)])
+                                            (256, 208, 256, True), (64, 304, 304, True),
+                                            (128, 208, 272, True), (192, 144, 208, True)])
 def test_sm90a_fp8_is_its_model_given_the_tensor_core_scores(d, sq, sk, causal):
     """The sm_90a FP8 kernel computes P, the block maxima, the rounded sums and the merge
     exactly as fp8_models' "sm_90a" recipe does, once the model is given the scores the
@@ -135,6 +136,46 @@ def test_sm90a_fp8_is_its_model_given_the_tensor_core_scores(d, sq, sk, causal):
     seen = np.isfinite(model.lse)
     assert np.array_equal(np.isfinite(got_lse), seen)
     assert np.abs(got_lse[seen] - model.lse[seen]).max() < 5e-4
+
+
+@pytest.mark.parametrize("d", [64, 128, 192])
+def test_sm90a_fp8_diagonal_blocks_carry_p_in_two_terms(d):
+    """Causal, the rows near the start of a sequence see only keys of the blocks their diagonal
+    cuts, where the "sm_90a" recipe takes P in two e4m3 terms: the kernel's error against fp64
+    there is a fraction of one byte's (the "sm_90a/one" model), not merely within the bound."""
+    torch = pytest.importorskip("torch")
+    if ARCH != "sm_90a":
+        pytest.skip(f"the two-term diagonal is sm_90a's recipe; device is {ARCH}")
+    from zyfa_runtime import as_tensor, flash_attn_func, fp8_models
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    s, heads = 256, 4
+    dv = 128 if d == 192 else d
+    xs = [torch.randn(1, s, heads, dd, device="cuda", generator=g) for dd in (d, d, dv)]
+    xs[2] += 1.0                            # V with a mean: the case rounded sums are for
+    scales = [t.abs().max() / 448 for t in xs]
+    q8, k8, v8 = ((t / c).to(torch.float8_e4m3fn) for t, c in zip(xs, scales))
+    out = torch.full((1, s, heads, dv), float("nan"), device="cuda", dtype=torch.bfloat16)
+    flash_attn_func(*(as_tensor(t.view(torch.uint8), dtype="fp8_e4m3") for t in (q8, k8, v8)),
+                    descale_q=scales[0].reshape(1), descale_k=scales[1].reshape(1),
+                    descale_v=scales[2].reshape(1), out=out, causal=True)
+    torch.cuda.synchronize()
+    codes = [t.view(torch.uint8).cpu().numpy()[0] for t in (q8, k8, v8)]
+    deq = [(t.double() * c.double()).cpu().numpy()[0] for t, c in zip((q8, k8, v8), scales)]
+    ref = reference.attention(*(x[None] for x in deq), causal=True)[0]
+    kw = dict(descale_q=float(scales[0]), descale_k=float(scales[1]), descale_v=float(scales[2]),
+              causal=True, softmax_scale=float(np.float32(1 / np.sqrt(d))))
+    one, _ = fp8_models.sequence_forward(*codes, "sm_90a/one", **kw)
+    two, _ = fp8_models.sequence_forward(*codes, "sm_90a", **kw)
+    got = out.double().cpu().numpy()[0]
+    assert not np.isnan(got).any()
+    rows = slice(0, 128)                    # every key these rows see is in a diagonal block
+    err = {n: reference.relative_error(x[rows], ref[rows]) for n, x in (("got", got), ("one", one),
+                                                                        ("two", two))}
+    assert err["two"] < 0.25 * err["one"], err
+    # The kernel adds its bf16 output rounding (about 1.7e-3 here, against one byte's 4.5e-3 and
+    # two terms' 1e-4): under half one byte's error, and nearer the two-term model than the other.
+    assert err["got"] < 0.5 * err["one"], err
+    assert reference.relative_error(got[rows], two[rows]) < 0.5 * reference.relative_error(got[rows], one[rows])
 
 
 def test_cupy_arrays_via_cuda_array_interface():

@@ -117,7 +117,9 @@ class Recipe:
                     both in the rounded sum.  These are the keys nearest each query, where
                     a model's attention is most local and a row near the start of a sequence
                     has all its keys.  ``w = fp32(S c + fp32(16 + c0/8 - m_b))`` as in
-                    the quad forms; needs "block_fp32".
+                    the quad forms; needs "block_fp32".  Only where ``d_v <=
+                    diagonal_dv`` (``diagonal_at``): sm_90a's d_v = 256 consumer holds no
+                    second P beside its 256-wide O and block accumulator.
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
 
@@ -131,6 +133,7 @@ class Recipe:
     byte_form: str = "fma"
     diagonal: str = "same"
     diagonal_rows: int = 64
+    diagonal_dv: int = 128
 
     def __post_init__(self):
         if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
@@ -161,6 +164,11 @@ class Recipe:
         k = math.log2(self.p_shift) if self.p_shift > 0 else -1
         if k != int(k) or not 0 <= k <= 8:
             raise ValueError(f"p_shift must be 2^0 .. 2^8, got {self.p_shift!r}")
+
+    def diagonal_at(self, d_v: int) -> bool:
+        """Whether a causal forward with value head dim ``d_v`` takes its diagonal blocks in two
+        terms."""
+        return self.diagonal == "hi_lo" and d_v <= self.diagonal_dv
 
     @property
     def block_scale(self) -> bool:
@@ -340,7 +348,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             y = e4m3.fma_f32(sb, c8, bias[..., None])
             codes = e4m3.p_codes(y, variant=recipe.p_rounding, max_code=recipe.c0)
         pd = e4m3.decode(codes)
-        if causal and recipe.diagonal == "hi_lo":
+        if causal and recipe.diagonal_at(dv):
             # The blocks the causal diagonal of each row's group cuts: the group's first row
             # (g0) does not see the block's last key.
             g = recipe.diagonal_rows
@@ -374,7 +382,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
         o[:, r0:r1], l[:, r0:r1], m[:, r0:r1] = oc, lc, big[..., -1]
         if trace:
             codes_all[:, r0:r1, :kend] = codes.reshape(h, r1 - r0, nb * n)[:, :, :kend]
-            if causal and recipe.diagonal == "hi_lo":
+            if causal and recipe.diagonal_at(dv):
                 lo_all[:, r0:r1, :kend] = lo_blk.reshape(h, r1 - r0, nb * n)[:, :, :kend]
             ref_all[:, r0:r1, :nb] = ref
     return o, l, m, codes_all, ref_all, lo_all
