@@ -370,3 +370,48 @@ def test_gfx950_bytes_never_pass_the_block_max_code(spread):
         other = head_forward(q, k, v, r.replace(byte_form="fma"), softmax_scale=spread / 8).p_codes
         assert np.mean(codes != other) < 0.01
         assert np.abs(codes.astype(int) - other.astype(int)).max() <= 1
+
+
+def test_sm90a_diagonal_blocks_are_those_each_row_groups_diagonal_cuts():
+    """Causal, "sm_90a" takes P in two terms exactly in the blocks the diagonal of the row's
+    group of 64 rows cuts (its first row misses the block's last key), at d_v <= 128; every
+    other byte is the one-byte recipe's."""
+    rng = np.random.default_rng(11)
+    sq, sk = 200, 264                                 # diagonal offset 64: not block-aligned
+    q, k, v, sc = gaussian_problem(rng, sq=sq, sk=sk, hq=1, hkv=1, d=64, dv=64)
+    args = (q[0, :, 0], k[0, :, 0], v[0, :, 0])
+    two = fp8_models.head_forward(*args, "sm_90a", causal=True, **sc)
+    one = fp8_models.head_forward(*args, "sm_90a/one", causal=True, **sc)
+    rows, keys = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    cut = (keys // 128) * 128 + 127 > (rows // 64) * 64 + (sk - sq)
+    seen = visible(sq, sk, True)
+    np.testing.assert_array_equal(two.p_codes[~cut], one.p_codes[~cut])
+    assert (two.p_lo[~cut] == 0).all() and (two.p_lo[cut & seen] != 0).mean() > 0.5
+    assert (two.p_codes[~seen] == 0).all() and (two.p_lo[~seen] == 0).all()
+    assert fp8_models.RECIPES["sm_90a"].diagonal_at(128) and not fp8_models.RECIPES["sm_90a"].diagonal_at(256)
+    non_causal = fp8_models.head_forward(*args, "sm_90a", causal=False, **sc)
+    assert (non_causal.p_lo == 0).all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90a_diagonal_terms_cut_the_error_of_rows_near_the_start(d):
+    """Rows that see only diagonal blocks: the two-term P's error against fp64 is a small
+    fraction of one byte's; over all rows of a longer sequence still under two thirds."""
+    rng = np.random.default_rng(12 + d)
+    q, k, v, sc = gaussian_problem(rng, sq=384, sk=384, hq=2, hkv=1, d=d, dv=d)
+    ref = reference.attention(*dequantised(q, k, v, **sc), causal=True)[0]
+    outs = {n: fp8_models.sequence_forward(q[0], k[0], v[0], n, causal=True, **sc)[0]
+            for n in ("sm_90a", "sm_90a/one")}
+    first = {n: reference.relative_error(o[:128], ref[:128]) for n, o in outs.items()}
+    every = {n: reference.relative_error(o, ref) for n, o in outs.items()}
+    assert first["sm_90a"] < 0.1 * first["sm_90a/one"], first
+    assert every["sm_90a"] < 0.67 * every["sm_90a/one"], every
+
+
+def test_diagonal_recipe_validation():
+    with pytest.raises(ValueError, match="diagonal must be"):
+        RECIPES["sm_90a"].replace(diagonal="both")
+    with pytest.raises(ValueError, match="block_fp32"):
+        RECIPES["lean128"].replace(diagonal="hi_lo")
+    with pytest.raises(ValueError, match="diagonal_rows"):
+        RECIPES["sm_90a"].replace(diagonal_rows=0)

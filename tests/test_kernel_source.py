@@ -67,6 +67,18 @@ def test_recipe_constants_are_the_models():
     assert e4m3.quad_h2_codes(np.float32([(r.c0 + 128) / 8]))[0] == r.c0   # w = z = ZMax: code c0
 
 
+@pytest.mark.parametrize("dv,causal,two", [(128, True, True), (64, True, True), (128, False, False),
+                                           (256, True, False)])
+def test_the_diagonal_terms_reach_the_kernel_where_the_recipe_takes_them(dv, causal, two):
+    """kDiagHiLo where the recipe's two-term diagonal applies (causal, d_v <= 128; the body
+    tests kCausal too), and the exp2 polynomial and w's clamp exactly as the model holds them."""
+    cfg = ks.config(Variant("sm_90a", "fp8_e4m3", 192 if dv == 128 and causal else dv, dv, causal))
+    assert f"kDiagHiLo = {'true' if two or not causal and dv <= 128 else 'false'};" in cfg
+    for i, a in enumerate(e4m3.EXP2_POLY):
+        assert float.fromhex(re.search(rf"kExp{i} = (\S+)f;", cfg).group(1)) == float(a)
+    assert float.fromhex(re.search(r"kExpWMax = (\S+)f;", cfg).group(1)) == float.fromhex("0x1.fffffep4")
+
+
 def test_the_folded_form_is_still_built_where_the_recipe_names_it(monkeypatch):
     monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", fp8_models.RECIPES["sm_90a/fold"])
     assert "kByteH2 = false;" in ks.config(Variant("sm_90a", "fp8_e4m3", 128, 128, False))
