@@ -207,7 +207,9 @@ def _recipes() -> dict[str, Recipe]:
     * "sm_90a": Lean P with the quadratic mantissa correction, exact fp32 block max,
       rounded sum, 128-key blocks: no MUFU at all; the correction in half precision, two
       scores an instruction, 2.5 FMA-pipe + 1.25 other instructions per element
-      ("sm_90a/fold": the same byte in fp32, 4 + 1.5; "sm_90a/fma": the FMA form, 6 + 1.5).
+      ("sm_90a/fold": the same byte in fp32, 4 + 1.5; "sm_90a/fma": the FMA form, 6 + 1.5);
+      causal, at d_v <= 128, the blocks the diagonal of each 64-row group cuts take P in two
+      e4m3 terms (``diagonal="hi_lo"``; "sm_90a/one" is the recipe without them).
 
     Kernels take their P arithmetic from these two entries.  "lean64" / "lean128" are the
     first design (Lean P, integer block max, rounded sum) from which the ablations are
