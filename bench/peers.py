@@ -26,8 +26,11 @@ An implementation that fails or is unavailable is reported as missing, with the 
 Timing: CUDA events around each call, warm-up >= 50 ms, then enough calls for >= 200 ms
 (``--sustained``: >= 10 s); the median per call is reported.  FLOPs are
 2 * B * Hq * Sq * Sk * (d_qk + d_v), halved for causal.  An NVML thread samples power and
-SM clock during the timed window; TFLOP/J = TFLOP/s / mean W.  Short windows read the
-board's averaged power sensor, so W is most trustworthy with ``--sustained``.
+SM clock during the timed window, and reads the board's energy counter at its ends.  The
+board's power reading lags by about a second (in a 0.2 s window the samples read a third of
+the power its energy counter shows; over 10 s the two agree within 2 %), so W and TFLOP/J =
+TFLOP/s / W (W from the energy counter where there is one) are reported only for windows of at
+least POWER_MIN_WINDOW_S: use ``--sustained`` (or ``--min-s``) for them.
 
 Accuracy: ||out - ref|| / ||ref|| on a slice (batch 0, the first 2 query heads, the first
 and last 128 query rows) against an fp64 reference over all keys (causal bottom-right
@@ -73,6 +76,7 @@ IMPLS = ["zyfa_bf16", "zyfa_fp8", "sdpa_cudnn", "sdpa_flash", "triton_fp8"]
 FP8_IMPLS = {"zyfa_fp8", "triton_fp8"}
 E4M3_MAX = 448.0
 REF_ROWS = 128          # first and last REF_ROWS query rows
+POWER_MIN_WINDOW_S = 2.0   # shortest timed window whose W and TFLOP/J are reported
 REF_HEADS = 2           # query heads of the reference slice (--ref-heads)
 
 #: The bar: the fastest peers measured on an H200 like ours, on Gaussian inputs, TFLOP/s
@@ -586,8 +590,7 @@ def run_point(shape, causal, impls, args, sampler, tri):
             t = time_call(fn, args.min_s, args.warm_s, sampler)
             r.update(t)
             r["tflops"] = fl / (t["median_ms"] * 1e-3) / 1e12
-            if t.get("power_w"):
-                r["tflop_per_j"] = r["tflops"] / t["power_w"]
+            r.update(energy_metrics(r["tflops"], t))
         except Exception as e:   # noqa: BLE001
             msg = str(e).strip().splitlines()
             r = {"status": "missing",
@@ -599,7 +602,7 @@ def run_point(shape, causal, impls, args, sampler, tri):
             r.setdefault("after_error", f"{type(e).__name__}: {e}")
         results[name] = r
         status = (f"{r['tflops']:7.1f} TFLOP/s err {r['rel_err']:.2e} "
-                  f"{_fmt(r.get('power_w'), '.0f')} W {_fmt(r.get('sm_clock_mhz'), '.0f')} MHz"
+                  f"{_fmt(r.get('watts'), '.0f')} W {_fmt(r.get('sm_clock_mhz'), '.0f')} MHz"
                   if r["status"] == "ok" else f"MISSING ({r['reason']})")
         print(f"  {name:11s} {status}", flush=True)
     del ctx, q, k, v, q8, k8, v8
@@ -640,7 +643,8 @@ def markdown(data) -> str:
              f"triton {data['versions'].get('triton')}, driver {data['gpu'].get('driver')}, "
              f"mode {data['mode']}, inputs {data.get('inputs', 'gaussian')}", "",
              "Each cell: TFLOP/s / rel. error / mean W / mean SM MHz "
-             "(FP8 errors against the dequantised-input fp64 reference).", ""]
+             "(FP8 errors against the dequantised-input fp64 reference; W only for timed windows "
+             f"of {POWER_MIN_WINDOW_S:g} s or more, see --sustained).", ""]
     lines.append("| shape | causal | " + " | ".join(impls) + " |")
     lines.append("|---|---|" + "---|" * len(impls))
     for p in data["points"]:
@@ -650,7 +654,7 @@ def markdown(data) -> str:
             if r["status"] == "ok":
                 cells.append(f"{r['tflops']:.0f} / {r['rel_err']:.1e}"
                              f"{' NaN' if r.get('nan_count') else ''} / "
-                             f"{_fmt(r.get('power_w'), '.0f')} / {_fmt(r.get('sm_clock_mhz'), '.0f')}")
+                             f"{_fmt(r.get('watts'), '.0f')} / {_fmt(r.get('sm_clock_mhz'), '.0f')}")
             else:
                 cells.append("missing")
         lines.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
@@ -661,12 +665,24 @@ def markdown(data) -> str:
         for lab, c, n, why in missing:
             lines.append(f"- {n}, {lab}, {'causal' if c else 'non-causal'}: {why}")
     lines += bridged_table(data)
-    lines += ["", "TFLOP/J (TFLOP/s per mean W):", "",
+    lines += ["", f"TFLOP/J (TFLOP/s per mean W; only for timed windows of {POWER_MIN_WINDOW_S:g} s or more, "
+              "as with --sustained):", "",
               "| shape | causal | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
     for p in data["points"]:
         cells = [_fmt(p["impls"].get(n, {}).get("tflop_per_j"), ".3f") for n in impls]
         lines.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def energy_metrics(tflops: float, t: dict) -> dict:
+    """``watts`` and ``tflop_per_j`` of one timed point ``t`` (time_call's result), or None for
+    both when its window is shorter than POWER_MIN_WINDOW_S (the board's power reading would
+    not yet have followed the load).  W is the energy counter's mean over the window where the
+    board has one, else the mean of the samples."""
+    if t.get("window_s", 0.0) < POWER_MIN_WINDOW_S:
+        return {"watts": None, "tflop_per_j": None}
+    w = t.get("power_w_energy") or t.get("power_w")
+    return {"watts": w, "tflop_per_j": tflops / w if w else None}
 
 
 def bridged_table(data) -> list[str]:
@@ -703,7 +719,7 @@ def plot(data, out_dir: Path) -> list[str]:
     for metric, ylabel in (("tflops", "TFLOP/s"), ("tflop_per_j", "TFLOP/J")):
         for causal in (False, True):
             pts = [p for p in data["points"] if p["causal"] == causal]
-            if not pts:
+            if not pts or not any(r.get(metric) for p in pts for r in p["impls"].values()):
                 continue
             fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(pts) + 2), 4.5))
             width = 0.8 / len(impls)

@@ -87,3 +87,16 @@ def test_a_run_records_the_code_objects_it_loads(peers, tmp_path, monkeypatch):
     assert peers.code_objects() == {"fwd_sm_90a_bf16_d64x64_full": "ab" * 32}
     monkeypatch.setenv("ZYFA_PREBUILT_DIR", str(tmp_path / "missing"))
     assert "error" in peers.code_objects()
+
+
+def test_power_is_reported_only_for_windows_the_sensor_follows(peers):
+    """A short window's samples read a fraction of the power (the board's reading lags): no W or
+    TFLOP/J there; a long one takes W from the energy counter, else from the samples."""
+    short = {"window_s": 0.2, "power_w": 190.0, "power_w_energy": 640.0}
+    assert peers.energy_metrics(633.0, short) == {"watts": None, "tflop_per_j": None}
+    long = {"window_s": peers.POWER_MIN_WINDOW_S + 8, "power_w": 665.0, "power_w_energy": 692.0}
+    got = peers.energy_metrics(626.0, long)
+    assert got["watts"] == 692.0 and got["tflop_per_j"] == pytest.approx(626.0 / 692.0)
+    no_counter = {"window_s": 10.0, "power_w": 665.0}
+    assert peers.energy_metrics(626.0, no_counter)["watts"] == 665.0
+    assert peers.energy_metrics(626.0, {"window_s": 10.0}) == {"watts": None, "tflop_per_j": None}
