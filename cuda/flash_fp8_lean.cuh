@@ -207,7 +207,7 @@ __device__ __forceinline__ float exp2_x(float s, float c, float bias) {
   return w >= 16.f ? __uint_as_float(x) : 0.f;
 }
 
-// Two scores' x (x0 in the low byte) -> their hi and lo codes, two bytes each (e4m3.hi_lo_codes).
+// Two scores' x -> their hi and lo codes (e4m3.hi_lo_codes), two bytes each, x0's the low one.
 __device__ __forceinline__ void hi_lo_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   uint32_t x16, hb;
   unsigned short h, l;

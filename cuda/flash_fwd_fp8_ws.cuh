@@ -36,6 +36,9 @@
 //   block accumulator is all the registers hold beside a 256-wide O, so PV(n) goes in two
 //   passes of 128 columns and each pass, and then S(n + 1), is a turn of its own: a consumer
 //   waits for its pass and merges it while the other's product runs.
+//   Causal, at d_v <= 128, the blocks the diagonal of a consumer's 64 rows cuts (its last one or
+//   two) go through a loop of their own: P in two e4m3 terms (hi_lo_p, the recipe's "hi_lo"
+//   diagonal), both products in the block's turn, then S(n + 1) after their wait.
 //
 // Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block
 // n) and acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256)
@@ -219,9 +222,6 @@ __device__ __forceinline__ int first_diagonal_block(int wg_row0, int diag, int n
   const int n = x < 0 ? 0 : x / kBlockN + 1;
   return __shfl_sync(0xffffffffu, n < n_blocks ? n : n_blocks, 0);
 }
-
-template <bool kTwo>
-struct Terms { static constexpr bool value = kTwo; };
 
 // Mask, frame and P of one block's S (acc_s) for the warpgroup whose first row is wg_row0: the
 // Lean byte into pa, or with kTwo (a diagonal block) the two terms into pa and pl.
