@@ -116,8 +116,7 @@ def _recipe_constants(v: Variant) -> list[str]:
             f"constexpr unsigned kH2ZMax = {f16x2((r.c0 + 128) / 8)};   // z of code c0: (c0 + 128) / 8",
             f"constexpr bool kDiagHiLo = {'true' if r.diagonal_at(v.d_v) else 'false'};"
             f"   // diagonal {r.diagonal!r} at d_v <= {r.diagonal_dv}",
-            f"constexpr float kExpWMax = {float(np.float32(float.fromhex('0x1.fffffep4'))).hex()}f;"
-            "   // w held below 32 (e4m3.exp2_x)",
+            f"constexpr float kExpWMax = {float(e4m3.EXP2_W_MAX).hex()}f;   // e4m3.EXP2_W_MAX",
             *(f"constexpr float kExp{i} = {float(a).hex()}f;   // e4m3.EXP2_POLY[{i}]"
               for i, a in enumerate(e4m3.EXP2_POLY))]
 

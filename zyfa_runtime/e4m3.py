@@ -114,8 +114,8 @@ except ImportError:  # pragma: no cover
 __all__ = ["MAX", "NAN", "decode", "encode", "as_codes", "fma_f32", "p_codes", "lean_p_codes",
            "quad_fold_codes", "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE",
            "QUAD_FOLD_C", "QUAD_FOLD_K", "QUAD_FOLD_A1", "QUAD_FOLD_A0", "quad_h2_codes", "fma_f16",
-           "QUAD_H2_A", "QUAD_H2_B", "QUAD_H2_B17", "QUAD_H2_K", "EXP2_POLY", "exp2_x",
-           "hi_lo_codes"]
+           "QUAD_H2_A", "QUAD_H2_B", "QUAD_H2_B17", "QUAD_H2_K", "EXP2_POLY", "EXP2_W_MAX",
+           "exp2_x", "hi_lo_codes"]
 
 MAX = 448.0  #: largest finite e4m3 value, code 0x7E
 NAN = 0x7F   #: the NaN code this module produces
@@ -153,6 +153,9 @@ QUAD_H2_K = float(QUAD_H2_A) * float(QUAD_H2_B) / 32
 #: binade of ``w`` added to its exponent it gives :func:`exp2_x`.
 EXP2_POLY = tuple(np.float32(float.fromhex(h)) for h in (
     "0x1.00002cp-7", "0x1.62d166p-8", "0x1.ee7990p-10", "0x1.aa13fcp-12", "0x1.bb7c70p-14"))
+#: The largest ``w`` :func:`exp2_x` takes (the top of w's binade [16, 32)); larger ones are held
+#: at it.
+EXP2_W_MAX = np.float32(float.fromhex("0x1.fffffep4"))
 
 #: Every P-rounding variant :func:`p_codes` knows.
 P_ROUNDINGS = ("lean", "lean_quad", "exact")
@@ -324,12 +327,12 @@ def exp2_x(w) -> np.ndarray:
     """``x = 2^(w - 23)`` in fp32 for ``w = y/8 + 16`` (float32, the kernel's value): ``p_shift
     * 2^(t - m)``, 256 at the block max, for every ``w`` in [16, 32); 0 below 16 (P under
     2^-15 of the block max, and the masked keys' -inf).  The kernel's arithmetic, bit for bit:
-    ``w`` is first held below 32 (``min(w, 0x1.fffffep4)``; only scores of ``|T| >= 2^18`` can
+    ``w`` is first held below 32 (``min(w, EXP2_W_MAX)``; only scores of ``|T| >= 2^18`` can
     reach it); ``f = 16 (F - 1)`` with ``F`` w's low 19 mantissa bits under 1.0's exponent
     (``f = w - floor(w)``, exact); ``p = 2^-7 2^f`` by :data:`EXP2_POLY` (Horner's rule, one
     FMA a step); then ``floor(w) - 16`` is added to ``p``'s exponent field.
     """
-    w = np.minimum(np.asarray(w, dtype=np.float32), np.float32(float.fromhex("0x1.fffffep4")))
+    w = np.minimum(np.asarray(w, dtype=np.float32), EXP2_W_MAX)
     live = w >= 16
     wb = np.where(live, w, np.float32(16)).view(np.uint32)
     f_one = ((wb & np.uint32(0x7FFFF)) | np.uint32(0x3F800000)).view(np.float32)

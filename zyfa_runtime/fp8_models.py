@@ -333,6 +333,9 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             big = np.maximum.accumulate(ref, axis=2)
         ref, big = ref.astype(np.float64), big.astype(np.float64)
         live = np.isfinite(ref)
+        # fp32(16 + c0/8 - m_b): the constant of w = y/8 + 16, the quad forms' and the
+        # diagonal terms' argument (0 where the block has no reference: its scores are -inf).
+        w_bias = _fp32(np.where(live, 16.0 + c0 / 8.0 - np.where(live, ref, 0.0), 0.0))[..., None]
         if recipe.byte_form == "pk_u8":
             kc = np.float32(c0)
             with np.errstate(invalid="ignore"):
@@ -340,8 +343,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
                 y = e4m3.fma_f32(sb, c8, -u[..., None])
             codes = np.clip(np.rint(np.nan_to_num(y, nan=0.0, neginf=0.0)), 0, 255).astype(np.uint8)
         elif recipe.byte_form in ("quad_fold", "quad_h2"):
-            bias = _fp32(np.where(live, 16.0 + c0 / 8.0 - np.where(live, ref, 0.0), 0.0))
-            w = e4m3.fma_f32(sb, c, bias[..., None])
+            w = e4m3.fma_f32(sb, c, w_bias)
             byte = e4m3.quad_fold_codes if recipe.byte_form == "quad_fold" else e4m3.quad_h2_codes
             codes = byte(w, max_code=recipe.c0)
             y = _fp32((w.astype(np.float64) - 16.0) * 8.0)        # for an "unrounded" sum
@@ -357,8 +359,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             g0 = (np.arange(r0, r1) // g) * g
             cut = (np.arange(nb)[None, :] * n + n - 1) > (g0 + off)[:, None]        # (R, nb)
             sel = np.broadcast_to(cut[None, :, :, None], pd.shape)
-            bias16 = _fp32(np.where(live, 16.0 + c0 / 8.0 - np.where(live, ref, 0.0), 0.0))
-            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb, c, bias16[..., None])[sel])
+            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c, np.broadcast_to(w_bias, sb.shape)[sel]))
             codes[sel] = hi
             pd[sel] = e4m3.decode(hi) + e4m3.decode(lo)
             if trace:
