@@ -99,11 +99,17 @@ __device__ __forceinline__ void mask_block(float (&s)[zyfa_cfg::kBlockN / 2], in
 }
 
 // The maxima of the two rows a thread's accumulator holds (row hr in s[4j + 2hr], s[4j + 2hr +
-// 1]), over the quad's four threads.  A tree of independent FMNMX, both rows at once: the
-// plain loop is a chain of kN / 2 dependent FMNMX per row, each waiting out the ALU latency,
-// and the rows one after the other (~170 cycles of a ~700-cycle softmax at 128 keys).
+// 1]), over the quad's four threads, exactly as fmaxf would give them.  Trees of independent
+// instructions, both rows at once (the plain loop is a chain of kN / 2 dependent maxima per
+// row, each waiting out the ALU latency, and the rows one after the other).
+//
+// The first tree takes the scores' bits as signed integers, three at a time (VIMNMX3: half the
+// instructions of FMNMX, which takes two): the non-negative floats order as their bits do and
+// above every negative one, so wherever a row has a score >= +0 the integer maximum is its
+// float maximum.  A row with none (all negative, or masked to -inf) shows a negative integer;
+// then the warp takes the maxima again as floats, by FMNMX.
 template <int kN>
-__device__ __forceinline__ void quad_row_max(const float (&s)[kN], float (&mx)[2]) {
+__device__ __forceinline__ void row_max_fmnmx(const float (&s)[kN], float (&mx)[2]) {
   constexpr int kGroups = kN / 4;
   static_assert((kGroups & (kGroups - 1)) == 0, "a power-of-two number of 8-column groups");
   float v[2][kGroups];
@@ -124,6 +130,48 @@ __device__ __forceinline__ void quad_row_max(const float (&s)[kN], float (&mx)[2
     for (int hr = 0; hr < 2; ++hr) v[hr][0] = fmaxf(v[hr][0], __shfl_xor_sync(0xffffffffu, v[hr][0], lanes));
   mx[0] = v[0][0];
   mx[1] = v[1][0];
+}
+
+// A float's bits as an int, by a volatile asm: it stays after the wait that completes a WGMMA
+// writing x (a plain bit cast is free to the compiler, which may place it where x is defined,
+// inside the product, and ptxas then serialises the WGMMAs to honour the early read).
+__device__ __forceinline__ int bits_after_wait(float x) {
+  int r;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+template <int kN>
+__device__ __forceinline__ void quad_row_max(const float (&s)[kN], float (&mx)[2]) {
+  constexpr int kRow = kN / 2;               // a row's values in this thread
+  int v[2][kRow];
+#pragma unroll
+  for (int j = 0; j < kN / 4; ++j)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      v[hr][2 * j] = bits_after_wait(s[4 * j + 2 * hr]);
+      v[hr][2 * j + 1] = bits_after_wait(s[4 * j + 2 * hr + 1]);
+    }
+#pragma unroll
+  for (int n = kRow; n > 1; n = (n + 2) / 3)     // levels of the tree: n values -> ceil(n / 3)
+#pragma unroll
+    for (int i = 0; i < (kRow + 2) / 3; ++i)      // v[i] from v[3i .. 3i + 2], read before written
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        if (3 * i + 2 < n) v[hr][i] = max(max(v[hr][3 * i], v[hr][3 * i + 1]), v[hr][3 * i + 2]);
+        else if (3 * i + 1 < n) v[hr][i] = max(v[hr][3 * i], v[hr][3 * i + 1]);
+        else if (3 * i < n) v[hr][i] = v[hr][3 * i];
+      }
+#pragma unroll
+  for (int lanes = 1; lanes <= 2; lanes *= 2)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) v[hr][0] = max(v[hr][0], __shfl_xor_sync(0xffffffffu, v[hr][0], lanes));
+  if (__any_sync(0xffffffffu, (v[0][0] | v[1][0]) < 0)) {
+    row_max_fmnmx(s, mx);
+  } else {
+    mx[0] = __int_as_float(v[0][0]);
+    mx[1] = __int_as_float(v[1][0]);
+  }
 }
 
 // ---- asynchronous copies and WGMMA ---------------------------------------------------------

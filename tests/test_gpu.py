@@ -71,6 +71,30 @@ def test_torch_tensors_via_dlpack_on_a_stream():
     assert np.abs(lse.numpy() - ref_lse).max() < 1e-3
 
 
+@pytest.mark.parametrize("d,causal", [(64, True), (128, False), (256, True)])
+def test_bf16_rows_whose_scores_are_all_negative(d, causal):
+    """The block max of a row with no score >= 0 (every other 32 rows here: K >= 0, those rows
+    of Q <= 0) comes from the kernels' float path, the others' from the integer one; both
+    within the BF16 bounds of the fp64 reference, LSE included."""
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import flash_attn_func
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    sq, sk = 224, 300
+    sign = 1 - 2 * ((torch.arange(sq, device="cuda") // 32) % 2 == 0).float()
+    q = (torch.randn(1, sq, 4, d, device="cuda", generator=g).abs() * sign[None, :, None, None]).bfloat16()
+    k = torch.randn(1, sk, 2, d, device="cuda", generator=g).abs().bfloat16()
+    v = torch.randn(1, sk, 2, d, device="cuda", generator=g).bfloat16()
+    out = torch.full_like(q, float("nan"))
+    _, lse = flash_attn_func(q, k, v, causal=causal, out=out, return_lse=True)
+    torch.cuda.synchronize()
+    qd, kd, vd = (t.double().cpu().numpy() for t in (q, k, v))
+    ref_o, ref_lse = reference.attention(qd, kd, vd, causal=causal, return_lse=True)
+    neg = (np.arange(sq) // 32) % 2 == 0
+    assert (qd[0, neg] <= 0).all() and (qd[0, ~neg] >= 0).all() and (kd >= 0).all()
+    assert reference.relative_error(out.double().cpu().numpy(), ref_o) < 8e-3
+    assert np.abs(lse.numpy() - ref_lse).max() < 1e-3
+
+
 def test_torch_fp8_as_uint8_with_descales():
     torch = pytest.importorskip("torch")
     from zyfa_runtime import as_tensor, flash_attn_func
@@ -98,16 +122,19 @@ def test_torch_fp8_as_uint8_with_descales():
     assert reference.relative_error(got, ref_o) < RECIPE_FP64_BOUND
 
 
-@pytest.mark.parametrize("d,sq,sk,causal", [(64, 128, 48, False), (128, 80, 304, False),
-                                            (128, 272, 400, True), (192, 96, 272, False),
-                                            (256, 208, 256, True), (64, 304, 304, True),
-                                            (128, 208, 272, True), (192, 144, 208, True)])
-def test_sm90a_fp8_is_its_model_given_the_tensor_core_scores(d, sq, sk, causal):
+@pytest.mark.parametrize("d,sq,sk,causal,negative", [
+    (64, 128, 48, False, False), (128, 80, 304, False, False), (128, 272, 400, True, False),
+    (192, 96, 272, False, False), (256, 208, 256, True, False), (64, 304, 304, True, False),
+    (128, 208, 272, True, False), (192, 144, 208, True, False),
+    (128, 160, 400, False, True), (64, 208, 272, True, True), (256, 96, 200, False, True)])
+def test_sm90a_fp8_is_its_model_given_the_tensor_core_scores(d, sq, sk, causal, negative):
     """The sm_90a FP8 kernel computes P, the block maxima, the rounded sums and the merge
     exactly as fp8_models' "sm_90a" recipe does, once the model is given the scores the
     FP8 tensor core computes (torch._scaled_mm with fast accumulation: the WGMMA's own
     accumulation).  What remains is the fp32 order of the PV sums and the bf16 output:
-    O within 4e-3 of the model, LSE within 5e-4."""
+    O within 4e-3 of the model, LSE within 5e-4.  With ``negative``, K >= 0 and the rows of
+    every other 32 negative, so that those rows have no score >= 0 (the block max then comes
+    from the kernel's float path, the others' from its integer one)."""
     torch = pytest.importorskip("torch")
     if ARCH != "sm_90a":
         pytest.skip(f"the tensor-core scores of torch._scaled_mm are sm_90a's; device is {ARCH}")
@@ -115,6 +142,10 @@ def test_sm90a_fp8_is_its_model_given_the_tensor_core_scores(d, sq, sk, causal):
     g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
     dv = 128 if d == 192 else d
     xs = [torch.randn(1, s, 1, dd, device="cuda", generator=g) for s, dd in ((sq, d), (sk, d), (sk, dv))]
+    if negative:
+        sign = 1 - 2 * ((torch.arange(sq, device="cuda") // 32) % 2 == 0).float()
+        xs[0] = xs[0].abs() * sign[None, :, None, None]
+        xs[1] = xs[1].abs()
     scales = [t.abs().max() / 448 for t in xs]
     q8, k8, v8 = ((t / s).to(torch.float8_e4m3fn) for t, s in zip(xs, scales))
     out = torch.full((1, sq, 1, dv), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -132,6 +163,9 @@ def test_sm90a_fp8_is_its_model_given_the_tensor_core_scores(d, sq, sk, causal):
                                     scores=s_tc.cpu().numpy())
     got, got_lse = out.double().cpu().numpy()[0, :, 0], lse.numpy()[0, 0]
     assert not np.isnan(got).any()
+    if negative:
+        neg = (np.arange(sq) // 32) % 2 == 0
+        assert (model.row_max[neg] < 0).all() and (model.row_max[~neg] > 0).all()
     assert reference.relative_error(got, model.out) < 4e-3
     seen = np.isfinite(model.lse)
     assert np.array_equal(np.isfinite(got_lse), seen)
