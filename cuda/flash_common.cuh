@@ -11,6 +11,9 @@
 
 namespace zyfa {
 
+// Consumer warpgroups of 64 query rows beside the producer warpgroup (sm_90a bodies).
+constexpr int kConsumers = zyfa_cfg::kThreads / 128 - 1;
+
 // The rows and keys of batch entry (or varlen sequence) b.
 struct SeqBounds {
   long long q_start, k_start;   // first row / key in a packed (varlen) batch, else 0
@@ -278,10 +281,10 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
-// kVStages to two consumer warpgroups: kfull / vfull complete when the kFullArrivals producer
+// kVStages to the consumer warpgroups: kfull / vfull complete when the kFullArrivals producer
 // threads that write the tile (the warpgroup, or a warp pair) have arrived (their writes done
 // and fenced for the async proxy), kempty / vempty when lane 0
-// of each of the 8 consumer warps has (its WGMMAs reading the stage done).  Block n uses K
+// of each of the 4 kConsumers consumer warps has (its WGMMAs reading the stage done).  Block n uses K
 // stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
 // n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
 template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
@@ -295,11 +298,11 @@ struct KvBarriers {
   __device__ void init() const {   // one thread, before a CTA barrier
     for (int s = 0; s < kKStages; ++s) {
       mbar_init(kfull(s), kFullArrivals);
-      mbar_init(kempty(s), 8);
+      mbar_init(kempty(s), 4 * kConsumers);
     }
     for (int s = 0; s < kVStages; ++s) {
       mbar_init(vfull(s), kFullArrivals);
-      mbar_init(vempty(s), 8);
+      mbar_init(vempty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -314,13 +317,16 @@ template <int kN>
 __device__ __forceinline__ int next_stage(int s) { return s + 1 == kN ? 0 : s + 1; }
 
 
-// ---- the warpgroups: one producer, two consumers --------------------------------------------
+// ---- the warpgroups: one producer, kConsumers consumers --------------------------------------
 
-// The CTA is launched with 168 registers a thread (65,536 / 384, in steps of 8); setmaxnreg
-// moves them between warpgroups and never grows the pool (.inc waits for what .dec frees).
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(zyfa_cfg::kThreads == 384 && 128 * kProducerRegs + 256 * kConsumerRegs <= 384 * 168,
-              "a producer and two consumer warpgroups within the CTA's register pool");
+// The CTA is launched with 65,536 / kThreads registers a thread, in steps of 8 (168 at 384
+// threads, 128 at 512); setmaxnreg moves them between warpgroups and never grows the pool (.inc
+// waits for what .dec frees).  The split is the variant's (generator/kernel_source.py).
+using zyfa_cfg::kProducerRegs;
+using zyfa_cfg::kConsumerRegs;
+static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <=
+                  zyfa_cfg::kThreads * (65536 / zyfa_cfg::kThreads / 8 * 8),
+              "a producer and the consumer warpgroups within the CTA's register pool");
 __device__ __forceinline__ void producer_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
 }
@@ -345,21 +351,24 @@ struct ConsumerLane {
         r_lo(row0 + cw * 64 + warp * 16 + lane / 4) {}
 };
 
-// The consumers' turns at issuing WGMMAs: named barrier 2 + g is consumer g's, completed by
-// its own bar.sync and the other's bar.arrive.  Consumer 0 goes first; each consumer takes
-// n_blocks + 1 turns (S(0), then one per block) and hands over after each, except consumer 1
-// after its last, so both barriers end balanced.
+// The consumers' turns at issuing WGMMAs, in rotation: named barrier 2 + g is consumer g's,
+// completed by its own bar.sync and the previous consumer's bar.arrive.  Consumer 0 goes first
+// (the last one arrives on its barrier once at the start); each consumer takes n_blocks + 1
+// turns (S(0), then one per block) and hands over after each, except the last consumer after
+// its last, so every barrier ends balanced.
 struct Turns {
   static constexpr int kBar = 2;
-  int cw;   // consumer 0 or 1
+  int cw;   // consumer 0 .. kConsumers - 1
   __device__ void take() const { bar_sync(kBar + cw, 256); }
-  __device__ void hand_over() const { bar_arrive(kBar + 1 - cw, 256); }
-  __device__ void hand_over_last() const { if (cw == 0) hand_over(); }
+  __device__ void hand_over() const {
+    bar_arrive(kBar + (kConsumers == 2 ? 1 - cw : (cw + 1 == kConsumers ? 0 : cw + 1)), 256);
+  }
+  __device__ void hand_over_last() const { if (kConsumers == 2 ? cw == 0 : cw + 1 < kConsumers) hand_over(); }
 
   // The first turn: S(0) = Q K(0)^T by issue_s0(), waited for, K(0)'s stage released.
   template <class Bars, class IssueS0>
   __device__ void first(const Bars& bars, IssueS0&& issue_s0) const {
-    if (cw == 1) bar_arrive(kBar, 256);
+    if (cw == kConsumers - 1) bar_arrive(kBar, 256);
     mbar_wait(bars.kfull(0), 0);
     take();
     wgmma_fence();

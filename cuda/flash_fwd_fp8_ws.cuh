@@ -14,8 +14,9 @@
 // stay below 2^98).  The model merges with alpha/beta instead; the two differ by fp32
 // rounding of the rescales only.
 //
-// One CTA = 3 warpgroups = 128 query rows of one (sequence, query head), 128-key blocks:
-//   producer (warpgroup 0, setmaxnreg 40)
+// One CTA = a producer and kConsumers consumer warpgroups = 64 kConsumers query rows of one
+// (sequence, query head), 128-key blocks; two consumers, three at d64 (Tile.block_m):
+//   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
 //     cp.async Q once, then per block K and V into stage n % kStages (K: 64B-swizzled
 //     K-blocks; V: the row-major staging tile), the copies of the next kStages - 1 blocks in
 //     flight while block n is transposed into V^T stage n & 1 (with three stages the copies
@@ -24,15 +25,16 @@
 //     address a per-thread constant plus an immediate.  Signals kfull / vfull (mbarriers,
 //     128 arrivals) once its copies or V^T writes are complete and fenced for the async proxy;
 //     waits on kempty / vempty before it overwrites a stage.
-//   consumers (warpgroups 1 and 2, 64 rows each, setmaxnreg 232), per block n:
+//   consumers (warpgroups 1 .. kConsumers, 64 rows each, setmaxnreg kConsumerRegs: 232, 160
+//   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
-//     turn             (named barrier: the two consumers take turns)  issue PV(n) with the
+//     turn             (named barriers: the consumers take turns in rotation)  issue PV(n) with the
 //                      row sum (N = d_v + 8: V^T's stage ends in 8 rows of ones), then S(n + 1)
 //                      = Q K(n + 1)^T; hand the turn over
 //     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
 //     wait S(n + 1)    release K(n + 1)
-//   so one consumer's softmax runs while the other's products do, and the tensor core's
-//   queue holds the two consumers' products alternately (FA3's ping-pong).  At d_v = 256 one
+//   so one consumer's softmax runs while the others' products do, and the tensor core's
+//   queue holds the consumers' products in turn (FA3's ping-pong).  At d_v = 256 one
 //   block accumulator is all the registers hold beside a 256-wide O, so PV(n) goes in two
 //   passes of 128 columns and each pass, and then S(n + 1), is a turn of its own: a consumer
 //   waits for its pass and merges it while the other's product runs.
@@ -43,7 +45,8 @@
 // Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block
 // n) and acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256)
 // acc_o 128, one of acc_b or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
-// registers the CTA is launched with.
+// registers the CTA is launched with; at d64, three consumers (acc_o 32, acc_b 36, acc_s 64):
+// 128 x 32 + 384 x 160 = 65,536 = 512 x 128.
 //
 // Shared memory (1024-byte aligned tiles): Q | K x kStages | V staging x kStages | (V^T, 8 rows
 // of ones) x 2 | mbarriers (kStages = Tile.stages: 3 where it fits, 2 at d256, where the ones
@@ -59,8 +62,8 @@ using namespace zyfa_cfg;
 
 static_assert(kFp8 && kDqk % 64 == 0 && (kDv == 64 || kDv == 128 || kDv == 256),
               "the warp-specialised FP8 body: head dims in 64-byte K-blocks, d_v in PV passes of <= 128");
-static_assert(kThreads == 384 && kBlockM == 128 && kBlockN == 128,
-              "a producer and 2 consumer warpgroups x 64 rows, 128-key blocks (the sm_90a recipe's block)");
+static_assert(kThreads == 128 * (1 + kConsumers) && kBlockM == 64 * kConsumers && kBlockN == 128,
+              "a producer and consumer warpgroups x 64 rows, 128-key blocks (the sm_90a recipe's block)");
 
 constexpr int kVtStages = 2;               // V^T; K and the V staging: kStages (2 or 3)
 constexpr int kTileQ = kBlockM * kDqk;      // bytes

@@ -92,11 +92,11 @@ def _recipe_constants(v: Variant) -> list[str]:
     if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset) != \
             (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0) or \
             r.byte_form not in ("quad_fold", "quad_h2") or \
-            (r.diagonal == "hi_lo" and r.diagonal_rows != v.tile.block_m // 2):
+            (r.diagonal == "hi_lo" and r.diagonal_rows != CONSUMER_ROWS):
         raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes in the quad_h2 or "
                          f"quad_fold form, the exact fp32 block max and rounded sums over "
                          f"{v.tile.block_n}-key blocks, and two-term diagonals per consumer "
-                         f"warpgroup's {v.tile.block_m // 2} rows, not {r}")
+                         f"warpgroup's {CONSUMER_ROWS} rows, not {r}")
 
     def f16x2(x) -> str:       # an f16 constant in both halves of a b32, as its bits
         bits = int(np.float16(x).view(np.uint16))
@@ -121,6 +121,26 @@ def _recipe_constants(v: Variant) -> list[str]:
               for i, a in enumerate(e4m3.EXP2_POLY))]
 
 
+#: Query rows of one consumer warpgroup of the sm_90a bodies (the M of its WGMMAs).
+CONSUMER_ROWS = 64
+
+
+def register_split(tile) -> tuple[int, int]:
+    """setmaxnreg's registers a thread for the producer and for each consumer warpgroup of an
+    sm_90a tile (a producer and ``block_m / 64`` consumers).  The CTA is launched with 65,536 /
+    threads a thread (in steps of 8) and setmaxnreg never grows that pool: with two consumers
+    40 and 232 of 168 (the consumers hold O, a block accumulator, S and P at d128), with three
+    32 and 160 of 128 (d64: O and the block accumulator are half as wide)."""
+    consumers = tile.block_m // CONSUMER_ROWS
+    if tile.threads != 128 * (1 + consumers):
+        raise ValueError(f"an sm_90a tile is a producer and {consumers} consumer warpgroups, "
+                         f"not {tile.threads} threads")
+    split = {2: (40, 232), 3: (32, 160)}.get(consumers)
+    if split is None:
+        raise ValueError(f"no register split for {consumers} consumer warpgroups")
+    return split
+
+
 def config(v: Variant) -> str:
     t = v.tile
     lines = [
@@ -136,6 +156,9 @@ def config(v: Variant) -> str:
         f"constexpr int kDynamicSmem = {t.dynamic_smem};",
         f"constexpr int kStages = {t.stages};",
     ]
+    if v.vendor == "cuda":
+        prod, cons = register_split(t)
+        lines += [f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg"]
     if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)
     lines.append("}  // namespace zyfa_cfg")

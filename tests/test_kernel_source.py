@@ -21,9 +21,11 @@ def test_each_variant_gets_its_body(v):
     if v.dtype == "bf16":     # flash_fwd_ws.cuh: a producer and two consumer warpgroups, exp2
         assert ks.body_key(v) == "ws" and "setmaxnreg" in src and "wgmma_sum" not in src
         assert v.tile.threads == 384 and "lean_quad_bits" not in src
-    else:                     # flash_fwd_fp8_ws.cuh: the same shape, Lean P (flash_fp8_lean.cuh)
+    else:                     # flash_fwd_fp8_ws.cuh: the same shape, Lean P (flash_fp8_lean.cuh),
         assert ks.body_key(v) == "fp8-ws" and "setmaxnreg" in src and "wgmma_sum" in src
-        assert v.tile.threads == 384 and "lean_quad_bits" in src
+        consumers = 3 if v.d_qk == 64 else 2     # three consumer warpgroups (192 rows) at d64
+        assert (v.tile.block_m, v.tile.threads) == (64 * consumers, 128 * (1 + consumers))
+        assert "lean_quad_bits" in src
 
 
 @pytest.mark.parametrize("v", [v for v in SM90 if v.dtype == "fp8_e4m3"], ids=lambda v: v.name)
@@ -94,13 +96,23 @@ def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch, change):
         ks.config(v)
 
 
-@pytest.mark.parametrize("v", [v for v in SM90 if v.tile.threads == 384], ids=lambda v: v.name)
+@pytest.mark.parametrize("v", SM90, ids=lambda v: v.name)
 def test_warp_specialised_register_split_fits_the_launch(v):
     """setmaxnreg only moves registers between warpgroups: the producer's and the consumers'
-    counts must fit the pool the CTA is launched with (168 a thread at 384 threads), or the
-    consumers' .inc waits forever."""
+    counts must fit the pool the CTA is launched with (168 a thread at 384 threads, 128 at
+    512), or the consumers' .inc waits forever."""
     src = ks.emit(v)
     prod, cons = map(int, re.search(r"kProducerRegs = (\d+), kConsumerRegs = (\d+);", src).groups())
+    consumers = v.tile.threads // 128 - 1
     launch = 65536 // v.tile.threads // 8 * 8
-    assert launch == 168 and prod % 8 == 0 and cons % 8 == 0 and 24 <= prod < launch < cons <= 256
-    assert 128 * prod + 256 * cons <= v.tile.threads * launch
+    assert launch == {2: 168, 3: 128}[consumers] and v.tile.block_m == 64 * consumers
+    assert prod % 8 == 0 and cons % 8 == 0 and 24 <= prod < launch < cons <= 256
+    assert 128 * (prod + consumers * cons) <= v.tile.threads * launch
+
+
+def test_register_split_refuses_a_tile_it_has_no_split_for():
+    from zyfa_runtime.catalogue import Tile
+    with pytest.raises(ValueError, match="not 384 threads"):
+        ks.register_split(Tile(block_m=192, block_n=128, threads=384, dynamic_smem=0))
+    with pytest.raises(ValueError, match="no register split for 4 consumer"):
+        ks.register_split(Tile(block_m=256, block_n=128, threads=640, dynamic_smem=0))

@@ -155,17 +155,21 @@ def tile_for(v: Variant) -> Tile:
         smem = 128 * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
         return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem, stages=2)
     if v.vendor == "cuda":
-        # fp8-ws: a producer warpgroup and 2 consumer warpgroups x 64 query rows, 128-key
-        # blocks (the sm_90a recipe's); Q, a ring of three stages of K and V staging (two at
-        # d256, where three do not fit), two of V^T each followed by 8 x 128 bytes of ones (one
-        # tile of ones beside them at d256, whose PV goes in two passes), 128 bytes of
-        # mbarriers, +1 KiB for alignment (d256: 226 KiB of the 227 a CTA may have).
+        # fp8-ws: a producer warpgroup and consumer warpgroups of 64 query rows, 128-key
+        # blocks (the sm_90a recipe's): two consumers, three at d64 (whose O and block
+        # accumulator are small enough for 160 registers: more warps to hide the softmax's
+        # latencies, and each K/V block serves 192 rows); Q, a ring of three stages of K and V
+        # staging (two at d256, where three do not fit), two of V^T each followed by 8 x 128
+        # bytes of ones (one tile of ones beside them at d256, whose PV goes in two passes), 128
+        # bytes of mbarriers, +1 KiB for alignment (d256: 226 KiB of the 227 a CTA may have).
+        consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
         ones_tiles = 2 if v.d_v <= 128 else 1
         def smem(stages):
-            return (128 * (v.d_qk + stages * (v.d_qk + v.d_v) + 2 * v.d_v) + ones_tiles * 8 * 128
-                    + 128 + 1024)
+            return (64 * consumers * v.d_qk + 128 * (stages * (v.d_qk + v.d_v) + 2 * v.d_v)
+                    + ones_tiles * 8 * 128 + 128 + 1024)
         stages = 3 if smem(3) <= SM90_MAX_SMEM else 2
-        return Tile(block_m=128, block_n=128, threads=384, dynamic_smem=smem(stages), stages=stages)
+        return Tile(block_m=64 * consumers, block_n=128, threads=128 * (1 + consumers),
+                    dynamic_smem=smem(stages), stages=stages)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
