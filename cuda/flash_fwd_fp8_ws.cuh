@@ -283,17 +283,19 @@ __device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4]
 }
 
 // PV(n) of a diagonal block (d_v <= 128: one pass), P in two terms: a turn holding the product
-// of pa and that of pl onto it, their wait and the merge; V^T released.  Returns `last`.
+// of pa and that of pl onto it, their wait and the merge; V^T released.  `final`: the CTA's
+// last turn.  Returns `last` (the warpgroup's last block).
 __device__ __forceinline__ bool diagonal_pv(float (&acc_o)[kDv / 2], float (&acc_l)[4], float (&acc_b)[kAccB],
                                             float (&acc_lb)[4], const uint32_t (&pa)[kBlockN / 8],
                                             const uint32_t (&pl)[kBlockN / 8], const float (&factor)[2],
-                                            const Smem& sm, const Bars& bars, const Turns& turns, int t, bool last) {
+                                            const Smem& sm, const Bars& bars, const Turns& turns, int t, bool last,
+                                            bool final) {
   static_assert(!kDiagHiLo || kPasses == 1, "two-term diagonals where PV is one pass (d_v <= 128)");
   turns.take();
   wgmma_fence();
   issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
   issue_pv(acc_b, acc_lb, pl, sm.vt_at(t), sm.ones(), 0, true);
-  if (last) turns.hand_over_last();
+  if (final) turns.hand_over_last();
   else turns.hand_over();
   wgmma_wait<0>();
   merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
@@ -310,6 +312,34 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
   issue_qk(acc_s, sQg, sm.k_at(k1));
   wgmma_wait<0>();
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(k1));
+}
+
+// The key blocks the warpgroup's rows (first row wg_row0) see: all of the CTA's but where PV
+// is one pass, none past the end of the sequence's rows, and causal, none past the diagonal of
+// its last row.  The CTA's other blocks are idle turns for it.  Broadcast from lane 0 (a
+// warp-uniform loop bound around the WGMMAs).
+__device__ __forceinline__ int warpgroup_blocks(int wg_row0, int sq, int sk, int diag, int n_blocks) {
+  if constexpr (kPasses > 1) return n_blocks;
+  int n_end = wg_row0 >= sq ? 0 : sk;
+  if constexpr (kCausal) n_end = min(n_end, wg_row0 + 64 + diag);
+  const int n = n_end > 0 ? min(n_blocks, (n_end + kBlockN - 1) / kBlockN) : 0;
+  return __shfl_sync(0xffffffffu, n, 0);
+}
+
+// A turn of block m past the warpgroup's rows: no products; its K and V^T stages released in
+// order (each after the producer filled it, so that no release runs ahead of its phase).  K(0)
+// was released by the first turn's S(0).
+__device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, int m, bool final) {
+  const int k = m % kStages, t = m & 1;
+  mbar_wait(bars.kfull(k), Bars::kfull_parity(m));
+  mbar_wait(bars.vfull(t), Bars::vfull_parity(m));
+  turns.take();
+  if (final) turns.hand_over_last();
+  else turns.hand_over();
+  if (threadIdx.x % 32 == 0) {
+    if (m > 0) mbar_arrive(bars.kempty(k));
+    mbar_arrive(bars.vempty(t));
+  }
 }
 
 template <class P>
@@ -360,11 +390,15 @@ __device__ void flash_fwd(const P& p) {
     // their second P never weigh on the other blocks'.  The last block leaves the loop from its
     // turn: the rest of the body is the same for every block, so that the compiler keeps
     // S(n + 1) in flight across the merge of block n.
-    const int n_two = kCausal && kDiagHiLo ? first_diagonal_block(row0 + cw * 64, diag, n_blocks) : n_blocks;
+    // Blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the causal diagonal of its
+    // last row, or the end of the sequence): idle turns after these loops.
+    const int n_mine = warpgroup_blocks(row0 + cw * 64, sq, sk, diag, n_blocks);
+    const int n_two = kCausal && kDiagHiLo ? min(first_diagonal_block(row0 + cw * 64, diag, n_blocks), n_mine)
+                                           : n_mine;
     int n = 0, k1 = 1 % kStages;              // k1: the K stage of block n + 1
     for (; n < n_two; ++n, k1 = next_stage<kStages>(k1)) {
       const int t = n & 1;                    // V^T stage of block n
-      const bool last = n + 1 == n_blocks;
+      const bool last = n + 1 == n_mine;
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
@@ -407,11 +441,12 @@ __device__ void flash_fwd(const P& p) {
       wgmma_fence();
       issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
       if (last) {
-        turns.hand_over_last();
+        if (n_mine == n_blocks) turns.hand_over_last();
+        else turns.hand_over();
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(t));
         merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
-        n = n_blocks;
+        n = n_mine;
         break;
       }
       mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
@@ -428,17 +463,21 @@ __device__ void flash_fwd(const P& p) {
 
     // The diagonal blocks: P in two terms.
     if constexpr (kCausal && kDiagHiLo) {
-      for (; n < n_blocks; ++n, k1 = next_stage<kStages>(k1)) {
+      for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
         uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
         float factor[2];
         softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
         float acc_b[kAccB], acc_lb[4];
         const int t = n & 1;
         mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
-        if (diagonal_pv(acc_o, acc_l, acc_b, acc_lb, pa, pl, factor, sm, bars, turns, t, n + 1 == n_blocks)) break;
+        if (diagonal_pv(acc_o, acc_l, acc_b, acc_lb, pa, pl, factor, sm, bars, turns, t, n + 1 == n_mine,
+                        n + 1 == n_blocks)) break;
         next_s(acc_s, sQg, sm, bars, n, k1);   // the registers do not hold pl beside S(n + 1) in flight
       }
     }
+
+    // The CTA's blocks past the warpgroup's rows: turns without products.
+    for (int m = n_mine; m < n_blocks; ++m) idle_turn(bars, turns, m, m + 1 == n_blocks);
   }
   write_rows(p, w, acc_o, acc_l, frame, r_lo, dv_scale);
 }
