@@ -314,12 +314,14 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(k1));
 }
 
-// The key blocks the warpgroup's rows (first row wg_row0) see: all of the CTA's but where PV
-// is one pass, none past the end of the sequence's rows, and causal, none past the diagonal of
-// its last row.  The CTA's other blocks are idle turns for it.  Broadcast from lane 0 (a
-// warp-uniform loop bound around the WGMMAs).
+// The key blocks the warpgroup's rows (first row wg_row0) see: with three consumers (d64),
+// none past the end of the sequence's rows, and causal, none past the diagonal of its last
+// row; the CTA's other blocks are idle turns for it.  With two, all of the CTA's: both
+// consumers' rows end in the same block wherever the diagonal is block-aligned, and the code
+// of the d128 main loop stays as measured (it ran 0.3-3 % slower with the general bound).
+// Broadcast from lane 0 (a warp-uniform loop bound around the WGMMAs).
 __device__ __forceinline__ int warpgroup_blocks(int wg_row0, int sq, int sk, int diag, int n_blocks) {
-  if constexpr (kPasses > 1) return n_blocks;
+  if constexpr (kPasses > 1 || kConsumers == 2) return n_blocks;
   int n_end = wg_row0 >= sq ? 0 : sk;
   if constexpr (kCausal) n_end = min(n_end, wg_row0 + 64 + diag);
   const int n = n_end > 0 ? min(n_blocks, (n_end + kBlockN - 1) / kBlockN) : 0;
@@ -393,8 +395,11 @@ __device__ void flash_fwd(const P& p) {
     // Blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the causal diagonal of its
     // last row, or the end of the sequence): idle turns after these loops.
     const int n_mine = warpgroup_blocks(row0 + cw * 64, sq, sk, diag, n_blocks);
-    const int n_two = kCausal && kDiagHiLo ? min(first_diagonal_block(row0 + cw * 64, diag, n_blocks), n_mine)
-                                           : n_mine;
+    int n_two = n_mine;
+    if constexpr (kCausal && kDiagHiLo) {
+      n_two = first_diagonal_block(row0 + cw * 64, diag, n_blocks);   // <= n_blocks
+      if constexpr (kConsumers > 2) n_two = min(n_two, n_mine);
+    }
     int n = 0, k1 = 1 % kStages;              // k1: the K stage of block n + 1
     for (; n < n_two; ++n, k1 = next_stage<kStages>(k1)) {
       const int t = n & 1;                    // V^T stage of block n
