@@ -360,10 +360,16 @@ struct Turns {
   static constexpr int kBar = 2;
   int cw;   // consumer 0 .. kConsumers - 1
   __device__ void take() const { bar_sync(kBar + cw, 256); }
+  // (With two consumers the next is 1 - cw, the form the measured code objects were built from.)
   __device__ void hand_over() const {
     bar_arrive(kBar + (kConsumers == 2 ? 1 - cw : (cw + 1 == kConsumers ? 0 : cw + 1)), 256);
   }
   __device__ void hand_over_last() const { if (kConsumers == 2 ? cw == 0 : cw + 1 < kConsumers) hand_over(); }
+  // After a turn that may be the CTA's last (`final`).
+  __device__ void hand_over(bool final) const {
+    if (final) hand_over_last();
+    else hand_over();
+  }
 
   // The first turn: S(0) = Q K(0)^T by issue_s0(), waited for, K(0)'s stage released.
   template <class Bars, class IssueS0>

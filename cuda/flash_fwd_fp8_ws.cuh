@@ -295,8 +295,7 @@ __device__ __forceinline__ bool diagonal_pv(float (&acc_o)[kDv / 2], float (&acc
   wgmma_fence();
   issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
   issue_pv(acc_b, acc_lb, pl, sm.vt_at(t), sm.ones(), 0, true);
-  if (final) turns.hand_over_last();
-  else turns.hand_over();
+  turns.hand_over(final);
   wgmma_wait<0>();
   merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.vempty(t));
@@ -336,8 +335,7 @@ __device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, 
   mbar_wait(bars.kfull(k), Bars::kfull_parity(m));
   mbar_wait(bars.vfull(t), Bars::vfull_parity(m));
   turns.take();
-  if (final) turns.hand_over_last();
-  else turns.hand_over();
+  turns.hand_over(final);
   if (threadIdx.x % 32 == 0) {
     if (m > 0) mbar_arrive(bars.kempty(k));
     mbar_arrive(bars.vempty(t));
@@ -446,8 +444,7 @@ __device__ void flash_fwd(const P& p) {
       wgmma_fence();
       issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
       if (last) {
-        if (n_mine == n_blocks) turns.hand_over_last();
-        else turns.hand_over();
+        turns.hand_over(n_mine == n_blocks);
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(t));
         merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
