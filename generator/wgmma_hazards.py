@@ -1,19 +1,20 @@
 """Find registers of an in-flight WGMMA that a kernel overwrites, in its SASS.
 
 A WGMMA that takes A from registers (``HGMMA``/``QGMMA ... R<d>, R<a>, gdesc...``) keeps
-reading ``R<a> .. R<a+3>`` until a ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` retires it. ptxas
+reading ``R<a> .. R<a+3>`` until a ``WARPGROUP.DEPBAR.LE`` retires it (below). ptxas
 protects a WGMMA's accumulators (it injects waits, or serialises the WGMMAs and says so, which
 the build refuses), but not this A operand: when the kernel "keeps" P alive only as values,
 ptxas may hand the registers themselves to later code. The result is wrong only sometimes
 (the read races the write), so this walks the control flow of the SASS instead: from each
 such WGMMA, along every path (branches followed, predicated ones both ways), until a wait
-that retires everything, no instruction may write one of its A registers.
+that retires it, no instruction may write one of its A registers.
 
     python -m generator.wgmma_hazards prebuilt/*.cubin   # needs cuobjdump and nvdisasm (the
                                                          # CUDA toolkit's, or the test extra's)
 
-The check is conservative in one way: only ``DEPBAR.LE gsb0, 0x0`` ends a WGMMA (a wait that
-leaves one group in flight might leave this one). It reads the first operand of an
+A WGMMA ends at a ``WARPGROUP.DEPBAR.LE gsb0, N`` once its group is committed (the last
+WGMMA of a group carries ``gsb0``) and N or more groups have been committed after it on the
+path: ``wait_group N`` leaves the N newest in flight. It reads the first operand of an
 instruction as its destination, which holds for the ALU, FMA, conversion and move
 instructions that could reuse a register; stores, barriers, branches and compares write no
 general register.
@@ -36,6 +37,9 @@ _NO_REGISTER_WRITE = ("ST", "BAR", "SYNCS", "RED", "ATOM", "BRA", "WARPGROUP", "
                       "DEPBAR", "CCTL", "ERRBAR", "YIELD", "WARPSYNC", "VOTEU", "R2UR", "ELECT")
 _LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _RS_WGMMA = re.compile(r"\b[HQ]GMMA\S*\s+R\d+,\s+R(\d+),")
+_COMMITS = re.compile(r"\b[HQ]GMMA\S*\s.*\bgsb0\s*$")          # the last WGMMA of a group
+_WAIT = re.compile(r"^WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x([0-9a-f]+)$")
+_NEWER_CAP = 8        # commits past the largest N a wait can name make no difference
 _PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 
 
@@ -64,18 +68,24 @@ def hazards(instructions: list[tuple[int, str]]) -> list[Hazard]:
         if not m:
             continue
         a_regs = {f"R{int(m.group(1)) + k}" for k in range(4)}
-        seen, todo = set(), [i + 1]
+        # the walk's state: (instruction, own group committed, groups committed since)
+        start = (i + 1, bool(_COMMITS.search(text)), 0)
+        seen, todo = set(), [start]
         while todo:
-            j = todo.pop()
-            if j in seen or j >= len(instructions):
+            state = todo.pop()
+            j, committed, newer = state
+            if state in seen or j >= len(instructions):
                 continue
-            seen.add(j)
+            seen.add(state)
             jaddr, jtext = instructions[j]
             predicated = bool(_PREDICATE.match(jtext))
             body = _PREDICATE.sub("", jtext)
             opcode = body.split()[0]
-            if opcode.startswith("WARPGROUP.DEPBAR") and body.replace(" ", "").endswith("gsb0,0x0"):
+            wait = _WAIT.match(body)
+            if wait and committed and newer >= int(wait.group(1), 16):
                 continue                                   # retired on this path
+            if _COMMITS.search(body):
+                committed, newer = True, min(newer + committed, _NEWER_CAP)
             if opcode == "EXIT" and not predicated:
                 continue
             if not opcode.startswith(_NO_REGISTER_WRITE):
@@ -86,11 +96,11 @@ def hazards(instructions: list[tuple[int, str]]) -> list[Hazard]:
             if opcode == "BRA":
                 target = re.search(r"0x([0-9a-f]+)", body)
                 if target and int(target.group(1), 16) in index:
-                    todo.append(index[int(target.group(1), 16)])
+                    todo.append((index[int(target.group(1), 16)], committed, newer))
                 if predicated:
-                    todo.append(j + 1)
+                    todo.append((j + 1, committed, newer))
             else:
-                todo.append(j + 1)
+                todo.append((j + 1, committed, newer))
     return found
 
 

@@ -50,6 +50,32 @@ def test_writes_to_other_registers_reads_and_a_wait_leaving_one_group_are_not_en
     assert [h.write_at for h in wh.hazards(wh.parse(last))] == [0x180]   # 0x1 did not retire it
 
 
+# PV (P from R156) and then S(n + 1) as two groups; `wait_group 1` retires PV, and only then
+# may R157 take a new value (the shape of a merge moved after the PV's wait).
+TWO_GROUPS = """
+        /*0200*/                   WARPGROUP.ARRIVE ;
+        /*0210*/                   QGMMA.64x136x32.F32.E4M3.E4M3 R24, R156, gdesc[UR16], RZ, !UPT ;
+        /*0220*/                   QGMMA.64x136x32.F32.E4M3.E4M3 R24, R160, gdesc[UR16], R24, gsb0 ;
+        /*0230*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R92, gdesc[UR32], RZ, !UPT ;
+        /*0240*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R92, gdesc[UR16], R92, gsb0 ;
+        /*0250*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0260*/                   IMAD.MOV.U32 R157, RZ, RZ, R221 ;
+        /*0270*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0280*/                   EXIT ;
+"""
+
+
+def test_a_wait_that_leaves_only_newer_groups_retires_the_wgmma():
+    assert wh.hazards(wh.parse(TWO_GROUPS)) == []
+    # without the newer group, `wait_group 1` may leave the PV itself in flight
+    alone = TWO_GROUPS.replace("R92, gdesc[UR16], R92, gsb0", "R92, gdesc[UR16], R92")
+    assert [(h.wgmma_at, h.write_at) for h in wh.hazards(wh.parse(alone))] == [(0x210, 0x260)]
+    # nor does a wait retire a WGMMA whose group is not yet committed
+    open_group = TWO_GROUPS.replace("R24, R160, gdesc[UR16], R24, gsb0", "R24, R160, gdesc[UR16], R24") \
+                           .replace("R92, gdesc[UR16], R92, gsb0", "R92, gdesc[UR16], R92")
+    assert [h.write_at for h in wh.hazards(wh.parse(open_group))] == [0x260]
+
+
 def test_the_built_sm90a_code_objects_have_none():
     """Every sm_90a code object in prebuilt/ (built by build.py), where cuobjdump exists."""
     tool = wh.cuobjdump()
