@@ -11,7 +11,9 @@
 
 namespace zyfa {
 
-// Consumer warpgroups of 64 query rows beside the producer warpgroup (sm_90a bodies).
+// Consumer warpgroups of kConsumerRows query rows (the M of their WGMMAs; the generator's
+// CONSUMER_ROWS) beside the producer warpgroup (sm_90a bodies).
+using zyfa_cfg::kConsumerRows;
 constexpr int kConsumers = zyfa_cfg::kThreads / 128 - 1;
 
 // The rows and keys of batch entry (or varlen sequence) b.
@@ -341,14 +343,15 @@ __device__ __forceinline__ uint32_t smem_base_1024() {
   return (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023) & ~1023u;
 }
 
-// Where a consumer thread (of warpgroup wg = 1 or 2) sits: consumer cw = wg - 1 of 64 rows, its
-// warp's 16 rows, and in the WGMMA accumulator layout the rows r_lo (acc[4j + 0..1]) and r_lo + 8
-// (acc[4j + 2..3]) at columns quad_col, quad_col + 1 of each 8.
+// Where a consumer thread (of warpgroup wg = 1 .. kConsumers) sits: consumer cw = wg - 1 of
+// kConsumerRows rows from wg_row0, its warp's 16 rows, and in the WGMMA accumulator layout the
+// rows r_lo (acc[4j + 0..1]) and r_lo + 8 (acc[4j + 2..3]) at columns quad_col, quad_col + 1 of
+// each 8.
 struct ConsumerLane {
-  int cw, warp, lane, quad_col, r_lo;
+  int cw, wg_row0, warp, lane, quad_col, r_lo;
   __device__ ConsumerLane(int wg, int row0)
-      : cw(wg - 1), warp((threadIdx.x % 128) / 32), lane(threadIdx.x % 32), quad_col((lane % 4) * 2),
-        r_lo(row0 + cw * 64 + warp * 16 + lane / 4) {}
+      : cw(wg - 1), wg_row0(row0 + cw * kConsumerRows), warp((threadIdx.x % 128) / 32), lane(threadIdx.x % 32),
+        quad_col((lane % 4) * 2), r_lo(wg_row0 + warp * 16 + lane / 4) {}
 };
 
 // The consumers' turns at issuing WGMMAs, in rotation: named barrier 2 + g is consumer g's,

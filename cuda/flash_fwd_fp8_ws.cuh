@@ -322,7 +322,7 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
 __device__ __forceinline__ int warpgroup_blocks(int wg_row0, int sq, int sk, int diag, int n_blocks) {
   if constexpr (kPasses > 1 || kConsumers == 2) return n_blocks;
   int n_end = wg_row0 >= sq ? 0 : sk;
-  if constexpr (kCausal) n_end = min(n_end, wg_row0 + 64 + diag);
+  if constexpr (kCausal) n_end = min(n_end, wg_row0 + kConsumerRows + diag);
   const int n = n_end > 0 ? min(n_blocks, (n_end + kBlockN - 1) / kBlockN) : 0;
   return __shfl_sync(0xffffffffu, n, 0);
 }
@@ -368,7 +368,7 @@ __device__ void flash_fwd(const P& p) {
   consumer_registers();
 
   const ConsumerLane me(wg, row0);
-  const int cw = me.cw, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
+  const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * 64 * 64;                 // this warpgroup's 64 rows (in each K-block)
   const float c = log2_scale(p);
   const float dv_scale = *static_cast<const float*>(p.descale_v);
@@ -392,10 +392,10 @@ __device__ void flash_fwd(const P& p) {
     // S(n + 1) in flight across the merge of block n.
     // Blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the causal diagonal of its
     // last row, or the end of the sequence): idle turns after these loops.
-    const int n_mine = warpgroup_blocks(row0 + cw * 64, sq, sk, diag, n_blocks);
+    const int n_mine = warpgroup_blocks(wg_row0, sq, sk, diag, n_blocks);
     int n_two = n_mine;
     if constexpr (kCausal && kDiagHiLo) {
-      n_two = first_diagonal_block(row0 + cw * 64, diag, n_blocks);   // <= n_blocks
+      n_two = first_diagonal_block(wg_row0, diag, n_blocks);   // <= n_blocks
       if constexpr (kConsumers > 2) n_two = min(n_two, n_mine);
     }
     int n = 0, k1 = 1 % kStages;              // k1: the K stage of block n + 1
@@ -405,7 +405,7 @@ __device__ void flash_fwd(const P& p) {
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
-      softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
+      softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
 
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
@@ -468,7 +468,7 @@ __device__ void flash_fwd(const P& p) {
       for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
         uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
         float factor[2];
-        softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, c);
+        softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
         float acc_b[kAccB], acc_lb[4];
         const int t = n & 1;
         mbar_wait(bars.vfull(t), Bars::vfull_parity(n));

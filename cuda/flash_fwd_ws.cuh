@@ -281,7 +281,7 @@ __device__ void flash_fwd(const P& p) {
   consumer_registers();
 
   const ConsumerLane me(wg, row0);
-  const int cw = me.cw, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
+  const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * 64 * 128;                // this warpgroup's 64 rows (in each K-block)
   const float scale_log2 = p.softmax_scale * kLog2e;
   const Turns turns{cw};
@@ -305,7 +305,7 @@ __device__ void flash_fwd(const P& p) {
         const bool last = n + 1 == n_blocks;
         float alpha[2];
         const bool moved =
-            softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col, scale_log2);
+            softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, scale_log2);
         wgmma_wait<0>();                                     // PV(n - 1)
         keep_operands(pa_prev);
         if (n > 0 && lane == 0) mbar_arrive(bars.vempty((n - 1) % kStages));
@@ -343,7 +343,7 @@ __device__ void flash_fwd(const P& p) {
         const int s = n % kStages, s1 = (n + 1) % kStages;
         uint32_t pa[kBlockN / 4];
         float alpha[2];
-        if (softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, row0 + cw * 64, r_lo, diag, quad_col,
+        if (softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col,
                     scale_log2))
           rescale_o(acc_o, alpha);
 

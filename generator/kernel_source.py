@@ -158,7 +158,8 @@ def config(v: Variant) -> str:
     ]
     if v.vendor == "cuda":
         prod, cons = register_split(t)
-        lines += [f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg"]
+        lines += [f"constexpr int kConsumerRows = {CONSUMER_ROWS};",
+                  f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg"]
     if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)
     lines.append("}  // namespace zyfa_cfg")
