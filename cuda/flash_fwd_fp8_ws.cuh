@@ -15,7 +15,8 @@
 // rounding of the rescales only.
 //
 // One CTA = a producer and kConsumers consumer warpgroups = 64 kConsumers query rows of one
-// (sequence, query head), 128-key blocks; two consumers, three at d64 (Tile.block_m):
+// (sequence, query head), 128-key blocks; two consumers, three at d64 and at d_v = 128
+// non-causal (Tile.block_m):
 //   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
 //     cp.async Q once, then per block K and V into stage n % kStages (K: 64B-swizzled
 //     K-blocks; V: the row-major staging tile), the copies of the next kStages - 1 blocks in
@@ -37,7 +38,8 @@
 //   queue holds the consumers' products in turn (FA3's ping-pong).  At d_v = 256 one
 //   block accumulator is all the registers hold beside a 256-wide O, so PV(n) goes in two
 //   passes of 128 columns and each pass, and then S(n + 1), is a turn of its own: a consumer
-//   waits for its pass and merges it while the other's product runs.
+//   waits for its pass and merges it while the other's product runs.  Three consumers at d_v =
+//   128 (kSerialS) issue S(n + 1) after merge(n), outside the turns.
 //   Causal, at d_v <= 128, the blocks the diagonal of a consumer's 64 rows cuts (its last one or
 //   two) go through a loop of their own: P in two e4m3 terms (hi_lo_p, the recipe's "hi_lo"
 //   diagonal), both products in the block's turn, then S(n + 1) after their wait.
@@ -45,8 +47,10 @@
 // Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block
 // n) and acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256)
 // acc_o 128, one of acc_b or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
-// registers the CTA is launched with; at d64, three consumers (acc_o 32, acc_b 36, acc_s 64):
-// 128 x 32 + 384 x 160 = 65,536 = 512 x 128.
+// registers the CTA is launched with; three consumers have 128 x 32 + 384 x 160 = 65,536 =
+// 512 x 128: at d64 acc_o 32, acc_b 36 and acc_s 64 in flight together; at d_v = 128 acc_o 64
+// with acc_b 68 or acc_s 64, P 16 (S(n + 1) waits for the merge; causal, the diagonal's second
+// P does not fit beside them, so causal d_v = 128 keeps two consumers).
 //
 // Shared memory (1024-byte aligned tiles): Q | K x kStages | V staging x kStages | (V^T, 8 rows
 // of ones) x 2 | mbarriers (kStages = Tile.stages: 3 where it fits, 2 at d256, where the ones
@@ -85,6 +89,9 @@ static_assert(kTileQ + kStages * (kTileK + kTileVs) + kVtStages * kTileVt + kTil
                   kDynamicSmem,
               "smem layout must match the catalogue");
 constexpr int kBarProducer = 1;   // the producer's own named barrier (the consumers' turns: Turns)
+// Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, outside the
+// turns, as their 160 registers do not hold the block accumulator and S(n + 1) in flight together.
+constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
@@ -451,16 +458,25 @@ __device__ void flash_fwd(const P& p) {
         n = n_mine;
         break;
       }
-      mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
-      issue_qk(acc_s, sQg, sm.k_at(k1));
-      turns.hand_over();
+      if constexpr (kSerialS) {
+        // ---- merge(n), then S(n + 1) outside the turns ----------------------------------------
+        turns.hand_over();
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(bars.vempty(t));
+        merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+        next_s(acc_s, sQg, sm, bars, n, k1);
+      } else {
+        mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+        issue_qk(acc_s, sQg, sm.k_at(k1));
+        turns.hand_over();
 
-      // ---- merge(n), then S(n + 1) ----------------------------------------------------------
-      wgmma_wait<1>();
-      if (lane == 0) mbar_arrive(bars.vempty(t));
-      merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
-      wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(bars.kempty(k1));
+        // ---- merge(n), then S(n + 1) --------------------------------------------------------
+        wgmma_wait<1>();
+        if (lane == 0) mbar_arrive(bars.vempty(t));
+        merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(bars.kempty(k1));
+      }
     }
 
     // The diagonal blocks: P in two terms.

@@ -156,13 +156,15 @@ def tile_for(v: Variant) -> Tile:
         return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem, stages=2)
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and consumer warpgroups of 64 query rows, 128-key
-        # blocks (the sm_90a recipe's): two consumers, three at d64 (whose O and block
-        # accumulator are small enough for 160 registers: more warps to hide the softmax's
-        # latencies, and each K/V block serves 192 rows); Q, a ring of three stages of K and V
+        # blocks (the sm_90a recipe's): three consumers where their registers fit in 160
+        # (more warps to hide the softmax's latencies, and each K/V block serves 192 rows):
+        # at d64, and at d_v = 128 non-causal, where S(n + 1) then waits for the block's merge
+        # (causal, the diagonal blocks' second P does not fit beside O, S and the block
+        # accumulator); else two.  Q, a ring of three stages of K and V
         # staging (two at d256, where three do not fit), two of V^T each followed by 8 x 128
         # bytes of ones (one tile of ones beside them at d256, whose PV goes in two passes), 128
         # bytes of mbarriers, +1 KiB for alignment (d256: 226 KiB of the 227 a CTA may have).
-        consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
+        consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         ones_tiles = 2 if v.d_v <= 128 else 1
         def smem(stages):
             return (64 * consumers * v.d_qk + 128 * (stages * (v.d_qk + v.d_v) + 2 * v.d_v)
