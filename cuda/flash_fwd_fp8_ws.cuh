@@ -450,33 +450,29 @@ __device__ void flash_fwd(const P& p) {
       turns.take();
       wgmma_fence();
       issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
-      if (last) {
-        turns.hand_over(n_mine == n_blocks);
+      if (kSerialS || last) {
+        // ---- merge(n); then (kSerialS) S(n + 1) outside the turns ----------------------------
+        turns.hand_over(last && n_mine == n_blocks);
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(t));
         merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
-        n = n_mine;
-        break;
-      }
-      if constexpr (kSerialS) {
-        // ---- merge(n), then S(n + 1) outside the turns ----------------------------------------
-        turns.hand_over();
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(bars.vempty(t));
-        merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+        if (last) {
+          n = n_mine;
+          break;
+        }
         next_s(acc_s, sQg, sm, bars, n, k1);
-      } else {
-        mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
-        issue_qk(acc_s, sQg, sm.k_at(k1));
-        turns.hand_over();
-
-        // ---- merge(n), then S(n + 1) --------------------------------------------------------
-        wgmma_wait<1>();
-        if (lane == 0) mbar_arrive(bars.vempty(t));
-        merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(bars.kempty(k1));
+        continue;
       }
+      mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+      issue_qk(acc_s, sQg, sm.k_at(k1));
+      turns.hand_over();
+
+      // ---- merge(n), then S(n + 1) ----------------------------------------------------------
+      wgmma_wait<1>();
+      if (lane == 0) mbar_arrive(bars.vempty(t));
+      merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+      wgmma_wait<0>();
+      if (lane == 0) mbar_arrive(bars.kempty(k1));
     }
 
     // The diagonal blocks: P in two terms.
