@@ -22,11 +22,11 @@
 //     K-blocks; V: the row-major staging tile), the copies of the next kStages - 1 blocks in
 //     flight while block n is transposed into V^T stage n & 1 (with three stages the copies
 //     of n + 2 are issued after that transpose, with two those of n + 1 before it); V -> V^T
-//     in 4x4-byte squares, keys in P's order (transpose_unit), every
+//     by ldmatrix.trans / stmatrix, keys in P's order (transpose_unit), every
 //     address a per-thread constant plus an immediate.  Signals kfull / vfull (mbarriers,
 //     128 arrivals) once its copies or V^T writes are complete and fenced for the async proxy;
 //     waits on kempty / vempty before it overwrites a stage.
-//   consumers (warpgroups 1 .. kConsumers, 64 rows each, setmaxnreg kConsumerRegs: 232, 160
+//   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
 //   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
 //     turn             (named barriers: the consumers take turns in rotation)  issue PV(n) with the
@@ -376,7 +376,7 @@ __device__ void flash_fwd(const P& p) {
 
   const ConsumerLane me(wg, row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
-  const uint32_t sQg = sm.q + cw * 64 * 64;                 // this warpgroup's 64 rows (in each K-block)
+  const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
   const float c = log2_scale(p);
   const float dv_scale = *static_cast<const float*>(p.descale_v);
   const Turns turns{cw};

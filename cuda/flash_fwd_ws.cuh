@@ -282,7 +282,7 @@ __device__ void flash_fwd(const P& p) {
 
   const ConsumerLane me(wg, row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
-  const uint32_t sQg = sm.q + cw * 64 * 128;                // this warpgroup's 64 rows (in each K-block)
+  const uint32_t sQg = sm.q + cw * kConsumerRows * 128;     // this warpgroup's rows (in each 128-byte K-block)
   const float scale_log2 = p.softmax_scale * kLog2e;
   const Turns turns{cw};
 

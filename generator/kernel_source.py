@@ -121,8 +121,8 @@ def _recipe_constants(v: Variant) -> list[str]:
               for i, a in enumerate(e4m3.EXP2_POLY))]
 
 
-#: Query rows of one consumer warpgroup of the sm_90a bodies (the M of its WGMMAs).
-CONSUMER_ROWS = 64
+#: Query rows of one consumer warpgroup of the sm_90a bodies (the catalogue's, which sizes the tiles).
+CONSUMER_ROWS = catalogue.SM90_CONSUMER_ROWS
 
 
 def register_split(tile) -> tuple[int, int]:
@@ -130,7 +130,8 @@ def register_split(tile) -> tuple[int, int]:
     sm_90a tile (a producer and ``block_m / 64`` consumers).  The CTA is launched with 65,536 /
     threads a thread (in steps of 8) and setmaxnreg never grows that pool: with two consumers
     40 and 232 of 168 (the consumers hold O, a block accumulator, S and P at d128), with three
-    32 and 160 of 128 (d64: O and the block accumulator are half as wide)."""
+    32 and 160 of 128 (at d64 O and the block accumulator are half as wide; at d_v = 128
+    non-causal the FP8 body keeps the block accumulator and S(n + 1) apart in time)."""
     consumers = tile.block_m // CONSUMER_ROWS
     if tile.threads != 128 * (1 + consumers):
         raise ValueError(f"an sm_90a tile is a producer and {consumers} consumer warpgroups, "

@@ -144,6 +144,8 @@ def sm90_body(v: Variant) -> str:
 
 #: Dynamic shared memory one sm_90a CTA may have (227 KiB).
 SM90_MAX_SMEM = 227 * 1024
+#: Query rows of one consumer warpgroup of the sm_90a bodies (the M of its WGMMAs).
+SM90_CONSUMER_ROWS = 64
 
 
 def tile_for(v: Variant) -> Tile:
@@ -167,10 +169,10 @@ def tile_for(v: Variant) -> Tile:
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         ones_tiles = 2 if v.d_v <= 128 else 1
         def smem(stages):
-            return (64 * consumers * v.d_qk + 128 * (stages * (v.d_qk + v.d_v) + 2 * v.d_v)
+            return (SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * (stages * (v.d_qk + v.d_v) + 2 * v.d_v)
                     + ones_tiles * 8 * 128 + 128 + 1024)
         stages = 3 if smem(3) <= SM90_MAX_SMEM else 2
-        return Tile(block_m=64 * consumers, block_n=128, threads=128 * (1 + consumers),
+        return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
                     dynamic_smem=smem(stages), stages=stages)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
