@@ -343,6 +343,12 @@ __device__ __forceinline__ uint32_t smem_base_1024() {
   return (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023) & ~1023u;
 }
 
+// The thread's warpgroup, shuffled from lane 0 so that the compiler knows it warp-uniform:
+// what derives from it (the warpgroup's WGMMA descriptors, its named barriers) then lives in
+// uniform registers, computed by the uniform datapath, instead of being rebuilt from the thread
+// index (S2R, R2UR) in every block where the consumers' registers are short.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 128, 0); }
+
 // Where a consumer thread (of warpgroup wg = 1 .. kConsumers) sits: consumer cw = wg - 1 of
 // kConsumerRows rows from wg_row0, its warp's 16 rows, and in the WGMMA accumulator layout the
 // rows r_lo (acc[4j + 0..1]) and r_lo + 8 (acc[4j + 2..3]) at columns quad_col, quad_col + 1 of

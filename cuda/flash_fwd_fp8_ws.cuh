@@ -353,7 +353,7 @@ template <class P>
 __device__ void flash_fwd(const P& p) {
   const Smem sm{smem_base_1024()};
 
-  const int wg = threadIdx.x / 128;
+  const int wg = warpgroup_index();
   CtaWork w;
   if (!cta_work(p, w)) return;
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
