@@ -280,7 +280,9 @@ __device__ void flash_fwd(const P& p) {
   }
   consumer_registers();
 
-  const ConsumerLane me(wg, row0);
+  // The consumer's index shuffled (warp-uniform) for its descriptors and barriers; the branch
+  // above stays on the plain thread index (with the shuffled one ptxas serialised d64's WGMMAs).
+  const ConsumerLane me(warpgroup_index(), row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 128;     // this warpgroup's rows (in each 128-byte K-block)
   const float scale_log2 = p.softmax_scale * kLog2e;
