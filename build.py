@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 from generator import c_header, codeobject, kernel_source, toolchain  # noqa: E402
 from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
-from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, Variant, all_variants, buildable,  # noqa: E402
-                                    grid_rule, iter_select, kernarg_size, kernargs)
+from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
+                                    buildable, grid_rule, has_vt_prepass, iter_select, kernarg_size,
+                                    kernargs, vt_prepass_grid_rule, vt_prepass_symbol)
 
 MANIFEST_FORMAT = 1
 
@@ -69,13 +70,16 @@ def inspect(v: Variant, image: bytes) -> dict:
                 "registers": {"vgpr": meta["vgpr_count"], "sgpr": meta["sgpr_count"],
                               "agpr": meta.get("agpr_count", 0)},
                 "scratch": meta["private_segment_fixed_size"]}
-    meta = codeobject.cubin_kernels(image).get(v.symbol)
-    if meta is None:
-        raise BuildError(f"{v.name}: symbol {v.symbol} missing from the cubin")
-    got = [(p["offset"], p["size"]) for p in meta["params"]]
-    if got != expected:
-        raise BuildError(f"{v.name}: parameter layout {got} in the cubin differs from the "
-                         f"catalogue's {expected}")
+    kernels = codeobject.cubin_kernels(image)
+    symbols = [v.symbol] + ([vt_prepass_symbol(v)] if has_vt_prepass(v) else [])
+    for symbol in symbols:
+        if symbol not in kernels:
+            raise BuildError(f"{v.name}: symbol {symbol} missing from the cubin")
+        got = [(p["offset"], p["size"]) for p in kernels[symbol]["params"]]
+        if got != expected:
+            raise BuildError(f"{v.name}: parameter layout {got} of {symbol} in the cubin differs "
+                             f"from the catalogue's {expected}")
+    meta = kernels[v.symbol]
     return {"kernarg_size": kernarg_size(kernargs(v)),
             "static_shared": meta.get("shared_static", 0),
             "registers": {"reg": meta["registers"]},
@@ -102,7 +106,15 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         "grid": grid_rule(v),
         "registers": info["registers"],
         "scratch_bytes": info["scratch"],
+        **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
     }
+
+
+def prepass_entry(v: Variant) -> dict:
+    """The V^T pre-pass: a second entry point of the code object, launched before the kernel
+    with the same arguments (catalogue.has_vt_prepass)."""
+    return {"symbol": vt_prepass_symbol(v), "block_size": VT_THREADS, "grid": vt_prepass_grid_rule(v),
+            "vt_block": VT_BLOCK}
 
 
 def unbuilt_entry(v: Variant, reason: str) -> dict:

@@ -1,8 +1,8 @@
 // zyfa sm_90a FP8: the layouts and arithmetic of the body.  Inserted by generator/kernel_source.py after
 // flash_common.cuh, before the FP8 body, with the variant's WGMMA wrappers in place.
 //
-// * The shared-memory layouts: Q and K in 64-byte K-blocks with the 64B swizzle, the V
-//   staging tile, V^T with the 128B swizzle and its keys in P's order.
+// * The layouts: Q and K in 64-byte K-blocks with the 64B swizzle, V^T with the 128B swizzle
+//   and its keys in P's order, and the pre-pass that writes V^T to global memory.
 // * The P arithmetic of fp8_models.RECIPES["sm_90a"]: the block's frame (its exact fp32 max,
 //   the skip of negligible blocks) and the Lean byte with the quadratic correction, in half
 //   precision two scores at a time (byte_form "quad_h2", kByteH2: per score 1 FFMA + 2 HFMA2
@@ -19,12 +19,16 @@
 // Layouts (every tile 1024-byte aligned):
 //   Q, K:    64-byte K-blocks of R rows (R = 128), row r's 16-byte chunk c at c ^ ((r >> 1) & 3)
 //            (the 64B swizzle: 512 bytes between 8-row groups, a k32 step is +32 bytes)
-//   staging: row k (key) of Dv bytes, 16-byte chunk c at c ^ f(k), f(k) = k & 7 (Dv = 64:
-//            (k >> 1) & 3), so the 8 rows of each ldmatrix of the transpose hit 8 distinct
-//            16-byte bank groups
-//   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups)
+//   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups), copied
+//            from the pre-pass's V^T in global memory
 //   ones:    8 rows of 128 bytes 0x38 (1.0): after each V^T stage's rows where PV is one pass
 //            (d_v <= 128: N = d_v + 8), else one tile apart
+//
+// V^T in global memory (the pre-pass, transpose_v): per key/value head Dv rows of
+// vt_stride_d bytes, row stride vt_stride_d, head stride vt_stride_h; sequence b's keys from
+// column vt_column0(b) on, in P's order within each 16, and zeros from its last key to the
+// end of its last 128-key block, so that a block past the sequence's end multiplies zeros
+// (never another sequence's values, never NaN) by the P of its masked keys.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -41,9 +45,6 @@ constexpr float kFold0 = 16.f + kCode0 / 8.f;   // w of the block max (31): y / 
 constexpr float kFoldZMax = (kCode0 - kFoldC) / 8.f;   // z whose code is c0 (exact: -62.625)
 constexpr int kTileOnes = 8 * 128;
 
-// The staging swizzle of key row k (a function of k & 7 only).
-__device__ __forceinline__ int stg_f(int k) { return kDv >= 128 ? (k & 7) : ((k >> 1) & 3); }
-
 // K-major operand descriptors (the leading byte offset is unused for swizzled K-major tiles):
 // Q and K in 64B swizzle (8-row groups 512 bytes apart), V^T and ones in 128B (1024 apart).
 __device__ __forceinline__ uint64_t desc_64b(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 512, 2); }
@@ -53,21 +54,76 @@ __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(a), "r"(v) : "memory");
 }
 
-// V -> V^T, one unit: keys 16g .. 16g + 15 x dv bytes 32cp .. 32cp + 31 of the staging tile
-// (512 bytes, one warp).  ldmatrix.trans of four 8x8 b16 matrices (keys 16g + {0-7, 8-15} x dv
-// chunks 2cp, 2cp + 1; lane L addresses row L % 8 of matrix L / 8 at ld) gives lane (r = L /
-// 4, t = L % 4) the bytes V[2t][2r], V[2t][2r+1], V[2t+1][2r], V[2t+1][2r+1] of each matrix:
-// one PRMT of two registers puts keys {2t, 2t+1, 2t+8, 2t+9} of one dv row in a word, which is
-// P's key order at positions 4t .. 4t + 3 (module comment).  stmatrix writes the four words as
-// four 8x8 b16 matrices: dv rows 32cp + 16 (j >> 1) + 2r + (j & 1) of matrix j, 16 key bytes
-// each (lane L addresses row L % 8 of matrix L / 8 at st).  4 loads' worth in one, 4 PRMT.
-__device__ __forceinline__ void transpose_unit(uint32_t ld, uint32_t st) {
-  uint32_t m0, m1, m2, m3;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(m0), "=r"(m1), "=r"(m2), "=r"(m3) : "r"(ld));
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-               :: "r"(st), "r"(__byte_perm(m0, m1, 0x6420)), "r"(__byte_perm(m0, m1, 0x7531)),
-                  "r"(__byte_perm(m2, m3, 0x6420)), "r"(__byte_perm(m2, m3, 0x7531)) : "memory");
+// ---- V^T: the pre-pass ---------------------------------------------------------------------
+
+// The first V^T column of sequence b: b ceil(sk / 128) 128 for a dense batch; in a packed
+// (varlen) batch its first key rounded up to a multiple of 128, plus 128 b, which leaves room
+// for every sequence's last block: 128 (ceil((k_b + sk_b) / 128) - ceil(k_b / 128)) + 128 >=
+// 128 ceil(sk_b / 128).  catalogue.vt_columns sizes the workspace by the same rule.
+template <class P>
+__device__ __forceinline__ long long vt_column0(const P& p, int b) {
+  constexpr int kB = kBlockN;
+  if (p.cu_seqlens_k != nullptr) {
+    const long long k0 = static_cast<const int*>(p.cu_seqlens_k)[b];
+    return (k0 + kB - 1) / kB * kB + static_cast<long long>(kB) * b;
+  }
+  return static_cast<long long>(b) * ((p.seqlen_k + kB - 1) / kB * kB);
+}
+
+// The key of k position q of a 16-key group in P's order (module comment): 4t + i holds key
+// {2t, 2t + 1, 2t + 8, 2t + 9}[i].
+__device__ __forceinline__ int p_order_key(int q) { return 2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1); }
+
+// One CTA of the pre-pass (kVtThreads threads): keys n0 .. n0 + 127 (n0 = 128 blockIdx.x) of
+// key/value head blockIdx.y of sequence blockIdx.z, V (keys x Dv, rows v_stride_s apart) ->
+// V^T (Dv rows of those 128 key bytes, in P's order, zeros past the sequence's end).  The rows
+// into shared memory in 16-byte chunks (every load of a thread in flight at once), then each
+// thread gathers 16-key chunks of V^T rows and stores them 16 bytes at a time.
+template <class P>
+__device__ void transpose_v(const P& p) {
+  // Key row k of the tile at k kPitch + 4 ((k >> 4) & 7): the gather below reads one byte of
+  // each of eight 16-key groups g at once, at words 16 g kPitch / 4 + g apart, which with
+  // kPitch = 4 (mod 8) fall in eight different banks.
+  constexpr int kPitch = kDv + 28;
+  constexpr int kChunks = kDv / 16;
+  static_assert(kBlockN * kChunks % kVtThreads == 0 && kDv * (kBlockN / 16) % kVtThreads == 0, "whole rounds");
+  __shared__ __align__(16) uint8_t tile[kBlockN * kPitch];
+  const auto row_at = [](int k) { return k * kPitch + 4 * ((k >> 4) & 7); };
+  const int n0 = blockIdx.x * kBlockN, h = blockIdx.y, b = blockIdx.z;
+  const SeqBounds s = sequence_bounds(p, b);
+  if (n0 >= s.sk) return;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + (p.cu_seqlens_k ? s.k_start * p.v_stride_s : b * p.v_stride_b) +
+                     h * p.v_stride_h;
+  constexpr int kLoads = kBlockN * kChunks / kVtThreads;
+  uint4 x[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
+    x[j] = n0 + r < s.sk ? *reinterpret_cast<const uint4*>(v + (n0 + r) * p.v_stride_s + 16 * c) : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&x[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) *reinterpret_cast<uint32_t*>(&tile[row_at(r) + 16 * c + 4 * e]) = w[e];
+  }
+  __syncthreads();
+  // A warp takes 4 dv rows x the 8 groups of 16 keys: 4 whole 128-byte lines of V^T.
+  uint8_t* vt = static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + vt_column0(p, b) + n0;
+#pragma unroll
+  for (int j = 0; j < kDv * (kBlockN / 16) / kVtThreads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, row = i / (kBlockN / 16), g = i % (kBlockN / 16);   // dv row, 16 keys
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t y = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y |= static_cast<uint32_t>(tile[row_at(16 * g + p_order_key(4 * q + e)) + row]) << (8 * e);
+      w[q] = y;
+    }
+    *reinterpret_cast<uint4*>(vt + row * p.vt_stride_d + 16 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 // The variant's WGMMA instructions (generator/kernel_source.py).

@@ -17,15 +17,15 @@
 // One CTA = a producer and kConsumers consumer warpgroups = 64 kConsumers query rows of one
 // (sequence, query head), 128-key blocks; two consumers, three at d64 and at d_v = 128
 // non-causal (Tile.block_m):
+//   pre-pass (transpose_v in flash_fp8_lean.cuh, a kernel of its own launched first with the
+//     same arguments): V -> V^T in a workspace, keys in P's order (FP8 WGMMA reads its B
+//     operand K-major only); the producer's own transpose, by ldmatrix.trans / stmatrix, took
+//     issue slots from the consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
 //   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
-//     cp.async Q once, then per block K and V into stage n % kStages (K: 64B-swizzled
-//     K-blocks; V: the row-major staging tile), the copies of the next kStages - 1 blocks in
-//     flight while block n is transposed into V^T stage n & 1 (with three stages the copies
-//     of n + 2 are issued after that transpose, with two those of n + 1 before it); V -> V^T
-//     by ldmatrix.trans / stmatrix, keys in P's order (transpose_unit), every
-//     address a per-thread constant plus an immediate.  Signals kfull / vfull (mbarriers,
-//     128 arrivals) once its copies or V^T writes are complete and fenced for the async proxy;
-//     waits on kempty / vempty before it overwrites a stage.
+//     cp.async Q once, then per block K (64B-swizzled K-blocks) and V^T (128B-swizzled rows
+//     of 128 key bytes) into stage n % kStages, kStages - 1 blocks in flight beside block n.
+//     Signals kfull / vfull (mbarriers, 128 arrivals) once its copies are complete and fenced
+//     for the async proxy; waits on kempty and vempty before it overwrites a stage.
 //   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
 //   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
@@ -52,10 +52,10 @@
 // with acc_b 68 or acc_s 64, P 16 (S(n + 1) waits for the merge; causal, the diagonal's second
 // P does not fit beside them, so causal d_v = 128 keeps two consumers).
 //
-// Shared memory (1024-byte aligned tiles): Q | K x kStages | V staging x kStages | (V^T, 8 rows
-// of ones) x 2 | mbarriers (kStages = Tile.stages: 3 where it fits, 2 at d256, where the ones
-// are one tile after the two V^T).
-// Named barriers: 1 the producer's own, 2 + g consumer g's turn.
+// Shared memory (1024-byte aligned tiles): Q | K x kStages | (V^T, 8 rows of ones) x kStages |
+// mbarriers (kStages = Tile.stages: 3; at d256, whose PV goes in two passes, the ones are one
+// tile after the V^T).
+// Named barriers: 2 + g consumer g's turn.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -69,10 +69,9 @@ static_assert(kFp8 && kDqk % 64 == 0 && (kDv == 64 || kDv == 128 || kDv == 256),
 static_assert(kThreads == 128 * (1 + kConsumers) && kBlockM == 64 * kConsumers && kBlockN == 128,
               "a producer and consumer warpgroups x 64 rows, 128-key blocks (the sm_90a recipe's block)");
 
-constexpr int kVtStages = 2;               // V^T; K and the V staging: kStages (2 or 3)
+constexpr int kVtStages = kStages;         // V^T stages: one ring with K
 constexpr int kTileQ = kBlockM * kDqk;      // bytes
 constexpr int kTileK = kBlockN * kDqk;
-constexpr int kTileVs = kBlockN * kDv;      // V staging
 constexpr int kPvN = kDv < 128 ? kDv : 128;  // N of one PV pass
 constexpr int kPasses = kDv / kPvN;
 // One PV pass (d_v <= 128): each V^T stage is followed by 8 rows of ones, and PV is one product
@@ -85,21 +84,19 @@ constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's 
 constexpr int kBarBytes = 128;
 using Bars = KvBarriers<kStages, kVtStages>;
 static_assert(kStages >= 2 && Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
-static_assert(kTileQ + kStages * (kTileK + kTileVs) + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
+static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
                   kDynamicSmem,
               "smem layout must match the catalogue");
-constexpr int kBarProducer = 1;   // the producer's own named barrier (the consumers' turns: Turns)
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, outside the
 // turns, as their 160 registers do not hold the block accumulator and S(n + 1) in flight together.
 constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
-  static constexpr uint32_t kK = kTileQ, kVs = kK + kStages * kTileK, kVt = kVs + kStages * kTileVs,
+  static constexpr uint32_t kK = kTileQ, kVt = kK + kStages * kTileK,
                             kOnes = kVt + kVtStages * kTileVt, kBars = kOnes + kTileOnesApart;
   uint32_t q;
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
-  __device__ uint32_t vs_at(int s) const { return q + kVs + s * kTileVs; }
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
   __device__ uint32_t ones() const { return q + kOnes; }   // kOnesInVt: none apart
   // The bytes of ones: after each V^T stage's kDv rows, or the tile apart.
@@ -112,98 +109,51 @@ struct Smem {
 
 // ---- the producer --------------------------------------------------------------------------
 
-// Copy kBlockN rows of V (kDv bytes each) into the staging tile: thread t copies chunk
-// t % (kDv / 16) of rows t / (kDv / 16) + kStep i.
-template <bool kCheck>
-__device__ __forceinline__ void copy_v(uint32_t tile, const uint8_t* g, long long stride, int rows) {
-  constexpr int kPerRow = kDv / 16, kStep = 128 / kPerRow;
-  const int tid = threadIdx.x, r0 = tid / kPerRow, c = tid % kPerRow;
-  const int f = stg_f(r0);                           // stg_f(r0 + kStep i): kStep % 8 == 0
-  const uint8_t* src = g + r0 * stride + c * 16;
-#pragma unroll
-  for (int i = 0; i < kBlockN / kStep; ++i, src += kStep * stride) {
-    const bool ok = !kCheck || r0 + kStep * i < rows;
-    cp_async16(tile + (r0 + kStep * i) * kDv + ((c ^ f) << 4), ok ? src : g, ok);
-  }
-}
-
-// Block n's K and V into stage s.
+// Block n's K and V^T into stage s: K's kBlockN rows (zeros past the sequence's end), V^T's
+// kDv rows of the block's 128 key bytes from the pre-pass (which wrote zeros past the end).
 template <class P>
 __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gk,
-                                           const uint8_t* gv, int n, int sk) {
+                                           const uint8_t* gvt, int n, int sk) {
   const int n0 = n * kBlockN;
   const uint8_t* k = gk + static_cast<long long>(n0) * p.k_stride_s;
-  const uint8_t* v = gv + static_cast<long long>(n0) * p.v_stride_s;
-  if (n0 + kBlockN <= sk) {
-    copy_kblocks<kBlockN, kDqk, 64, false>(sm.k_at(s), k, p.k_stride_s, kBlockN);
-    copy_v<false>(sm.vs_at(s), v, p.v_stride_s, kBlockN);
-  } else {
-    copy_kblocks<kBlockN, kDqk, 64, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
-    copy_v<true>(sm.vs_at(s), v, p.v_stride_s, sk - n0);
-  }
+  if (n0 + kBlockN <= sk) copy_kblocks<kBlockN, kDqk, 64, false>(sm.k_at(s), k, p.k_stride_s, kBlockN);
+  else copy_kblocks<kBlockN, kDqk, 64, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
+  copy_kblocks<kDv, kBlockN, 128, false>(sm.vt_at(s), gvt + n0, p.vt_stride_d, kDv);
 }
 
-// Staged V (keys x Dv) of stage s -> V^T of stage t_stage, in units of 16 keys x 32 dv bytes
-// (transpose_unit): warp w takes key groups g = w + 4b (b = 0, 1) of every dv chunk pair cp.
-// A lane's load address is a constant plus 64 kDv b and the chunk XOR cp << 5 (its key row
-// sets the chunk's swizzle, stg_f(16g + key) == stg_f(key)); its store address a constant plus
-// 4096 cp and the key-chunk XOR b << 6 (the V^T row's 128B swizzle, g ^ (n & 7)).
-__device__ __forceinline__ void transpose_stage(const Smem& sm, int s, int t_stage) {
-  constexpr int kPairs = kDv / 32;
-  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, j = lane >> 3, rho = lane & 7;
-  const int key = 8 * (j & 1) + rho;                                  // of the unit's 16
-  const uint32_t ld_row = sm.vs_at(s) + (16 * w + key) * kDv;
-  const uint32_t ld_chunk = ((j >> 1) ^ stg_f(key)) << 4;             // chunk 2cp + (j >> 1), cp = 0
-  const int n = 16 * (j >> 1) + 2 * rho + (j & 1);                    // dv row of the pair's 32
-  const uint32_t st_row = sm.vt_at(t_stage) + n * 128;
-  const uint32_t st_chunk = (w ^ (n & 7)) << 4;                       // key chunk g = w, b = 0
-#pragma unroll
-  for (int cp = 0; cp < kPairs; ++cp) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      transpose_unit(ld_row + 64 * kDv * b + (ld_chunk ^ (cp << 5)),
-                     st_row + 4096 * cp + (st_chunk ^ (b << 6)));
-  }
-}
-
-// Block n: K and V staging in stage n % kStages, V^T in n % 2.  One cp.async group per block
-// (Q joins block 0's); groups are committed for blocks past the end too, so that "block n has
-// landed" is always "at most kStages - 2 newer groups pending".  With a ring of three, the
-// copies of block n + 2 are issued after the transpose of block n (its V^T is what the
-// consumers wait for); with two there is no room for that, and the copies of n + 1 go first.
+// Block n: K and V^T in stage n % kStages, one cp.async group per block (Q joins block 0's);
+// groups are committed for blocks past the end too, so that "block n has landed" is always
+// "at most kStages - 2 newer groups pending".  Each thread arrives on kfull and vfull once its
+// own part of the block has landed and is fenced for the async proxy, then copies block n +
+// kStages - 1 into the stage that S and PV of block n - 1 release.
 template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gk,
-                                        const uint8_t* gv, int rows_q, int sk, int n_blocks) {
+                                        const uint8_t* gvt, int rows_q, int sk, int n_blocks) {
   if (n_blocks == 0) return;
   const Bars bars = sm.bars();
-  constexpr int kAhead = kStages - 1;                       // blocks copied ahead of the transpose
+  constexpr int kAhead = kStages - 1;                       // blocks in flight beside block n
   copy_kblocks<kBlockM, kDqk, 64, true>(sm.q, gq, p.q_stride_s, rows_q);
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) {
-    if (i < n_blocks) copy_block(p, sm, i, gk, gv, i, sk);
+    if (i < n_blocks) copy_block(p, sm, i, gk, gvt, i, sk);
     cp_async_commit();
   }
-  // Copy block m (= n + kAhead) into its stage, once S(m - kStages) has released it.
-  const auto copy_ahead = [&](int m, int stage) {
-    if (m < n_blocks) {
-      if (m >= kStages) mbar_wait(bars.kempty(stage), Bars::kempty_parity(m));
-      copy_block(p, sm, stage, gk, gv, m, sk);
-    }
-    cp_async_commit();
-  };
   int s = 0;                                                // n % kStages
   for (int n = 0; n < n_blocks; ++n) {
-    const int t = n & 1, s_ahead = s == 0 ? kStages - 1 : s - 1;   // (n + kAhead) % kStages
-    cp_async_wait<kStages - 2>();   // block n copied (this thread's part)
+    const int s_ahead = s == 0 ? kStages - 1 : s - 1;       // (n + kAhead) % kStages
+    cp_async_wait<kStages - 2>();                           // block n copied (this thread's part)
     fence_async_smem();
-    bar_sync(kBarProducer, 128);                             // ... every thread's; staging n-1 read
     mbar_arrive(bars.kfull(s));
-    if (kStages == 2) copy_ahead(n + kAhead, s_ahead);
-    if (n >= kVtStages) mbar_wait(bars.vempty(t), Bars::vempty_parity(n));    // PV(n - 2) done
-    transpose_stage(sm, s, t);
-    fence_async_smem();
-    mbar_arrive(bars.vfull(t));
-    if (kStages > 2) copy_ahead(n + kAhead, s_ahead);
+    mbar_arrive(bars.vfull(s));
+    const int m = n + kAhead;
+    if (m < n_blocks) {
+      if (m >= kStages) {                                   // S(m - kStages) and PV(m - kStages) done
+        mbar_wait(bars.kempty(s_ahead), Bars::kempty_parity(m));
+        mbar_wait(bars.vempty(s_ahead), Bars::vempty_parity(m));
+      }
+      copy_block(p, sm, s_ahead, gk, gvt, m, sk);
+    }
+    cp_async_commit();
     s = next_stage<kStages>(s);
   }
 }
@@ -338,7 +288,7 @@ __device__ __forceinline__ int warpgroup_blocks(int wg_row0, int sq, int sk, int
 // order (each after the producer filled it, so that no release runs ahead of its phase).  K(0)
 // was released by the first turn's S(0).
 __device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, int m, bool final) {
-  const int k = m % kStages, t = m & 1;
+  const int k = m % kStages, t = m % kVtStages;
   mbar_wait(bars.kfull(k), Bars::kfull_parity(m));
   mbar_wait(bars.vfull(t), Bars::vfull_parity(m));
   turns.take();
@@ -366,9 +316,10 @@ __device__ void flash_fwd(const P& p) {
 
   if (wg == 0) {
     producer_registers();
+    const int h_kv = w.h / (p.hq / p.hkv);
     produce(p, sm, static_cast<const uint8_t*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
-            static_cast<const uint8_t*>(p.k) + w.off.k, static_cast<const uint8_t*>(p.v) + w.off.v, sq - row0,
-            sk, n_blocks);
+            static_cast<const uint8_t*>(p.k) + w.off.k,
+            static_cast<const uint8_t*>(p.vt) + h_kv * p.vt_stride_h + vt_column0(p, w.b), sq - row0, sk, n_blocks);
     cp_async_wait<0>();
     return;
   }
@@ -407,7 +358,7 @@ __device__ void flash_fwd(const P& p) {
     }
     int n = 0, k1 = 1 % kStages;              // k1: the K stage of block n + 1
     for (; n < n_two; ++n, k1 = next_stage<kStages>(k1)) {
-      const int t = n & 1;                    // V^T stage of block n
+      const int t = n % kVtStages;            // V^T stage of block n
       const bool last = n + 1 == n_mine;
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
@@ -482,7 +433,7 @@ __device__ void flash_fwd(const P& p) {
         float factor[2];
         softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
         float acc_b[kAccB], acc_lb[4];
-        const int t = n & 1;
+        const int t = n % kVtStages;
         mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
         if (diagonal_pv(acc_o, acc_l, acc_b, acc_lb, pa, pl, factor, sm, bars, turns, t, n + 1 == n_mine,
                         n + 1 == n_blocks)) break;

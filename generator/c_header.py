@@ -208,6 +208,38 @@ def _kernel(entry: dict) -> list[str]:
         out.append(f"  *{axis} = zyfa_grid_dim_({t});")
     out.append("}")
     out.append("")
+    if "prepass" in entry:
+        out += _prepass(name, entry, st, args)
+    return out
+
+
+def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
+    """The V^T pre-pass of a kernel: launched first, on the same stream with the same argument
+    buffer, from a second symbol of the same code object; its workspace rule."""
+    up, pre = name.upper(), entry["prepass"]
+    g, block = pre["grid"], int(pre["vt_block"])
+    out = [f"/* {name} has a pre-pass: launch ZYFA_{up}_PREPASS_SYMBOL (same module, same args,",
+           f" * ZYFA_{up}_PREPASS_BLOCK_SIZE threads, no dynamic shared memory) before the kernel,",
+           " * on the same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes",
+           f" * of device memory, with vt_stride_d = zyfa_{name}_vt_columns(...) and",
+           " * vt_stride_h = d_v * vt_stride_d; the workspace may be reused once the kernel has run. */",
+           f"#define ZYFA_{up}_PREPASS_SYMBOL {_cstr(pre['symbol'])}",
+           f"#define ZYFA_{up}_PREPASS_BLOCK_SIZE {int(pre['block_size'])}",
+           f"#define ZYFA_{up}_VT_BLOCK {block}",
+           f"/* columns of a V^T row: dense (total_k < 0) batch * cdiv(seqlen_k, {block}) * {block};",
+           f" * packed, (cdiv(total_k, {block}) + batch) * {block} */",
+           f"static inline int64_t zyfa_{name}_vt_columns(int64_t batch, int64_t seqlen_k, int64_t total_k) {{",
+           f"  int64_t blocks = total_k < 0 ? zyfa_cdiv_(seqlen_k, {block}) * batch : zyfa_cdiv_(total_k, {block}) + batch;",
+           f"  return (blocks > 1 ? blocks : 1) * {block};",
+           "}"]
+    terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
+    out.append(f"/* pre-pass grid: x = {_comment(_rule(g['x']))}, y = {_comment(_rule(g['y']))}, "
+               f"z = {_comment(_rule(g['z']))} */")
+    out.append(f"static inline void zyfa_{name}_prepass_grid(const {st} *a, unsigned int *gx, "
+               "unsigned int *gy, unsigned int *gz) {")
+    for axis, t in zip(("gx", "gy", "gz"), terms):
+        out.append(f"  *{axis} = zyfa_grid_dim_({t});")
+    out += ["}", ""]
     return out
 
 

@@ -161,6 +161,8 @@ def config(v: Variant) -> str:
         prod, cons = register_split(t)
         lines += [f"constexpr int kConsumerRows = {CONSUMER_ROWS};",
                   f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg"]
+    if catalogue.has_vt_prepass(v):
+        lines.append(f"constexpr int kVtThreads = {catalogue.VT_THREADS};   // the V^T pre-pass's CTA")
     if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)
     lines.append("}  // namespace zyfa_cfg")
@@ -181,8 +183,13 @@ def entry(v: Variant) -> str:
     else:
         attrs = (f"__global__ __attribute__((amdgpu_flat_work_group_size({v.tile.threads}, "
                  f"{v.tile.threads}))) void")
-    return (f'extern "C" {attrs} {v.symbol}(\n    {plist}) {{\n'
-            f"  Params p;\n{fill}  zyfa::flash_fwd(p);\n}}\n")
+    out = (f'extern "C" {attrs} {v.symbol}(\n    {plist}) {{\n'
+           f"  Params p;\n{fill}  zyfa::flash_fwd(p);\n}}\n")
+    if catalogue.has_vt_prepass(v):
+        out += (f'extern "C" __global__ void __launch_bounds__({catalogue.VT_THREADS}) '
+                f"{catalogue.vt_prepass_symbol(v)}(\n    {plist}) {{\n"
+                f"  Params p;\n{fill}  zyfa::transpose_v(p);\n}}\n")
+    return out
 
 
 def emit(v: Variant) -> str:

@@ -11,9 +11,9 @@ import pytest
 from tests.backends import using_backend
 
 import build
-from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func
+from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, workspace
 from zyfa_runtime import driver as drivers
-from zyfa_runtime.catalogue import Variant
+from zyfa_runtime.catalogue import Variant, vt_columns, vt_prepass_symbol
 from zyfa_runtime.errors import CodeObjectError
 from zyfa_runtime.launch import unpack_args
 from zyfa_runtime.memory import host_dtype
@@ -98,6 +98,43 @@ def test_fp8_without_descales_reads_ones(fake):
     args = unpack_args(entry_of(Variant("sm_90a", "fp8_e4m3", 64, 64, False)), fake.launches[-1].args)
     for name in ("descale_q", "descale_k", "descale_v"):
         assert np.frombuffer(ctypes.string_at(args[name], 4), np.float32)[0] == 1.0
+
+
+def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
+    """sm_90a FP8: the V^T pre-pass, then the kernel, on one stream with one argument buffer;
+    vt points into a workspace of hkv * d_v * vt_columns bytes (dense and packed)."""
+    variant = Variant("sm_90a", "fp8_e4m3", 64, 64, False)
+    entry = entry_of(variant)
+    q, k, v = arrays((2, 100, 4, 64), (2, 300, 2, 64), (2, 300, 2, 64), dtype="fp8_e4m3")
+    flash_attn_func(q, k, v, stream=7)
+    cu_q, cu_k = np.array([0, 5, 5, 70], np.int32), np.array([0, 9, 9, 300], np.int32)
+    qp, kp, vp = arrays((70, 4, 64), (300, 2, 64), (300, 2, 64), dtype="fp8_e4m3")
+    flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=65,
+                           max_seqlen_k=291, stream=7)
+    assert [x.symbol for x in fake.launches] == [vt_prepass_symbol(variant), variant.symbol] * 2
+    for (pre, main), (batch, sk, total) in zip(zip(fake.launches[::2], fake.launches[1::2]),
+                                               ((2, 300, None), (3, 291, 300))):
+        assert pre.args == main.args and pre.stream == main.stream == 7
+        assert pre.grid == (-(-sk // 128), 2, batch) and pre.block == (entry["prepass"]["block_size"], 1, 1)
+        assert pre.shared == 0
+        args = unpack_args(entry, main.args)
+        cols = vt_columns(batch, sk, total)
+        assert (args["vt_stride_d"], args["vt_stride_h"]) == (cols, 64 * cols)
+        buf = fake.buffer(args["vt"])
+        assert buf.ctypes.data == args["vt"] and buf.nbytes >= 2 * 64 * cols
+    # one workspace per stream, reused by the calls on it and grown when one needs more
+    a1 = unpack_args(entry, fake.launches[1].args)["vt"]
+    a2 = unpack_args(entry, fake.launches[3].args)["vt"]
+    assert a1 == a2
+    flash_attn_func(q, k, v, stream=8)
+    assert unpack_args(entry, fake.launches[-1].args)["vt"] != a1
+    big = arrays((2, 100, 4, 64), (2, 3000, 2, 64), (2, 3000, 2, 64), dtype="fp8_e4m3")
+    held = workspace.held_bytes()
+    flash_attn_func(*big, stream=7)
+    assert workspace.held_bytes() > held
+    assert fake.buffer(unpack_args(entry, fake.launches[-1].args)["vt"]).nbytes >= 2 * 64 * vt_columns(2, 3000, None)
+    workspace.release()
+    assert workspace.held_bytes() == 0
 
 
 def test_bad_input_reaches_no_driver_call(fake):

@@ -2,8 +2,11 @@
 
 import pytest
 
-from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, Variant, all_variants, buildable,
-                                    eval_grid, grid_rule, iter_select, kernarg_size, kernargs)
+import numpy as np
+
+from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, VT_BLOCK, Variant, all_variants, buildable,
+                                    eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
+                                    kernargs, vt_column0, vt_columns, vt_prepass_grid_rule)
 
 
 def test_catalogue_is_the_full_product():
@@ -37,6 +40,48 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     names = [a.name for a in args]
     assert len(set(names)) == len(names)
     assert ("descale_q" in names) == (v.dtype == "fp8_e4m3")
+    assert ("vt" in names) == ("vt_stride_d" in names) == has_vt_prepass(v)
+
+
+def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():
+    assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
+        v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
+    # the gfx950 FP8 kernels' argument layout is the FP8 one without V^T
+    amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
+    nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False))]
+    assert amd == [n for n in nv if not n.startswith("vt")]
+    # the pre-pass covers every key block of every key/value head and sequence
+    v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
+    assert v.tile.block_n == VT_BLOCK
+    for sk in (1, VT_BLOCK - 1, VT_BLOCK, VT_BLOCK + 1, 1000):
+        x, y, z = eval_grid(vt_prepass_grid_rule(v), {"seqlen_k": sk, "hkv": 3, "batch": 5})
+        assert (x - 1) * VT_BLOCK < sk <= x * VT_BLOCK and (y, z) == (3, 5)
+
+
+def _vt_spans(batch, sk, cu):
+    """Each sequence's V^T columns, its first to the end of its last block."""
+    lengths = [sk] * batch if cu is None else list(np.diff(cu))
+    return [(vt_column0(b, sk, cu), vt_column0(b, sk, cu) + -(-int(n) // VT_BLOCK) * VT_BLOCK)
+            for b, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vt_workspace_holds_every_sequence_s_blocks_apart(seed):
+    """The V^T layout: each sequence's blocks (its last one padded with zeros) start at a
+    block boundary, never overlap another's and end within vt_columns -- dense and packed,
+    with empty sequences and lengths on and off the block size."""
+    rng = np.random.default_rng(seed)
+    batch = int(rng.integers(1, 9))
+    lengths = rng.choice([0, 1, VT_BLOCK - 1, VT_BLOCK, VT_BLOCK + 1, 300, 1000], size=batch)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    for sk, cu_k, total in ((int(lengths.max()), None, None), (int(lengths.max()), cu, int(cu[-1]))):
+        spans = _vt_spans(batch, sk, cu_k)
+        end = vt_columns(batch, sk, total)
+        assert end % VT_BLOCK == 0 and end >= VT_BLOCK
+        for lo, hi in spans:
+            assert lo % VT_BLOCK == 0 and 0 <= lo <= hi <= end
+        for (lo1, hi1), (lo2, hi2) in zip(spans, spans[1:]):
+            assert hi1 <= lo2
 
 
 def test_grid_rule_covers_every_query_row():

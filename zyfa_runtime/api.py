@@ -15,8 +15,8 @@ import threading
 import numpy as np
 
 from . import launch as _launch
-from . import validate
-from .catalogue import Variant
+from . import validate, workspace
+from .catalogue import Variant, vt_columns
 from .driver import get_driver
 from .kernels import KernelTable
 from .memory import DeviceArray, device_kind
@@ -159,8 +159,20 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
                "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
-    with driver.tensor_extents(extents):
-        _launch.launch(driver, kernel, values, stream)
+    if "prepass" not in kernel.entry:
+        with driver.tensor_extents(extents):
+            _launch.launch(driver, kernel, values, stream)
+        return out_arr, lse_arr
+    # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
+    values["vt_stride_d"] = vt_columns(problem.batch, problem.seqlen_k,
+                                       problem.total_k if problem.varlen else None)
+    values["vt_stride_h"] = problem.d_v * values["vt_stride_d"]
+    vt_bytes = problem.hkv * values["vt_stride_h"]
+    with workspace.hold(driver, device, stream, vt_bytes) as vt:
+        values["vt"] = vt
+        extents["vt"] = (vt, vt + vt_bytes)
+        with driver.tensor_extents(extents):
+            _launch.launch(driver, kernel, values, stream)
     return out_arr, lse_arr
 
 

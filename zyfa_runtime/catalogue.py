@@ -162,14 +162,14 @@ def tile_for(v: Variant) -> Tile:
         # (more warps to hide the softmax's latencies, and each K/V block serves 192 rows):
         # at d64, and at d_v = 128 non-causal, where S(n + 1) then waits for the block's merge
         # (causal, the diagonal blocks' second P does not fit beside O, S and the block
-        # accumulator); else two.  Q, a ring of three stages of K and V
-        # staging (two at d256, where three do not fit), two of V^T each followed by 8 x 128
-        # bytes of ones (one tile of ones beside them at d256, whose PV goes in two passes), 128
-        # bytes of mbarriers, +1 KiB for alignment (d256: 226 KiB of the 227 a CTA may have).
+        # accumulator); else two.  Q, a ring of three stages of K and V^T (from the pre-pass;
+        # two where three do not fit), each V^T followed by 8 x 128 bytes of ones (one tile of
+        # ones apart at d256, whose PV goes in two passes), 128 bytes of mbarriers, +1 KiB for
+        # alignment (d256: 226 KiB of the 227 a CTA may have).
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
-        ones_tiles = 2 if v.d_v <= 128 else 1
         def smem(stages):
-            return (SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * (stages * (v.d_qk + v.d_v) + 2 * v.d_v)
+            ones_tiles = stages if v.d_v <= 128 else 1
+            return (SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * stages * (v.d_qk + v.d_v)
                     + ones_tiles * 8 * 128 + 128 + 1024)
         stages = 3 if smem(3) <= SM90_MAX_SMEM else 2
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
@@ -216,8 +216,12 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
     if v.dtype == "fp8_e4m3":
         # Per-tensor fp32 dequantisation factors (device pointers to one float each).
         args += [("descale_q", "ptr"), ("descale_k", "ptr"), ("descale_v", "ptr")]
+    if has_vt_prepass(v):
+        args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
     for t in ("q", "k", "v", "o"):
         args += [(f"{t}_stride_b", "i64"), (f"{t}_stride_s", "i64"), (f"{t}_stride_h", "i64")]
+    if has_vt_prepass(v):
+        args += [("vt_stride_d", "i64"), ("vt_stride_h", "i64")]   # bytes: a dv row, a head
     args += [
         ("lse_stride_b", "i64"),     # LSE is (B, Hq, Sq) or (Hq, T): the row stride is 1
         ("lse_stride_h", "i64"),
@@ -245,6 +249,53 @@ def kernargs(v: Variant) -> list[KernArg]:
 def kernarg_size(args: list[KernArg]) -> int:
     end = max(a.offset + a.size for a in args)
     return (end + 7) // 8 * 8
+
+
+# --------------------------------------------------------------------------------------
+# The V^T pre-pass of the sm_90a FP8 kernels.
+#
+# FP8 WGMMA takes its B operand K-major only, so PV needs V with the keys contiguous: a
+# kernel of its own (the pre-pass, a second entry point in the same code object, with the
+# same arguments) writes V^T into a workspace before the attention kernel reads it.  Per
+# key/value head d_v rows of ``vt_stride_d`` bytes; sequence b's keys from column
+# ``vt_column0(b)`` on (cuda/flash_fp8_lean.cuh), in blocks of VT_BLOCK keys, zeros to the end
+# of its last block.
+
+#: Keys per block of the pre-pass (the sm_90a FP8 kernels' block_n).
+VT_BLOCK = 128
+#: Threads of a pre-pass CTA.
+VT_THREADS = 128
+
+
+def has_vt_prepass(v: Variant) -> bool:
+    """Whether the variant's code object has the V^T pre-pass (the sm_90a FP8 kernels)."""
+    return v.vendor == "cuda" and v.dtype == "fp8_e4m3"
+
+
+def vt_prepass_symbol(v: Variant) -> str:
+    return "zyfa_vt_" + v.name
+
+
+def vt_prepass_grid_rule(v: Variant) -> dict:
+    """x: key blocks (of the longest sequence); y: key/value heads; z: sequences."""
+    return {"x": {"cdiv": ["seqlen_k", VT_BLOCK]}, "y": "hkv", "z": "batch"}
+
+
+def vt_column0(b: int, seqlen_k: int, cu_seqlens_k=None) -> int:
+    """The first V^T column of sequence ``b`` (cuda/flash_fp8_lean.cuh's vt_column0, the same
+    rule): dense, b ceil(seqlen_k / VT_BLOCK) VT_BLOCK; packed, sequence b's first key rounded up
+    to a multiple of VT_BLOCK, plus VT_BLOCK b -- room for every sequence's last block, as
+    ceil((k_b + sk_b) / VT_BLOCK) - ceil(k_b / VT_BLOCK) + 1 >= ceil(sk_b / VT_BLOCK)."""
+    if cu_seqlens_k is None:
+        return b * (-(-seqlen_k // VT_BLOCK) * VT_BLOCK)
+    return -(-int(cu_seqlens_k[b]) // VT_BLOCK) * VT_BLOCK + VT_BLOCK * b
+
+
+def vt_columns(batch: int, seqlen_k: int, total_k: int | None) -> int:
+    """Columns of a V^T row: dense, ``batch`` sequences of ceil(seqlen_k / VT_BLOCK) blocks;
+    packed (``total_k`` keys), sequence b from ceil(k_b / VT_BLOCK) VT_BLOCK + VT_BLOCK b on."""
+    blocks = -(-seqlen_k // VT_BLOCK) * batch if total_k is None else -(-total_k // VT_BLOCK) + batch
+    return max(blocks, 1) * VT_BLOCK
 
 
 # --------------------------------------------------------------------------------------

@@ -16,10 +16,12 @@ from .errors import ZyfaError
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """One loaded kernel: its manifest entry and the driver's function handle."""
+    """One loaded kernel: its manifest entry and the driver's function handle, and that of its
+    pre-pass where the entry has one (launched first, with the same arguments)."""
     variant: Variant
     entry: dict
     function: object
+    prepass: object = None
 
     @property
     def kernargs(self) -> list[KernArg]:
@@ -84,4 +86,7 @@ class KernelTable:
         function = self.driver.get_function(module, entry["symbol"])
         if entry["dynamic_smem"] > 0:
             self.driver.set_max_dynamic_shared(function, entry["dynamic_smem"])
-        return Kernel(variant, entry, function)
+        prepass = None
+        if "prepass" in entry:
+            prepass = self.driver.get_function(module, entry["prepass"]["symbol"])
+        return Kernel(variant, entry, function, prepass)

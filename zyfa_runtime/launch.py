@@ -41,11 +41,17 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
 
 
 def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int, int]:
-    """Launch ``kernel`` with ``values`` on ``stream``; returns the grid it used."""
+    """Launch ``kernel`` with ``values`` on ``stream`` (its pre-pass first, with the same
+    argument buffer, where it has one); returns the kernel's grid."""
     grid = eval_grid(kernel.entry["grid"], values)
     if 0 in grid:
         return grid  # nothing to do (e.g. zero query rows)
     args = pack_args(kernel, values)
+    if kernel.prepass is not None:
+        pre = kernel.entry["prepass"]
+        pre_grid = eval_grid(pre["grid"], values)
+        if 0 not in pre_grid:
+            driver.launch(kernel.prepass, pre_grid, (pre["block_size"], 1, 1), 0, stream, args)
     block = (kernel.entry["block_size"], 1, 1)
     driver.launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], stream, args)
     return grid
