@@ -13,8 +13,9 @@ import pytest
 
 from generator.c_header import HeaderError, write_header
 from zyfa_runtime import __version__
+from build import prepass_entry
 from zyfa_runtime.catalogue import (TOOLKIT, all_variants, buildable, eval_grid, grid_rule,
-                                    kernarg_size, kernargs)
+                                    has_vt_prepass, kernarg_size, kernargs, vt_columns)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "c"
@@ -40,6 +41,7 @@ def catalogue_manifest() -> dict:
             "dynamic_smem": v.tile.dynamic_smem, "shared_bytes": v.tile.dynamic_smem,
             "kernarg_size": kernarg_size(args), "kernargs": [a.to_json() for a in args],
             "grid": grid_rule(v), "registers": {}, "scratch_bytes": 0,
+            **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
         })
     return {"format": 1, "package_version": __version__, "toolkits": dict(TOOLKIT),
             "compilers": {"sm_90a": {"name": "nvcc", "version": "V13.0 \"quoted\" \\ back"}},
@@ -104,9 +106,19 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
                 lines.append(f"    a.{arg['name']} = {values[arg['name']]};")
         lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
         lines.append(f'    printf("grid {n} %u %u %u\\n", gx, gy, gz);')
+        if "prepass" in e:
+            lines.append(f"    zyfa_{n}_prepass_grid(&a, &gx, &gy, &gz);")
+            lines.append(f'    printf("pregrid {n} %u %u %u\\n", gx, gy, gz);')
+            for batch, sk, total in VT_CASES:
+                lines.append(f'    printf("vtcols {n} {batch} {sk} {total} %lld\\n", '
+                             f"(long long)zyfa_{n}_vt_columns({batch}, {sk}, {total}));")
         lines.append("  }")
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
+
+
+#: (batch, seqlen_k, total_k or -1 for a dense batch) for the V^T workspace rule.
+VT_CASES = ((1, 1, -1), (3, 128, -1), (2, 129, -1), (4, 300, 777), (5, 0, 0), (1, 5000, 5000))
 
 
 def pad_fields(header: str, name: str) -> list[tuple[str, int]]:
@@ -153,13 +165,17 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
             run([compiler, "-x", lang, f"-std={std}", "-Wall", "-Werror", "-I", inc, src, "-o", exe])
             outputs.append(run([exe]).stdout)
         assert outputs[0] == outputs[1]   # C and C++ agree
-        got_fields, got_size, got_grid = {}, {}, {}
+        got_fields, got_size, got_grid, got_pregrid, got_vt = {}, {}, {}, {}, {}
         for line in outputs[0].splitlines():
             kind, name, *rest = line.split()
             if kind == "size":
                 got_size[name] = int(rest[0])
             elif kind == "field":
                 got_fields.setdefault(name, []).append((rest[0], int(rest[1]), int(rest[2])))
+            elif kind == "vtcols":
+                got_vt.setdefault(name, []).append(int(rest[3]))
+            elif kind == "pregrid":
+                got_pregrid[name] = tuple(int(x) for x in rest)
             else:
                 got_grid[name] = tuple(int(x) for x in rest)
         built = [e for e in m["kernels"] if e["built"]]
@@ -181,6 +197,11 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
             assert [(off, size) for _, off, size in got_fields[n][len(args):]] == holes, n
             want = eval_grid(e["grid"], values)
             assert got_grid[n] == want, n
+            if "prepass" in e:   # the pre-pass's grid and workspace rule, as the runtime's
+                assert got_pregrid[n] == eval_grid(e["prepass"]["grid"], values), n
+                assert got_vt[n] == [vt_columns(b, sk, None if t < 0 else t) for b, sk, t in VT_CASES], n
+            else:
+                assert n not in got_pregrid and n not in got_vt
         if which == "gappy":
             assert pad_fields(header, "gappy") == [("pad_0", 4), ("pad_1", 4), ("pad_2", 16)]
 

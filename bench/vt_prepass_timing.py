@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Time the sm_90a FP8 V^T pre-pass alone (CUDA events over 50 back-to-back launches) and check
+the V^T it writes against numpy: keys in P's order within each 16, zeros past the sequence.
+
+    python3 bench/vt_prepass_timing.py
+
+Needs PyTorch with CUDA and the prebuilt sm_90a FP8 kernels (ZYFA_PREBUILT_DIR selects others).
+"""
+import numpy as np
+import torch
+
+from zyfa_runtime import api, catalogue
+from zyfa_runtime import launch as L
+from zyfa_runtime.driver import get_driver
+
+drv = get_driver()
+print("shape (B, S, Hkv, d_v): pre-pass time, V read + V^T written per second, layout")
+for (B, S, H, d) in [(1, 16384, 8, 128), (4, 4096, 32, 128), (8, 4096, 16, 64), (2, 8192, 16, 256)]:
+    v = torch.randint(0, 120, (B, S, H, d), dtype=torch.uint8, device="cuda")
+    t = api.kernel_table(drv)
+    var = catalogue.Variant("sm_90a", "fp8_e4m3", d, d, False)
+    k = t.get(0, var)
+    cols = catalogue.vt_columns(B, S, None)
+    ws = torch.empty(H * d * cols, dtype=torch.uint8, device="cuda")
+    vals = {a["name"]: 0 for a in k.entry["kernargs"]}
+    vals.update(v=v.data_ptr(), vt=ws.data_ptr(), v_stride_b=v.stride(0), v_stride_s=v.stride(1), v_stride_h=v.stride(2),
+                vt_stride_d=cols, vt_stride_h=d * cols, batch=B, hkv=H, seqlen_k=S, hq=H, seqlen_q=S)
+    vals.update(cu_seqlens_k=None, cu_seqlens_q=None)
+    args = L.pack_args(k, vals)
+    pre = k.entry["prepass"]; grid = catalogue.eval_grid(pre["grid"], vals)
+    s = torch.cuda.current_stream().cuda_stream
+    for _ in range(10): drv.launch(k.prepass, grid, (pre["block_size"], 1, 1), 0, s, args)
+    e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+    e0.record()
+    for _ in range(50): drv.launch(k.prepass, grid, (pre["block_size"], 1, 1), 0, s, args)
+    e1.record(); torch.cuda.synchronize()
+    us = e0.elapsed_time(e1) / 50 * 1000
+    nb = v.numel() * 2
+    # check against numpy
+    vn = v.cpu().numpy(); wn = ws.cpu().numpy().reshape(H, d, cols)
+    perm = np.array([2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1) for q in range(16)])
+    keys = (np.arange(cols) // 16) * 16 + perm[np.arange(cols) % 16]
+    Sp = -(-S // 128) * 128
+    ok = True
+    for b in range(B):
+        kk = keys[b * Sp:(b + 1) * Sp] - b * Sp
+        exp = np.where((kk < S)[None, None, :], vn[b][np.minimum(kk, S - 1)].transpose(1, 2, 0), 0)
+        ok &= np.array_equal(wn[:, :, b * Sp:(b + 1) * Sp], exp)
+    print(f"B{B} S{S} H{H} d{d}: prepass {us:.1f} us, {nb / us / 1e6:.2f} TB/s, layout ok={ok}")
