@@ -60,9 +60,11 @@ __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
 // (varlen) batch its first key rounded up to a multiple of 128, plus 128 b, which leaves room
 // for every sequence's last block: 128 (ceil((k_b + sk_b) / 128) - ceil(k_b / 128)) + 128 >=
 // 128 ceil(sk_b / 128).  catalogue.vt_columns sizes the workspace by the same rule.
+static_assert(kVtBlock == kBlockN, "the pre-pass's key blocks are the kernel's (catalogue.VT_BLOCK)");
+
 template <class P>
 __device__ __forceinline__ long long vt_column0(const P& p, int b) {
-  constexpr int kB = kBlockN;
+  constexpr int kB = kVtBlock;
   if (p.cu_seqlens_k != nullptr) {
     const long long k0 = static_cast<const int*>(p.cu_seqlens_k)[b];
     return (k0 + kB - 1) / kB * kB + static_cast<long long>(kB) * b;
@@ -86,15 +88,15 @@ __device__ void transpose_v(const P& p) {
   // kPitch = 4 (mod 8) fall in eight different banks.
   constexpr int kPitch = kDv + 28;
   constexpr int kChunks = kDv / 16;
-  static_assert(kBlockN * kChunks % kVtThreads == 0 && kDv * (kBlockN / 16) % kVtThreads == 0, "whole rounds");
-  __shared__ __align__(16) uint8_t tile[kBlockN * kPitch];
+  static_assert(kVtBlock * kChunks % kVtThreads == 0 && kDv * (kVtBlock / 16) % kVtThreads == 0, "whole rounds");
+  __shared__ __align__(16) uint8_t tile[kVtBlock * kPitch];
   const auto row_at = [](int k) { return k * kPitch + 4 * ((k >> 4) & 7); };
-  const int n0 = blockIdx.x * kBlockN, h = blockIdx.y, b = blockIdx.z;
+  const int n0 = blockIdx.x * kVtBlock, h = blockIdx.y, b = blockIdx.z;
   const SeqBounds s = sequence_bounds(p, b);
   if (n0 >= s.sk) return;
   const uint8_t* v = static_cast<const uint8_t*>(p.v) + (p.cu_seqlens_k ? s.k_start * p.v_stride_s : b * p.v_stride_b) +
                      h * p.v_stride_h;
-  constexpr int kLoads = kBlockN * kChunks / kVtThreads;
+  constexpr int kLoads = kVtBlock * kChunks / kVtThreads;
   uint4 x[kLoads];
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
@@ -112,8 +114,8 @@ __device__ void transpose_v(const P& p) {
   // A warp takes 4 dv rows x the 8 groups of 16 keys: 4 whole 128-byte lines of V^T.
   uint8_t* vt = static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + vt_column0(p, b) + n0;
 #pragma unroll
-  for (int j = 0; j < kDv * (kBlockN / 16) / kVtThreads; ++j) {
-    const int i = threadIdx.x + j * kVtThreads, row = i / (kBlockN / 16), g = i % (kBlockN / 16);   // dv row, 16 keys
+  for (int j = 0; j < kDv * (kVtBlock / 16) / kVtThreads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, row = i / (kVtBlock / 16), g = i % (kVtBlock / 16);   // dv row, 16 keys
     uint32_t w[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {

@@ -200,14 +200,7 @@ def _kernel(entry: dict) -> list[str]:
     args = {a["name"] for a in entry["kernargs"]}
     g = entry["grid"]
     terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
-    out.append(f"/* grid: x = {_comment(_rule(g['x']))}, y = {_comment(_rule(g['y']))}, "
-               f"z = {_comment(_rule(g['z']))} */")
-    out.append(f"static inline void zyfa_{name}_grid(const {st} *a, unsigned int *gx, "
-               "unsigned int *gy, unsigned int *gz) {")
-    for axis, t in zip(("gx", "gy", "gz"), terms):
-        out.append(f"  *{axis} = zyfa_grid_dim_({t});")
-    out.append("}")
-    out.append("")
+    out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
     if "prepass" in entry:
         out += _prepass(name, entry, st, args)
     return out
@@ -233,14 +226,16 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            f"  return (blocks > 1 ? blocks : 1) * {block};",
            "}"]
     terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
-    out.append(f"/* pre-pass grid: x = {_comment(_rule(g['x']))}, y = {_comment(_rule(g['y']))}, "
-               f"z = {_comment(_rule(g['z']))} */")
-    out.append(f"static inline void zyfa_{name}_prepass_grid(const {st} *a, unsigned int *gx, "
-               "unsigned int *gy, unsigned int *gz) {")
-    for axis, t in zip(("gx", "gy", "gz"), terms):
-        out.append(f"  *{axis} = zyfa_grid_dim_({t});")
-    out += ["}", ""]
-    return out
+    return out + _grid_function(f"zyfa_{name}_prepass_grid", "pre-pass grid", st, g, terms)
+
+
+def _grid_function(fn: str, what: str, st: str, g: dict, terms: list[str]) -> list[str]:
+    """A grid rule as a C function of the argument struct, with the rule in a comment."""
+    out = [f"/* {what}: x = {_comment(_rule(g['x']))}, y = {_comment(_rule(g['y']))}, "
+           f"z = {_comment(_rule(g['z']))} */",
+           f"static inline void {fn}(const {st} *a, unsigned int *gx, unsigned int *gy, unsigned int *gz) {{"]
+    out += [f"  *{axis} = zyfa_grid_dim_({t});" for axis, t in zip(("gx", "gy", "gz"), terms)]
+    return out + ["}", ""]
 
 
 def _rule(term) -> str:

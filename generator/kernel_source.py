@@ -162,7 +162,8 @@ def config(v: Variant) -> str:
         lines += [f"constexpr int kConsumerRows = {CONSUMER_ROWS};",
                   f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg"]
     if catalogue.has_vt_prepass(v):
-        lines.append(f"constexpr int kVtThreads = {catalogue.VT_THREADS};   // the V^T pre-pass's CTA")
+        lines.append(f"constexpr int kVtBlock = {catalogue.VT_BLOCK}, kVtThreads = {catalogue.VT_THREADS};"
+                     "   // the V^T pre-pass: keys and threads of a CTA")
     if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)
     lines.append("}  // namespace zyfa_cfg")
