@@ -131,10 +131,14 @@ def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
     big = arrays((2, 100, 4, 64), (2, 3000, 2, 64), (2, 3000, 2, 64), dtype="fp8_e4m3")
     held = workspace.held_bytes()
     flash_attn_func(*big, stream=7)
-    assert workspace.held_bytes() > held
-    assert fake.buffer(unpack_args(entry, fake.launches[-1].args)["vt"]).nbytes >= 2 * 64 * vt_columns(2, 3000, None)
+    grown = unpack_args(entry, fake.launches[-1].args)["vt"]
+    assert grown != a1 and workspace.held_bytes() > held
+    assert fake.buffer(grown).nbytes >= 2 * 64 * vt_columns(2, 3000, None)
+    assert fake.buffer(a1).nbytes > 0     # the old buffer stays allocated (queued kernels, graphs)
     workspace.release()
     assert workspace.held_bytes() == 0
+    with pytest.raises(KeyError):         # freed now
+        fake.buffer(a1)
 
 
 def test_bad_input_reaches_no_driver_call(fake):

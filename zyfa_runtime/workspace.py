@@ -4,8 +4,10 @@ between calls and grown on demand.
 
 Launches on one stream run in order, so one buffer serves every call on that stream; calls on
 different streams get different buffers.  A buffer is held (its lock taken) from the moment a
-call is handed its pointer until the call's launches are queued, and growing it synchronises
-the device before the old allocation is freed, so no queued kernel reads freed memory.
+call is handed its address until the call's launches are queued.  An address once handed out
+stays valid until ``release()``: growing a buffer allocates a larger one and keeps the old one
+(kernels still queued, or a CUDA graph captured earlier, may use it), so growth never has to
+synchronise the device.
 """
 
 from __future__ import annotations
@@ -18,42 +20,52 @@ from .memory import DeviceArray
 
 _lock = threading.Lock()
 _buffers: dict[tuple[str, int, int], DeviceArray] = {}
+_retired: list[DeviceArray] = []
 _holds: dict[tuple[str, int, int], threading.Lock] = {}
 
 
 @contextlib.contextmanager
 def hold(driver, device: int, stream: int, nbytes: int) -> Iterator[int]:
-    """The address of at least ``nbytes`` of device memory for launches on ``stream``, valid
-    until those launches have run; queue them inside the ``with``."""
+    """The address of at least ``nbytes`` of device memory for launches on ``stream``; queue
+    them inside the ``with``."""
     key = (driver.name, int(device), int(stream))
     with _lock:
         key_lock = _holds.setdefault(key, threading.Lock())
     with key_lock:
         buf = _buffers.get(key)
         if buf is None or buf.nbytes < nbytes:
-            if buf is not None:
-                driver.synchronize(device)      # kernels queued on the old buffer have run
-                del _buffers[key]
-                del buf
-            buf = _buffers[key] = DeviceArray(driver, device, (max(int(nbytes), 1),), "uint8")
+            new = DeviceArray(driver, device, (max(int(nbytes), 1),), "uint8")
+            with _lock:
+                if buf is not None:
+                    _retired.append(buf)
+                _buffers[key] = buf = new
         yield buf.ptr
 
 
 def release() -> None:
-    """Free every workspace (after synchronising its device); the next call allocates anew."""
+    """Synchronise the devices that have workspaces and free them all (the next call allocates
+    anew).  Call it only when no launch that used a workspace is still to run (a CUDA graph
+    captured with one included)."""
     with _lock:
-        keys = list(_buffers)
-    for key in keys:
+        keys = list(_holds)
+    locks = [_holds[k] for k in keys]
+    for lk in locks:
+        lk.acquire()
+    try:
         with _lock:
-            key_lock = _holds.setdefault(key, threading.Lock())
-        with key_lock:
-            buf = _buffers.pop(key, None)
-            if buf is not None:
-                buf.driver.synchronize(buf.device)
-                del buf
+            bufs = list(_buffers.values()) + _retired
+            _buffers.clear()
+            _retired.clear()
+        for driver, device in {(b.driver, b.device) for b in bufs}:
+            driver.synchronize(device)
+        del bufs
+    finally:
+        for lk in locks:
+            lk.release()
 
 
 def held_bytes() -> int:
-    """Bytes of workspace currently allocated, over every backend, device and stream."""
+    """Bytes of workspace allocated (retired buffers included), over every backend, device and
+    stream."""
     with _lock:
-        return sum(b.nbytes for b in _buffers.values())
+        return sum(b.nbytes for b in list(_buffers.values()) + _retired)
