@@ -13,11 +13,15 @@ from zyfa_runtime import api, catalogue
 from zyfa_runtime import launch as L
 from zyfa_runtime.driver import get_driver
 
+#: P's key order within 16 keys (cuda/flash_fp8_lean.cuh): position 4t + i holds key
+#: {2t, 2t + 1, 2t + 8, 2t + 9}[i].
+P_ORDER = np.array([2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1) for q in range(16)])
+
 drv = get_driver()
+t = api.kernel_table(drv)
 print("shape (B, S, Hkv, d_v): pre-pass time, V read + V^T written per second, layout")
 for (B, S, H, d) in [(1, 16384, 8, 128), (4, 4096, 32, 128), (8, 4096, 16, 64), (2, 8192, 16, 256)]:
     v = torch.randint(0, 120, (B, S, H, d), dtype=torch.uint8, device="cuda")
-    t = api.kernel_table(drv)
     var = catalogue.Variant("sm_90a", "fp8_e4m3", d, d, False)
     k = t.get(0, var)
     cols = catalogue.vt_columns(B, S, None)
@@ -38,12 +42,11 @@ for (B, S, H, d) in [(1, 16384, 8, 128), (4, 4096, 32, 128), (8, 4096, 16, 64), 
     nb = v.numel() * 2
     # check against numpy
     vn = v.cpu().numpy(); wn = ws.cpu().numpy().reshape(H, d, cols)
-    perm = np.array([2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1) for q in range(16)])
-    keys = (np.arange(cols) // 16) * 16 + perm[np.arange(cols) % 16]
-    Sp = -(-S // 128) * 128
+    span = -(-S // catalogue.VT_BLOCK) * catalogue.VT_BLOCK       # a sequence's columns
+    kk = (np.arange(span) // 16) * 16 + P_ORDER[np.arange(span) % 16]   # the key of each column
     ok = True
     for b in range(B):
-        kk = keys[b * Sp:(b + 1) * Sp] - b * Sp
+        c0 = catalogue.vt_column0(b, S)
         exp = np.where((kk < S)[None, None, :], vn[b][np.minimum(kk, S - 1)].transpose(1, 2, 0), 0)
-        ok &= np.array_equal(wn[:, :, b * Sp:(b + 1) * Sp], exp)
+        ok &= np.array_equal(wn[:, :, c0:c0 + span], exp)
     print(f"B{B} S{S} H{H} d{d}: prepass {us:.1f} us, {nb / us / 1e6:.2f} TB/s, layout ok={ok}")

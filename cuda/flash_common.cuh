@@ -64,7 +64,7 @@ __device__ __forceinline__ float* lse_rows(const P& p, const SeqBounds& s, int b
 struct CtaWork {
   SeqBounds seq;
   TensorOffsets off;
-  int b, h, row0, diag, n_blocks;
+  int b, h, h_kv, row0, diag, n_blocks;   // h_kv: the key/value head of query head h
 };
 
 // False when the CTA has no query rows (its block lies past the end of a shorter sequence).
@@ -74,11 +74,11 @@ __device__ __forceinline__ bool cta_work(const P& p, CtaWork& w) {
   const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   w.h = blockIdx.y;
   w.b = blockIdx.z;
-  const int h_kv = w.h / (p.hq / p.hkv);
+  w.h_kv = w.h / (p.hq / p.hkv);
   w.seq = sequence_bounds(p, w.b);
   w.row0 = m_block * kBlockM;
   if (w.row0 >= w.seq.sq) return false;
-  w.off = tensor_offsets(p, w.seq, w.b, w.h, h_kv);
+  w.off = tensor_offsets(p, w.seq, w.b, w.h, w.h_kv);
   w.diag = w.seq.sk - w.seq.sq;
   int n_end = w.seq.sk;
   if constexpr (kCausal) n_end = min(w.seq.sk, w.row0 + kBlockM + w.diag);

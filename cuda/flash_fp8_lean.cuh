@@ -94,8 +94,7 @@ __device__ void transpose_v(const P& p) {
   const int n0 = blockIdx.x * kVtBlock, h = blockIdx.y, b = blockIdx.z;
   const SeqBounds s = sequence_bounds(p, b);
   if (n0 >= s.sk) return;
-  const uint8_t* v = static_cast<const uint8_t*>(p.v) + (p.cu_seqlens_k ? s.k_start * p.v_stride_s : b * p.v_stride_b) +
-                     h * p.v_stride_h;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + tensor_offsets(p, s, b, 0, h).v;   // key/value head h
   constexpr int kLoads = kVtBlock * kChunks / kVtThreads;
   uint4 x[kLoads];
 #pragma unroll

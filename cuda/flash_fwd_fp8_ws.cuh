@@ -316,10 +316,9 @@ __device__ void flash_fwd(const P& p) {
 
   if (wg == 0) {
     producer_registers();
-    const int h_kv = w.h / (p.hq / p.hkv);
     produce(p, sm, static_cast<const uint8_t*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
             static_cast<const uint8_t*>(p.k) + w.off.k,
-            static_cast<const uint8_t*>(p.vt) + h_kv * p.vt_stride_h + vt_column0(p, w.b), sq - row0, sk, n_blocks);
+            static_cast<const uint8_t*>(p.vt) + w.h_kv * p.vt_stride_h + vt_column0(p, w.b), sq - row0, sk, n_blocks);
     cp_async_wait<0>();
     return;
   }
