@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Time the sm_90a FP8 V^T pre-pass alone (CUDA events over 50 back-to-back launches) and check
-the V^T it writes against numpy: keys in P's order within each 16, zeros past the sequence.
+the V^T it writes against numpy: keys in P's order within each 16, zeros past the sequence,
+each block of 128 keys stored as a shared-memory stage holds it (d_v rows of 128 bytes, the
+16-byte chunk g of row r at g ^ (r % 8)).
 
     python3 bench/vt_prepass_timing.py
 
@@ -28,7 +30,7 @@ for (B, S, H, d) in [(1, 16384, 8, 128), (4, 4096, 32, 128), (8, 4096, 16, 64), 
     ws = torch.empty(H * d * cols, dtype=torch.uint8, device="cuda")
     vals = {a["name"]: 0 for a in k.entry["kernargs"]}
     vals.update(v=v.data_ptr(), vt=ws.data_ptr(), v_stride_b=v.stride(0), v_stride_s=v.stride(1), v_stride_h=v.stride(2),
-                vt_stride_d=cols, vt_stride_h=d * cols, batch=B, hkv=H, seqlen_k=S, hq=H, seqlen_q=S)
+                vt_stride_h=d * cols, batch=B, hkv=H, seqlen_k=S, hq=H, seqlen_q=S)
     vals.update(cu_seqlens_k=None, cu_seqlens_q=None)
     args = L.pack_args(k, vals)
     pre = k.entry["prepass"]; grid = catalogue.eval_grid(pre["grid"], vals)
@@ -41,7 +43,11 @@ for (B, S, H, d) in [(1, 16384, 8, 128), (4, 4096, 32, 128), (8, 4096, 16, 64), 
     us = e0.elapsed_time(e1) / 50 * 1000
     nb = v.numel() * 2
     # check against numpy
-    vn = v.cpu().numpy(); wn = ws.cpu().numpy().reshape(H, d, cols)
+    vn = v.cpu().numpy()
+    blocks = ws.cpu().numpy().reshape(H, cols // catalogue.VT_BLOCK, d, 8, 16)   # head, block, row, chunk, byte
+    rows = np.arange(d)[:, None]
+    logical = blocks[:, :, rows, np.arange(8)[None, :] ^ (rows % 8), :]           # chunks unswizzled
+    wn = logical.transpose(0, 2, 1, 3, 4).reshape(H, d, cols)                       # head, dv row, column
     span = -(-S // catalogue.VT_BLOCK) * catalogue.VT_BLOCK       # a sequence's columns
     kk = (np.arange(span) // 16) * 16 + P_ORDER[np.arange(span) % 16]   # the key of each column
     ok = True

@@ -266,6 +266,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                "@!done bra zyfa_wait;\n}\n" :: "r"(bar), "r"(parity) : "memory");
 }
+// One arrival that also expects `bytes` of asynchronous copies to complete the phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+// `bytes` contiguous bytes global -> shared by the bulk-copy engine, completing on mbarrier bar.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
@@ -285,11 +294,12 @@ __device__ __forceinline__ void wgmma_wait() {
 // The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
 // kVStages to the consumer warpgroups: kfull / vfull complete when the kFullArrivals producer
 // threads that write the tile (the warpgroup, or a warp pair) have arrived (their writes done
-// and fenced for the async proxy), kempty / vempty when lane 0
+// and fenced for the async proxy) -- vfull with kVFullArrivals, where a bulk copy's bytes
+// complete it (one arrival that expects them) --, kempty / vempty when lane 0
 // of each of the 4 kConsumers consumer warps has (its WGMMAs reading the stage done).  Block n uses K
 // stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
 // n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
-template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
+template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128, int kVFullArrivals = kFullArrivals>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
   uint32_t base;
@@ -303,7 +313,7 @@ struct KvBarriers {
       mbar_init(kempty(s), 4 * kConsumers);
     }
     for (int s = 0; s < kVStages; ++s) {
-      mbar_init(vfull(s), kFullArrivals);
+      mbar_init(vfull(s), kVFullArrivals);
       mbar_init(vempty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

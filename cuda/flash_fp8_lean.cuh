@@ -19,16 +19,17 @@
 // Layouts (every tile 1024-byte aligned):
 //   Q, K:    64-byte K-blocks of R rows (R = 128), row r's 16-byte chunk c at c ^ ((r >> 1) & 3)
 //            (the 64B swizzle: 512 bytes between 8-row groups, a k32 step is +32 bytes)
-//   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups), copied
-//            from the pre-pass's V^T in global memory
+//   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups): one bulk
+//            copy of a block of the pre-pass's V^T, which is stored the same way
 //   ones:    8 rows of 128 bytes 0x38 (1.0): after each V^T stage's rows where PV is one pass
 //            (d_v <= 128: N = d_v + 8), else one tile apart
 //
-// V^T in global memory (the pre-pass, transpose_v): per key/value head Dv rows of
-// vt_stride_d bytes, row stride vt_stride_d, head stride vt_stride_h; sequence b's keys from
-// column vt_column0(b) on, in P's order within each 16, and zeros from its last key to the
-// end of its last 128-key block, so that a block past the sequence's end multiplies zeros
-// (never another sequence's values, never NaN) by the P of its masked keys.
+// V^T in global memory (the pre-pass, transpose_v): per key/value head vt_stride_h bytes, a
+// block of 128 key columns after another, each as a V^T stage holds it (Dv rows of 128 bytes
+// in the 128B swizzle: Dv 128 contiguous bytes, one bulk copy).  Sequence b's keys from column
+// vt_column0(b) on, in P's order within each 16, and zeros from its last key to the end of its
+// last 128-key block, so that a block past the sequence's end multiplies zeros (never another
+// sequence's values, never NaN) by the P of its masked keys.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -78,7 +79,8 @@ __device__ __forceinline__ int p_order_key(int q) { return 2 * (q >> 2) + (q & 1
 
 // One CTA of the pre-pass (kVtThreads threads): keys n0 .. n0 + 127 (n0 = 128 blockIdx.x) of
 // key/value head blockIdx.y of sequence blockIdx.z, V (keys x Dv, rows v_stride_s apart) ->
-// V^T (Dv rows of those 128 key bytes, in P's order, zeros past the sequence's end).  The rows
+// V^T (Dv rows of those 128 key bytes, in P's order, zeros past the sequence's end, in the 128B
+// swizzle of a V^T stage: the block is copied to shared memory as it is).  The rows
 // into shared memory in 16-byte chunks (every load of a thread in flight at once), then each
 // thread gathers 16-key chunks of V^T rows and stores them 16 bytes at a time.
 template <class P>
@@ -111,7 +113,7 @@ __device__ void transpose_v(const P& p) {
   }
   __syncthreads();
   // A warp takes 4 dv rows x the 8 groups of 16 keys: 4 whole 128-byte lines of V^T.
-  uint8_t* vt = static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + vt_column0(p, b) + n0;
+  uint8_t* vt = static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + (vt_column0(p, b) + n0) * kDv;
 #pragma unroll
   for (int j = 0; j < kDv * (kVtBlock / 16) / kVtThreads; ++j) {
     const int i = threadIdx.x + j * kVtThreads, row = i / (kVtBlock / 16), g = i % (kVtBlock / 16);   // dv row, 16 keys
@@ -123,7 +125,7 @@ __device__ void transpose_v(const P& p) {
       for (int e = 0; e < 4; ++e) y |= static_cast<uint32_t>(tile[row_at(16 * g + p_order_key(4 * q + e)) + row]) << (8 * e);
       w[q] = y;
     }
-    *reinterpret_cast<uint4*>(vt + row * p.vt_stride_d + 16 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(vt + swz128(row, g)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 

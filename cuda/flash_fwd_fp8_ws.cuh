@@ -22,10 +22,12 @@
 //     operand K-major only); the producer's own transpose, by ldmatrix.trans / stmatrix, took
 //     issue slots from the consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
 //   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
-//     cp.async Q once, then per block K (64B-swizzled K-blocks) and V^T (128B-swizzled rows
-//     of 128 key bytes) into stage n % kStages, kStages - 1 blocks in flight beside block n.
-//     Signals kfull / vfull (mbarriers, 128 arrivals) once its copies are complete and fenced
-//     for the async proxy; waits on kempty and vempty before it overwrites a stage.
+//     cp.async Q once, then per block K (64B-swizzled K-blocks) into stage n % kStages, and
+//     V^T (128B-swizzled rows of 128 key bytes, stored so by the pre-pass) by one bulk copy,
+//     kStages - 1 blocks in flight beside block n.  kfull (an mbarrier, 128 arrivals) completes
+//     once every thread's copies have landed and are fenced for the async proxy, vfull once
+//     the bulk copy's bytes have landed (thread 0's arrival expects them); waits on kempty and
+//     vempty before it overwrites a stage.
 //   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
 //   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
@@ -82,7 +84,7 @@ constexpr int kTileVt = (kDv + (kOnesInVt ? 8 : 0)) * kBlockN;   // V^T (and its
 constexpr int kTileOnesApart = kOnesInVt ? 0 : kTileOnes;
 constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's accumulators
 constexpr int kBarBytes = 128;
-using Bars = KvBarriers<kStages, kVtStages>;
+using Bars = KvBarriers<kStages, kVtStages, 128, 1>;   // vfull: one arrival, and the bulk copy's bytes
 static_assert(kStages >= 2 && Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
 static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
                   kDynamicSmem,
@@ -109,8 +111,9 @@ struct Smem {
 
 // ---- the producer --------------------------------------------------------------------------
 
-// Block n's K and V^T into stage s: K's kBlockN rows (zeros past the sequence's end), V^T's
-// kDv rows of the block's 128 key bytes from the pre-pass (which wrote zeros past the end).
+// Block n's K and V^T into stage s: K's kBlockN rows (zeros past the sequence's end) by every
+// thread's cp.async; V^T's kDv rows of the block's 128 key bytes (zeros past the end), which
+// the pre-pass stored as the stage holds them, by one bulk copy that completes vfull(s).
 template <class P>
 __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gk,
                                            const uint8_t* gvt, int n, int sk) {
@@ -118,14 +121,18 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
   const uint8_t* k = gk + static_cast<long long>(n0) * p.k_stride_s;
   if (n0 + kBlockN <= sk) copy_kblocks<kBlockN, kDqk, 64, false>(sm.k_at(s), k, p.k_stride_s, kBlockN);
   else copy_kblocks<kBlockN, kDqk, 64, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
-  copy_kblocks<kDv, kBlockN, 128, false>(sm.vt_at(s), gvt + n0, p.vt_stride_d, kDv);
+  if (threadIdx.x == 0) {
+    const Bars bars = sm.bars();
+    mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
+    bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));
+  }
 }
 
 // Block n: K and V^T in stage n % kStages, one cp.async group per block (Q joins block 0's);
 // groups are committed for blocks past the end too, so that "block n has landed" is always
-// "at most kStages - 2 newer groups pending".  Each thread arrives on kfull and vfull once its
-// own part of the block has landed and is fenced for the async proxy, then copies block n +
-// kStages - 1 into the stage that S and PV of block n - 1 release.
+// "at most kStages - 2 newer groups pending".  Each thread arrives on kfull once its own part of
+// K has landed and is fenced for the async proxy, then copies block n + kStages - 1 into the
+// stage that S and PV of block n - 1 release.
 template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gk,
                                         const uint8_t* gvt, int rows_q, int sk, int n_blocks) {
@@ -144,7 +151,6 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_
     cp_async_wait<kStages - 2>();                           // block n copied (this thread's part)
     fence_async_smem();
     mbar_arrive(bars.kfull(s));
-    mbar_arrive(bars.vfull(s));
     const int m = n + kAhead;
     if (m < n_blocks) {
       if (m >= kStages) {                                   // S(m - kStages) and PV(m - kStages) done
@@ -318,7 +324,7 @@ __device__ void flash_fwd(const P& p) {
     producer_registers();
     produce(p, sm, static_cast<const uint8_t*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
             static_cast<const uint8_t*>(p.k) + w.off.k,
-            static_cast<const uint8_t*>(p.vt) + w.h_kv * p.vt_stride_h + vt_column0(p, w.b), sq - row0, sk, n_blocks);
+            static_cast<const uint8_t*>(p.vt) + w.h_kv * p.vt_stride_h + vt_column0(p, w.b) * kDv, sq - row0, sk, n_blocks);
     cp_async_wait<0>();
     return;
   }

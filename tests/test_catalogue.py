@@ -40,7 +40,7 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     names = [a.name for a in args]
     assert len(set(names)) == len(names)
     assert ("descale_q" in names) == (v.dtype == "fp8_e4m3")
-    assert ("vt" in names) == ("vt_stride_d" in names) == has_vt_prepass(v)
+    assert ("vt" in names) == ("vt_stride_h" in names) == has_vt_prepass(v)
 
 
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():

@@ -164,9 +164,8 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
             _launch.launch(driver, kernel, values, stream)
         return out_arr, lse_arr
     # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
-    values["vt_stride_d"] = vt_columns(problem.batch, problem.seqlen_k,
-                                       problem.total_k if problem.varlen else None)
-    values["vt_stride_h"] = problem.d_v * values["vt_stride_d"]
+    values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
+                                                     problem.total_k if problem.varlen else None)
     vt_bytes = problem.hkv * values["vt_stride_h"]
     with workspace.hold(driver, device, stream, vt_bytes) as vt:
         values["vt"] = vt

@@ -221,7 +221,7 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
     for t in ("q", "k", "v", "o"):
         args += [(f"{t}_stride_b", "i64"), (f"{t}_stride_s", "i64"), (f"{t}_stride_h", "i64")]
     if has_vt_prepass(v):
-        args += [("vt_stride_d", "i64"), ("vt_stride_h", "i64")]   # bytes: a dv row, a head
+        args += [("vt_stride_h", "i64")]   # bytes of a key/value head's V^T: d_v vt_columns
     args += [
         ("lse_stride_b", "i64"),     # LSE is (B, Hq, Sq) or (Hq, T): the row stride is 1
         ("lse_stride_h", "i64"),
@@ -257,9 +257,10 @@ def kernarg_size(args: list[KernArg]) -> int:
 # FP8 WGMMA takes its B operand K-major only, so PV needs V with the keys contiguous: a
 # kernel of its own (the pre-pass, a second entry point in the same code object, with the
 # same arguments) writes V^T into a workspace before the attention kernel reads it.  Per
-# key/value head d_v rows of ``vt_stride_d`` bytes; sequence b's keys from column
+# key/value head ``vt_stride_h`` = d_v vt_columns bytes: sequence b's keys from column
 # ``vt_column0(b)`` on (cuda/flash_fp8_lean.cuh), in blocks of VT_BLOCK keys, zeros to the end
-# of its last block.
+# of its last block; each block's d_v rows of VT_BLOCK bytes stored together, as a stage of the
+# kernel's shared memory holds them (the 128-byte swizzle), so that one bulk copy moves it.
 
 #: Keys per block of the pre-pass (the sm_90a FP8 kernels' block_n).
 VT_BLOCK = 128
@@ -292,7 +293,7 @@ def vt_column0(b: int, seqlen_k: int, cu_seqlens_k=None) -> int:
 
 
 def vt_columns(batch: int, seqlen_k: int, total_k: int | None) -> int:
-    """Columns of a V^T row: dense, ``batch`` sequences of ceil(seqlen_k / VT_BLOCK) blocks;
+    """Key columns of a key/value head's V^T: dense, ``batch`` sequences of ceil(seqlen_k / VT_BLOCK) blocks;
     packed (``total_k`` keys), sequence b from ceil(k_b / VT_BLOCK) VT_BLOCK + VT_BLOCK b on."""
     blocks = -(-seqlen_k // VT_BLOCK) * batch if total_k is None else -(-total_k // VT_BLOCK) + batch
     return max(blocks, 1) * VT_BLOCK
