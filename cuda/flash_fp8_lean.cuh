@@ -73,6 +73,13 @@ __device__ __forceinline__ long long vt_column0(const P& p, int b) {
   return static_cast<long long>(b) * ((p.seqlen_k + kB - 1) / kB * kB);
 }
 
+// Where key column `col` (a multiple of 128) of key/value head h starts in the V^T workspace:
+// blocks of 128 columns one after another, each Dv rows of 128 bytes (module comment).
+template <class P>
+__device__ __forceinline__ uint8_t* vt_block(const P& p, int h, long long col) {
+  return static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + col * kDv;
+}
+
 // The key of k position q of a 16-key group in P's order (module comment): 4t + i holds key
 // {2t, 2t + 1, 2t + 8, 2t + 9}[i].
 __device__ __forceinline__ int p_order_key(int q) { return 2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1); }
@@ -113,7 +120,7 @@ __device__ void transpose_v(const P& p) {
   }
   __syncthreads();
   // A warp takes 4 dv rows x the 8 groups of 16 keys: 4 whole 128-byte lines of V^T.
-  uint8_t* vt = static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + (vt_column0(p, b) + n0) * kDv;
+  uint8_t* vt = vt_block(p, h, vt_column0(p, b) + n0);
 #pragma unroll
   for (int j = 0; j < kDv * (kVtBlock / 16) / kVtThreads; ++j) {
     const int i = threadIdx.x + j * kVtThreads, row = i / (kVtBlock / 16), g = i % (kVtBlock / 16);   // dv row, 16 keys

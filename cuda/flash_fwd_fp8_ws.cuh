@@ -124,7 +124,7 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
   if (threadIdx.x == 0) {
     const Bars bars = sm.bars();
     mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
-    bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));
+    bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
   }
 }
 
@@ -324,7 +324,7 @@ __device__ void flash_fwd(const P& p) {
     producer_registers();
     produce(p, sm, static_cast<const uint8_t*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
             static_cast<const uint8_t*>(p.k) + w.off.k,
-            static_cast<const uint8_t*>(p.vt) + w.h_kv * p.vt_stride_h + vt_column0(p, w.b) * kDv, sq - row0, sk, n_blocks);
+            vt_block(p, w.h_kv, vt_column0(p, w.b)), sq - row0, sk, n_blocks);
     cp_async_wait<0>();
     return;
   }
