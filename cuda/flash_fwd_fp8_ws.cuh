@@ -22,12 +22,13 @@
 //     operand K-major only); the producer's own transpose, by ldmatrix.trans / stmatrix, took
 //     issue slots from the consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
 //   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
-//     cp.async Q once, then per block K (64B-swizzled K-blocks) into stage n % kStages, and
-//     V^T (128B-swizzled rows of 128 key bytes, stored so by the pre-pass) by one bulk copy,
-//     kStages - 1 blocks in flight beside block n.  kfull (an mbarrier, 128 arrivals) completes
-//     once every thread's copies have landed and are fenced for the async proxy, vfull once
-//     the bulk copy's bytes have landed (thread 0's arrival expects them); waits on kempty and
-//     vempty before it overwrites a stage.
+//     cp.async Q once (qfull: 128 arrivals once it has landed and is fenced for the async
+//     proxy); then its thread 0 alone, per block into stage n % kStages: K by TMA (the
+//     runtime's tensor map tmap_k: boxes of 64 bytes x 128 keys in the 64B swizzle of the
+//     K-blocks) and V^T (128B-swizzled rows of 128 key bytes, stored so by the pre-pass) by
+//     one bulk copy, each completing its full barrier with its bytes (one arrival that expects
+//     them).  It waits on kempty and vempty before it overwrites a stage, so kStages blocks are
+//     in flight.
 //   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
 //   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
@@ -84,8 +85,8 @@ constexpr int kTileVt = (kDv + (kOnesInVt ? 8 : 0)) * kBlockN;   // V^T (and its
 constexpr int kTileOnesApart = kOnesInVt ? 0 : kTileOnes;
 constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's accumulators
 constexpr int kBarBytes = 128;
-using Bars = KvBarriers<kStages, kVtStages, 128, 1>;   // vfull: one arrival, and the bulk copy's bytes
-static_assert(kStages >= 2 && Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
+using Bars = KvBarriers<kStages, kVtStages, 1, 1>;   // kfull, vfull: one arrival, and the copies' bytes
+static_assert(kStages >= 2 && Bars::kBytes + 8 <= kBarBytes, "the mbarriers' bytes (and qfull)");
 static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
                   kDynamicSmem,
               "smem layout must match the catalogue");
@@ -107,60 +108,53 @@ struct Smem {
   }
   static constexpr int kOnesWords = (kOnesInVt ? kVtStages : 1) * kTileOnes / 4;
   __device__ Bars bars() const { return {q + kBars}; }
+  __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }   // Q landed: 128 arrivals
 };
 
 // ---- the producer --------------------------------------------------------------------------
 
-// Block n's K and V^T into stage s: K's kBlockN rows (zeros past the sequence's end) by every
-// thread's cp.async; V^T's kDv rows of the block's 128 key bytes (zeros past the end), which
-// the pre-pass stored as the stage holds them, by one bulk copy that completes vfull(s).
+// Block n's K and V^T into stage s, by thread 0: K's kBlockN rows by TMA (kDqk / 64 boxes of
+// 64 bytes x 128 rows in the 64B swizzle, zeros past the tensor's end; in a packed batch the
+// rows past a sequence's end are the next one's, masked), V^T's kDv rows of the block's 128
+// key bytes by one bulk copy; each completes its full barrier with its bytes.
 template <class P>
-__device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gk,
-                                           const uint8_t* gvt, int n, int sk) {
+__device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gvt, int n,
+                                           int h_kv, int krow0, int kbatch) {
+  const Bars bars = sm.bars();
   const int n0 = n * kBlockN;
-  const uint8_t* k = gk + static_cast<long long>(n0) * p.k_stride_s;
-  if (n0 + kBlockN <= sk) copy_kblocks<kBlockN, kDqk, 64, false>(sm.k_at(s), k, p.k_stride_s, kBlockN);
-  else copy_kblocks<kBlockN, kDqk, 64, true>(sm.k_at(s), k, p.k_stride_s, sk - n0);
-  if (threadIdx.x == 0) {
-    const Bars bars = sm.bars();
-    mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
-    bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
-  }
+  mbar_arrive_expect_tx(bars.kfull(s), kDqk * kBlockN);
+#pragma unroll
+  for (int kb = 0; kb < kDqk / 64; ++kb)
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(sm.k_at(s) + kb * kBlockN * 64), "l"(reinterpret_cast<uint64_t>(p.tmap_k)),
+                    "r"(64 * kb), "r"(h_kv), "r"(krow0 + n0), "r"(kbatch), "r"(bars.kfull(s)) : "memory");
+  mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
+  bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
 }
 
-// Block n: K and V^T in stage n % kStages, one cp.async group per block (Q joins block 0's);
-// groups are committed for blocks past the end too, so that "block n has landed" is always
-// "at most kStages - 2 newer groups pending".  Each thread arrives on kfull once its own part of
-// K has landed and is fenced for the async proxy, then copies block n + kStages - 1 into the
-// stage that S and PV of block n - 1 release.
+// Q by the warpgroup's cp.async (qfull: 128 arrivals), the first kStages blocks by thread 0
+// meanwhile; then thread 0 copies block m into its stage once S and PV of block m - kStages
+// have released it, and the other threads are done.  krow0, kbatch: the key row and sequence
+// of the tensor map where this sequence's keys start (packed: its first key and 0).
 template <class P>
-__device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gk,
-                                        const uint8_t* gvt, int rows_q, int sk, int n_blocks) {
+__device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gvt,
+                                        int rows_q, int h_kv, int krow0, int kbatch, int n_blocks) {
   if (n_blocks == 0) return;
   const Bars bars = sm.bars();
-  constexpr int kAhead = kStages - 1;                       // blocks in flight beside block n
   copy_kblocks<kBlockM, kDqk, 64, true>(sm.q, gq, p.q_stride_s, rows_q);
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    if (i < n_blocks) copy_block(p, sm, i, gk, gvt, i, sk);
-    cp_async_commit();
-  }
-  int s = 0;                                                // n % kStages
-  for (int n = 0; n < n_blocks; ++n) {
-    const int s_ahead = s == 0 ? kStages - 1 : s - 1;       // (n + kAhead) % kStages
-    cp_async_wait<kStages - 2>();                           // block n copied (this thread's part)
-    fence_async_smem();
-    mbar_arrive(bars.kfull(s));
-    const int m = n + kAhead;
-    if (m < n_blocks) {
-      if (m >= kStages) {                                   // S(m - kStages) and PV(m - kStages) done
-        mbar_wait(bars.kempty(s_ahead), Bars::kempty_parity(m));
-        mbar_wait(bars.vempty(s_ahead), Bars::vempty_parity(m));
-      }
-      copy_block(p, sm, s_ahead, gk, gvt, m, sk);
-    }
-    cp_async_commit();
-    s = next_stage<kStages>(s);
+  cp_async_commit();
+  if (threadIdx.x == 0)
+    for (int m = 0; m < kStages && m < n_blocks; ++m) copy_block(p, sm, m, gvt, m, h_kv, krow0, kbatch);
+  cp_async_wait<0>();
+  fence_async_smem();
+  mbar_arrive(sm.qfull());
+  if (threadIdx.x != 0) return;
+  for (int m = kStages; m < n_blocks; ++m) {
+    const int s = m % kStages;
+    mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
+    mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
+    copy_block(p, sm, s, gvt, m, h_kv, krow0, kbatch);
   }
 }
 
@@ -315,7 +309,10 @@ __device__ void flash_fwd(const P& p) {
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
   const Bars bars = sm.bars();
-  if (threadIdx.x == 0) bars.init();
+  if (threadIdx.x == 0) {
+    mbar_init(sm.qfull(), 128);
+    bars.init();
+  }
   for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads) sts32(sm.ones_at(i), 0x38383838u);
   fence_async_smem();
   __syncthreads();
@@ -323,8 +320,8 @@ __device__ void flash_fwd(const P& p) {
   if (wg == 0) {
     producer_registers();
     produce(p, sm, static_cast<const uint8_t*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
-            static_cast<const uint8_t*>(p.k) + w.off.k,
-            vt_block(p, w.h_kv, vt_column0(p, w.b)), sq - row0, sk, n_blocks);
+            vt_block(p, w.h_kv, vt_column0(p, w.b)), sq - row0, w.h_kv,
+            p.cu_seqlens_k != nullptr ? static_cast<int>(w.seq.k_start) : 0, p.cu_seqlens_k != nullptr ? 0 : w.b, n_blocks);
     cp_async_wait<0>();
     return;
   }
@@ -346,6 +343,7 @@ __device__ void flash_fwd(const P& p) {
 
   if (n_blocks > 0) {
     float acc_s[kBlockN / 2];
+    mbar_wait(sm.qfull(), 0);
     turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
     // The diagonal blocks (the "hi_lo" recipe at this d_v: P in two terms) are the warpgroup's

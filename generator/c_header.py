@@ -33,6 +33,7 @@ C_TYPES = {
     ("i64", 8): ("int64_t", 8),
     ("i32", 4): ("int32_t", 4),
     ("f32", 4): ("float", 4),
+    ("tmap", 128): ("uint64_t", 8),   # a CUtensorMap's 128 bytes (its 64-byte alignment is the offset's)
 }
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -132,9 +133,10 @@ def _struct(name: str, entry: dict) -> tuple[list[str], list[tuple[str, int, int
             lines.append(f"  uint8_t pad_{n_pad}[{off - pos}];")
             fields.append((f"pad_{n_pad}", pos, off - pos))
             n_pad += 1
-        lines.append(f"  {ctype} {fname};")
-        fields.append((fname, off, align))
-        pos = off + align
+        n = int(a["size"]) // align            # elements: 1 but for a tensor map
+        lines.append(f"  {ctype} {fname}{'' if n == 1 else f'[{n}]'};")
+        fields.append((fname, off, n * align))
+        pos = off + n * align
         max_align = max(max_align, align)
     size = int(entry["kernarg_size"])
     if size < pos:
@@ -215,7 +217,11 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            f" * ZYFA_{up}_PREPASS_BLOCK_SIZE threads, no dynamic shared memory) before the kernel,",
            " * on the same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes",
            f" * of device memory, with vt_stride_h = d_v * zyfa_{name}_vt_columns(...); the workspace",
-           " * may be reused once the kernel has run. */",
+           " * may be reused once the kernel has run.  `tmap_k` is a CUtensorMap of K for TMA",
+           " * (cuTensorMapEncodeTiled): CU_TENSOR_MAP_DATA_TYPE_UINT8, rank 4, dims {d_qk, hkv, keys,",
+           " * batch} (packed: {d_qk, hkv, total_k, 1}), strides in bytes {k_stride_h, k_stride_s,",
+           " * k_stride_b} (positive multiples of 16), box {64, 1, 128, 1}, element strides 1,",
+           " * CU_TENSOR_MAP_SWIZZLE_64B, no interleave, L2 promotion 128B, OOB fill none. */",
            f"#define ZYFA_{up}_PREPASS_SYMBOL {_cstr(pre['symbol'])}",
            f"#define ZYFA_{up}_PREPASS_BLOCK_SIZE {int(pre['block_size'])}",
            f"#define ZYFA_{up}_VT_BLOCK {block}",

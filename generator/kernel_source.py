@@ -171,14 +171,17 @@ def config(v: Variant) -> str:
 
 
 def params_struct(v: Variant) -> str:
-    fields = "".join(f"  {ARG_TYPES[a.type][0]} {a.name};\n" for a in kernargs(v))
-    return "struct Params {\n" + fields + "};\n"
+    # a tensor map stays in the parameter space (__grid_constant__): Params holds its address
+    fields = "".join(f"  {ARG_TYPES[a.type][0]}{'*' if a.type == 'tmap' else ''} {a.name};\n" for a in kernargs(v))
+    tmap = "struct alignas(64) TmaMap { unsigned long long w[16]; };\n" if any(a.type == "tmap" for a in kernargs(v)) else ""
+    return tmap + "struct Params {\n" + fields.replace("  TmaMap*", "  const TmaMap*") + "};\n"
 
 
 def entry(v: Variant) -> str:
     args = kernargs(v)
-    plist = ",\n    ".join(f"{ARG_TYPES[a.type][0]} {a.name}" for a in args)
-    fill = "".join(f"  p.{a.name} = {a.name};\n" for a in args)
+    plist = ",\n    ".join(f"{'const __grid_constant__ ' if a.type == 'tmap' else ''}{ARG_TYPES[a.type][0]} {a.name}"
+                            for a in args)
+    fill = "".join(f"  p.{a.name} = {'&' if a.type == 'tmap' else ''}{a.name};\n" for a in args)
     if v.vendor == "cuda":
         attrs = f"__global__ void __launch_bounds__({v.tile.threads}, 1)"
     else:

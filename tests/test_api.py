@@ -15,6 +15,7 @@ from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, workspace
 from zyfa_runtime import driver as drivers
 from zyfa_runtime.catalogue import Variant, vt_columns, vt_prepass_symbol
 from zyfa_runtime.errors import CodeObjectError
+from zyfa_runtime.driver.fake import unpack_tensor_map
 from zyfa_runtime.launch import unpack_args
 from zyfa_runtime.memory import host_dtype
 
@@ -90,6 +91,28 @@ def test_varlen_call_passes_offsets_and_packed_lse_layout(fake):
     assert args["q_stride_b"] == 0 and args["q_stride_s"] == 4 * 128
     assert (args["lse_stride_b"], args["lse_stride_h"]) == (0, 70) and lse.shape == (4, 70)
     assert out.shape == (70, 4, 128) and args["o"] == out.ptr
+
+
+def test_fp8_reads_k_through_a_tensor_map_of_its_own_layout(fake):
+    """sm_90a FP8: K goes to the kernel as a TMA tensor map (the fake driver's encoding is its
+    arguments): d_qk x hkv x keys x sequences bytes at K's strides, 64 x 1 x 128 x 1 boxes in the
+    64B swizzle; a packed batch is one sequence; strides TMA cannot take are refused first."""
+    entry = entry_of(Variant("sm_90a", "fp8_e4m3", 64, 64, False))
+    q, k, v = arrays((2, 100, 4, 64), (2, 300, 2, 64), (2, 300, 2, 64), dtype="fp8_e4m3")
+    flash_attn_func(q, k, v)
+    tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_k"])
+    assert tm == {"ptr": k.ctypes.data, "dims": (64, 2, 300, 2), "strides": (64, 128, 300 * 128),
+                  "box": (64, 1, 128, 1), "swizzle": 64}
+    qp, kp, vp = arrays((70, 4, 64), (300, 2, 64), (300, 2, 64), dtype="fp8_e4m3")
+    flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=np.array([0, 5, 70], np.int32),
+                           cu_seqlens_k=np.array([0, 9, 300], np.int32), max_seqlen_q=65, max_seqlen_k=291)
+    tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_k"])
+    assert tm["ptr"] == kp.ctypes.data and tm["dims"] == (64, 2, 300, 1) and tm["strides"] == (64, 128, 300 * 128)
+    n = len(fake.launches)
+    k_shared = np.broadcast_to(k[:1], k.shape)          # one K for both sequences: batch stride 0
+    with pytest.raises(ValueError, match="positive multiples of 16 bytes"):
+        flash_attn_func(q, k_shared, v)
+    assert len(fake.launches) == n
 
 
 def test_fp8_without_descales_reads_ones(fake):

@@ -4,7 +4,7 @@ import pytest
 
 import numpy as np
 
-from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, VT_BLOCK, Variant, all_variants, buildable,
+from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants, buildable,
                                     eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
                                     kernargs, vt_column0, vt_columns, vt_prepass_grid_rule)
 
@@ -33,23 +33,25 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     end = 0
     for a in args:
         assert a.size == ARG_TYPES[a.type][1]
-        assert a.offset % a.size == 0, a
-        assert a.offset >= end and a.offset - end < a.size, "only alignment padding between args"
+        align = TMAP_ALIGN if a.type == "tmap" else a.size
+        base = SM90_PARAM_BASE if a.type == "tmap" else 0     # a tensor map: aligned in the constant bank
+        assert (a.offset + base) % align == 0, a
+        assert a.offset >= end and a.offset - end < align, "only alignment padding between args"
         end = a.offset + a.size
     assert kernarg_size(args) % 8 == 0 and kernarg_size(args) >= end
     names = [a.name for a in args]
     assert len(set(names)) == len(names)
     assert ("descale_q" in names) == (v.dtype == "fp8_e4m3")
-    assert ("vt" in names) == ("vt_stride_h" in names) == has_vt_prepass(v)
+    assert ("vt" in names) == ("vt_stride_h" in names) == ("tmap_k" in names) == has_vt_prepass(v)
 
 
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():
     assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
         v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
-    # the gfx950 FP8 kernels' argument layout is the FP8 one without V^T
+    # the gfx950 FP8 kernels' argument layout is the FP8 one without V^T and K's tensor map
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
     nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False))]
-    assert amd == [n for n in nv if not n.startswith("vt")]
+    assert amd == [n for n in nv if not n.startswith("vt") and n != "tmap_k"]
     # the pre-pass covers every key block of every key/value head and sequence
     v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
     assert v.tile.block_n == VT_BLOCK

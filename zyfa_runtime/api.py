@@ -166,6 +166,7 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
     values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
                                                      problem.total_k if problem.varlen else None)
+    values["tmap_k"] = _k_tensor_map(driver, problem, values, k.ptr)
     vt_bytes = problem.hkv * values["vt_stride_h"]
     with workspace.hold(driver, device, stream, vt_bytes) as vt:
         values["vt"] = vt
@@ -173,6 +174,24 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
         with driver.tensor_extents(extents):
             _launch.launch(driver, kernel, values, stream)
     return out_arr, lse_arr
+
+
+def _k_tensor_map(driver, problem: validate.Problem, values: dict, k_ptr: int) -> bytes:
+    """The sm_90a FP8 kernels' TMA tensor map of K: bytes of (d_qk, hkv, keys, sequences),
+    a packed batch as one sequence of total_k keys; boxes of 64 bytes x 1 head x 128 keys in
+    the 64B swizzle of the kernel's K-blocks.  TMA takes strides in multiples of 16 bytes."""
+    keys = max(problem.total_k if problem.varlen else problem.seqlen_k, 1)
+    one_sequence = problem.varlen or problem.batch == 1
+    # a dimension of one element: its stride is never used, so any valid one stands in
+    row = values["k_stride_s"] if keys > 1 else problem.hkv * problem.d_qk
+    strides = (values["k_stride_h"] if problem.hkv > 1 else problem.d_qk, row,
+               keys * row if one_sequence else values["k_stride_b"])
+    bad = [s for s in strides if s <= 0 or s % 16]
+    if bad:
+        raise ValueError(f"k: the FP8 kernels read K by TMA, which needs its head, row and batch strides "
+                         f"to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, {strides[2]}")
+    dims = (problem.d_qk, problem.hkv, keys, 1 if problem.varlen else problem.batch)
+    return driver.tensor_map_u8(k_ptr, dims, strides, (64, 1, 128, 1), 64)
 
 
 def _result(out_given, out_arr, lse_arr, return_lse: bool):

@@ -191,7 +191,20 @@ ARG_TYPES = {
     "i64": ("long long", 8),
     "i32": ("int", 4),
     "f32": ("float", 4),
+    "tmap": ("TmaMap", 128),   # a CUtensorMap, encoded by the runtime for each call
 }
+#: A tensor map must lie 64-byte aligned in the constant bank, where sm_90a kernel parameters
+#: start at byte 0x210 (build.py checks every offset against the code object's own).
+TMAP_ALIGN, SM90_PARAM_BASE = 64, 0x210
+
+
+def arg_offset(end: int, ty: str) -> int:
+    """Where an argument of type ``ty`` goes after arguments ending at ``end``: its natural
+    alignment, and for a tensor map 64 bytes in the constant bank."""
+    if ty == "tmap":
+        return (end + SM90_PARAM_BASE + TMAP_ALIGN - 1) // TMAP_ALIGN * TMAP_ALIGN - SM90_PARAM_BASE
+    size = ARG_TYPES[ty][1]
+    return (end + size - 1) // size * size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +219,9 @@ class KernArg:
 
 
 def _arg_names(v: Variant) -> list[tuple[str, str]]:
-    args = [
+    # K's tensor map (sm_90a FP8: the producer reads K by TMA), first: one gap before it at most
+    args = [("tmap_k", "tmap")] if has_vt_prepass(v) else []
+    args += [
         # Tensors.  Strides are in elements; the head dim has unit stride.
         ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"),
         ("lse", "ptr"),              # fp32, may be null (no LSE requested)
@@ -236,11 +251,11 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
 
 
 def kernargs(v: Variant) -> list[KernArg]:
-    """The argument list of variant ``v`` with its C ABI layout (natural alignment)."""
+    """The argument list of variant ``v`` with its C ABI layout (``arg_offset``)."""
     out, offset = [], 0
     for name, ty in _arg_names(v):
         size = ARG_TYPES[ty][1]
-        offset = (offset + size - 1) // size * size
+        offset = arg_offset(offset, ty)
         out.append(KernArg(name, ty, offset, size))
         offset += size
     return out

@@ -9,7 +9,7 @@ from .catalogue import eval_grid
 from .kernels import Kernel
 
 #: struct code of each manifest argument type (sizes fixed, little-endian overall).
-_CODE = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
+_CODE = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f", "tmap": "128s"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -102,6 +102,12 @@ class Driver(abc.ABC):
         device memory is host memory (the emulator) bounds-checks accesses with it."""
         return contextlib.nullcontext()
 
+    def tensor_map_u8(self, ptr: int, dims, strides, box, swizzle_bytes: int) -> bytes:
+        """A tiled TMA tensor map (CUtensorMap, 128 bytes) of a tensor of bytes at ``ptr``:
+        ``dims`` innermost first, ``strides`` in bytes of dims 1.., boxes of ``box`` elements
+        in the ``swizzle_bytes`` swizzle (0, 32, 64 or 128), zeros out of bounds."""
+        raise ZyfaError(f"{self.name}: tensor maps are a CUDA feature (sm_90a FP8 kernels)")
+
     # -- memory ----------------------------------------------------------------------
     @abc.abstractmethod
     def alloc(self, device: int, nbytes: int) -> int: ...

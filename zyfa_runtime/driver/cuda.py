@@ -53,6 +53,11 @@ CUresult cuLaunchKernel(CUfunction f,
                         unsigned int sharedMemBytes, CUstream hStream,
                         void **kernelParams, void **extra);
 
+CUresult cuTensorMapEncodeTiled(void *tensorMap, int tensorDataType, unsigned int tensorRank,
+                                void *globalAddress, const unsigned long long *globalDim,
+                                const unsigned long long *globalStrides, const unsigned int *boxDim,
+                                const unsigned int *elementStrides, int interleave, int swizzle,
+                                int l2Promotion, int oobFill);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
@@ -261,6 +266,20 @@ class CudaDriver(Driver):
             out.append((off[0], size[0]))
 
     # -- memory ------------------------------------------------------------------------
+    def tensor_map_u8(self, ptr: int, dims, strides, box, swizzle_bytes: int) -> bytes:
+        """A tiled CUtensorMap (128 bytes) of a byte tensor: dims innermost first, strides in
+        bytes of dims 1.., the box, zeros out of bounds, L2 promotion of 128 bytes."""
+        swz = {0: 0, 32: 1, 64: 2, 128: 3}[swizzle_bytes]
+        buf = ffi.new("unsigned char[]", 192)
+        addr = int(ffi.cast("uintptr_t", buf))
+        aligned = ffi.cast("void *", (addr + 63) // 64 * 64)
+        rank = len(dims)
+        self._check("cuTensorMapEncodeTiled", self.lib.cuTensorMapEncodeTiled(
+            aligned, 0, rank, ffi.cast("void *", ptr), ffi.new("unsigned long long[]", list(dims)),
+            ffi.new("unsigned long long[]", list(strides)), ffi.new("unsigned int[]", list(box)),
+            ffi.new("unsigned int[]", [1] * rank), 0, swz, 2, 0))
+        return bytes(ffi.buffer(aligned, 128))
+
     def alloc(self, device: int, nbytes: int) -> int:
         self.make_current(device)
         out = ffi.new("CUdeviceptr *")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
+import struct
 import threading
 import time
 
@@ -72,6 +73,22 @@ def _address(buf, writable: bool = False) -> tuple[int, int]:
     if writable and not arr.flags.writeable:
         raise ZyfaError("destination buffer is read-only")
     return arr.ctypes.data, arr.nbytes
+
+
+def pack_tensor_map(ptr: int, dims, strides, box, swizzle_bytes: int) -> bytes:
+    """The fake driver's tensor map: rank, pointer, dims, strides, box and swizzle in 128 bytes."""
+    rank = len(dims)
+    out = struct.pack(f"<BQ{rank}Q{rank - 1}Q{rank}IH", rank, ptr, *dims, *strides, *box, swizzle_bytes)
+    return out.ljust(128, b"\0")
+
+
+def unpack_tensor_map(blob: bytes) -> dict:
+    rank = blob[0]
+    vals = struct.unpack_from(f"<BQ{rank}Q{rank - 1}Q{rank}IH", blob)
+    dims = vals[2:2 + rank]
+    strides = vals[2 + rank:1 + 2 * rank]
+    box = vals[1 + 2 * rank:1 + 3 * rank]
+    return {"ptr": vals[1], "dims": dims, "strides": strides, "box": box, "swizzle": vals[-1]}
 
 
 class FakeDriver(Driver):
@@ -155,6 +172,11 @@ class FakeDriver(Driver):
                         stream=int(stream), args=bytes(args), device=function.module.device)
         with self._lock:
             self.launches.append(record)
+
+    def tensor_map_u8(self, ptr: int, dims, strides, box, swizzle_bytes: int) -> bytes:
+        """Not CUDA's encoding: the arguments themselves (:func:`unpack_tensor_map`), so that
+        tests can read back what a launch was given."""
+        return pack_tensor_map(ptr, dims, strides, box, swizzle_bytes)
 
     # -- memory ------------------------------------------------------------------------
     def alloc(self, device: int, nbytes: int) -> int:
