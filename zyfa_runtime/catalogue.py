@@ -135,7 +135,7 @@ def sm90_body(v: Variant) -> str:
     producer warpgroup and two consumer warpgroups in ping-pong:
 
     * ``"ws"`` -- cuda/flash_fwd_ws.cuh, BF16: WGMMA, hardware exp2;
-    * ``"fp8-ws"`` -- cuda/flash_fwd_fp8_ws.cuh, FP8: Lean P, the V transpose in the producer.
+    * ``"fp8-ws"`` -- cuda/flash_fwd_fp8_ws.cuh, FP8: Lean P, V^T from a pre-pass kernel, K by TMA.
     """
     if v.vendor != "cuda":
         raise ValueError(f"{v.name} is not an sm_90a variant")
