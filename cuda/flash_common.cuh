@@ -294,12 +294,12 @@ __device__ __forceinline__ void wgmma_wait() {
 // The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
 // kVStages to the consumer warpgroups: kfull / vfull complete when the kFullArrivals producer
 // threads that write the tile (the warpgroup, or a warp pair) have arrived (their writes done
-// and fenced for the async proxy) -- vfull with kVFullArrivals, where a bulk copy's bytes
-// complete it (one arrival that expects them) --, kempty / vempty when lane 0
+// and fenced for the async proxy; where copies complete the phase with their bytes, one arrival
+// that expects them), kempty / vempty when lane 0
 // of each of the 4 kConsumers consumer warps has (its WGMMAs reading the stage done).  Block n uses K
 // stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
 // n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
-template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128, int kVFullArrivals = kFullArrivals>
+template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
   uint32_t base;
@@ -313,7 +313,7 @@ struct KvBarriers {
       mbar_init(kempty(s), 4 * kConsumers);
     }
     for (int s = 0; s < kVStages; ++s) {
-      mbar_init(vfull(s), kVFullArrivals);
+      mbar_init(vfull(s), kFullArrivals);
       mbar_init(vempty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

@@ -170,18 +170,30 @@ def config(v: Variant) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: A TMA tensor map argument: 128 opaque bytes the runtime encodes.  It stays in the parameter
+#: space (``__grid_constant__``), where TMA reads it; ``Params`` holds its address.
+TMAP_STRUCT = "struct alignas(64) TmaMap { unsigned long long w[16]; };\n"
+
+
+def _param(a) -> tuple[str, str, str]:
+    """An argument's declaration in the entry's parameter list, its ``Params`` field, and the
+    value the entry gives the field."""
+    ty = ARG_TYPES[a.type][0]
+    if a.type == "tmap":
+        return f"const __grid_constant__ {ty} {a.name}", f"const {ty}* {a.name}", f"&{a.name}"
+    return f"{ty} {a.name}", f"{ty} {a.name}", a.name
+
+
 def params_struct(v: Variant) -> str:
-    # a tensor map stays in the parameter space (__grid_constant__): Params holds its address
-    fields = "".join(f"  {ARG_TYPES[a.type][0]}{'*' if a.type == 'tmap' else ''} {a.name};\n" for a in kernargs(v))
-    tmap = "struct alignas(64) TmaMap { unsigned long long w[16]; };\n" if any(a.type == "tmap" for a in kernargs(v)) else ""
-    return tmap + "struct Params {\n" + fields.replace("  TmaMap*", "  const TmaMap*") + "};\n"
+    args = kernargs(v)
+    fields = "".join(f"  {_param(a)[1]};\n" for a in args)
+    return (TMAP_STRUCT if any(a.type == "tmap" for a in args) else "") + "struct Params {\n" + fields + "};\n"
 
 
 def entry(v: Variant) -> str:
     args = kernargs(v)
-    plist = ",\n    ".join(f"{'const __grid_constant__ ' if a.type == 'tmap' else ''}{ARG_TYPES[a.type][0]} {a.name}"
-                            for a in args)
-    fill = "".join(f"  p.{a.name} = {'&' if a.type == 'tmap' else ''}{a.name};\n" for a in args)
+    plist = ",\n    ".join(_param(a)[0] for a in args)
+    fill = "".join(f"  p.{a.name} = {_param(a)[2]};\n" for a in args)
     if v.vendor == "cuda":
         attrs = f"__global__ void __launch_bounds__({v.tile.threads}, 1)"
     else:
