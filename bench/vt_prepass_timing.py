@@ -28,7 +28,7 @@ for (B, S, H, d) in [(1, 16384, 8, 128), (4, 4096, 32, 128), (8, 4096, 16, 64), 
     k = t.get(0, var)
     cols = catalogue.vt_columns(B, S, None)
     ws = torch.empty(H * d * cols, dtype=torch.uint8, device="cuda")
-    vals = {a["name"]: 0 for a in k.entry["kernargs"]}
+    vals = {a["name"]: bytes(128) if a["type"] == "tmap" else 0 for a in k.entry["kernargs"]}   # the pre-pass reads no tensor map
     vals.update(v=v.data_ptr(), vt=ws.data_ptr(), v_stride_b=v.stride(0), v_stride_s=v.stride(1), v_stride_h=v.stride(2),
                 vt_stride_h=d * cols, batch=B, hkv=H, seqlen_k=S, hq=H, seqlen_q=S)
     vals.update(cu_seqlens_k=None, cu_seqlens_q=None)
