@@ -38,7 +38,7 @@ from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
                                     buildable, grid_rule, has_vt_prepass, iter_select, kernarg_size,
-                                    kernargs, vt_prepass_grid_rule, vt_prepass_symbol)
+                                    kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
 
 MANIFEST_FORMAT = 1
 
@@ -107,6 +107,7 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         "registers": info["registers"],
         "scratch_bytes": info["scratch"],
         **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
+        **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
     }
 
 

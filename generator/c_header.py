@@ -203,6 +203,8 @@ def _kernel(entry: dict) -> list[str]:
     g = entry["grid"]
     terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
     out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
+    for arg, spec in sorted(entry.get("tensor_maps", {}).items()):
+        out += _tensor_map(name, arg, spec)
     if "prepass" in entry:
         out += _prepass(name, entry, st, args)
     return out
@@ -217,15 +219,11 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            f" * ZYFA_{up}_PREPASS_BLOCK_SIZE threads, no dynamic shared memory) before the kernel,",
            " * on the same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes",
            f" * of device memory, with vt_stride_h = d_v * zyfa_{name}_vt_columns(...); the workspace",
-           " * may be reused once the kernel has run.  `tmap_k` is a CUtensorMap of K for TMA",
-           " * (cuTensorMapEncodeTiled): CU_TENSOR_MAP_DATA_TYPE_UINT8, rank 4, dims {d_qk, hkv, keys,",
-           " * batch} (packed: {d_qk, hkv, total_k, 1}), strides in bytes {k_stride_h, k_stride_s,",
-           " * k_stride_b} (positive multiples of 16), box {64, 1, 128, 1}, element strides 1,",
-           " * CU_TENSOR_MAP_SWIZZLE_64B, no interleave, L2 promotion 128B, OOB fill none. */",
+           " * may be reused once the kernel has run. */",
            f"#define ZYFA_{up}_PREPASS_SYMBOL {_cstr(pre['symbol'])}",
            f"#define ZYFA_{up}_PREPASS_BLOCK_SIZE {int(pre['block_size'])}",
            f"#define ZYFA_{up}_VT_BLOCK {block}",
-           f"/* columns of a V^T row: dense (total_k < 0) batch * cdiv(seqlen_k, {block}) * {block};",
+           f"/* key columns of a key/value head's V^T: dense (total_k < 0) batch * cdiv(seqlen_k, {block}) * {block};",
            f" * packed, (cdiv(total_k, {block}) + batch) * {block} */",
            f"static inline int64_t zyfa_{name}_vt_columns(int64_t batch, int64_t seqlen_k, int64_t total_k) {{",
            f"  int64_t blocks = total_k < 0 ? zyfa_cdiv_(seqlen_k, {block}) * batch : zyfa_cdiv_(total_k, {block}) + batch;",
@@ -233,6 +231,18 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            "}"]
     terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
     return out + _grid_function(f"zyfa_{name}_prepass_grid", "pre-pass grid", st, g, terms)
+
+
+def _tensor_map(name: str, arg: str, spec: dict) -> list[str]:
+    """How a caller encodes a tensor-map argument (catalogue.tensor_maps, in the manifest)."""
+    t = _ident(spec["tensor"], f"{name}: tensor-map tensor")
+    box = ", ".join(str(int(b)) for b in spec["box"])
+    return [f"/* `{_ident(arg, f'{name}: argument')}` is a CUtensorMap of {t} for TMA, encoded for each call by",
+            " * cuTensorMapEncodeTiled: CU_TENSOR_MAP_DATA_TYPE_UINT8, rank 4, dims {d_qk, hkv, keys,",
+            f" * batch}} (packed: {{d_qk, hkv, total_k, 1}}), strides in bytes {{{t}_stride_h, {t}_stride_s,",
+            f" * {t}_stride_b}} (positive multiples of 16), box {{{box}}}, element strides 1,",
+            f" * CU_TENSOR_MAP_SWIZZLE_{int(spec['swizzle_bytes'])}B, no interleave, L2 promotion 128B, OOB fill none. */",
+            ""]
 
 
 def _grid_function(fn: str, what: str, st: str, g: dict, terms: list[str]) -> list[str]:

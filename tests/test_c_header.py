@@ -15,7 +15,7 @@ from generator.c_header import HeaderError, write_header
 from zyfa_runtime import __version__
 from build import prepass_entry
 from zyfa_runtime.catalogue import (TOOLKIT, all_variants, buildable, eval_grid, grid_rule,
-                                    has_vt_prepass, kernarg_size, kernargs, vt_columns)
+                                    has_vt_prepass, kernarg_size, kernargs, tensor_maps, vt_columns)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "c"
@@ -42,6 +42,7 @@ def catalogue_manifest() -> dict:
             "kernarg_size": kernarg_size(args), "kernargs": [a.to_json() for a in args],
             "grid": grid_rule(v), "registers": {}, "scratch_bytes": 0,
             **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
+            **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
         })
     return {"format": 1, "package_version": __version__, "toolkits": dict(TOOLKIT),
             "compilers": {"sm_90a": {"name": "nvcc", "version": "V13.0 \"quoted\" \\ back"}},

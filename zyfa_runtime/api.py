@@ -8,6 +8,7 @@ The flow of one call: inputs -> TensorRefs (tensors.py) -> every rule checked
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import threading
@@ -159,27 +160,27 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
                "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
-    if "prepass" not in kernel.entry:
-        with driver.tensor_extents(extents):
-            _launch.launch(driver, kernel, values, stream)
-        return out_arr, lse_arr
-    # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
-    values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
-                                                     problem.total_k if problem.varlen else None)
-    values["tmap_k"] = _k_tensor_map(driver, problem, values, k.ptr)
-    vt_bytes = problem.hkv * values["vt_stride_h"]
-    with workspace.hold(driver, device, stream, vt_bytes) as vt:
-        values["vt"] = vt
-        extents["vt"] = (vt, vt + vt_bytes)
+    hold = contextlib.nullcontext()
+    if "prepass" in kernel.entry:
+        # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns, and K's tensor map.
+        values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
+                                                         problem.total_k if problem.varlen else None)
+        values["tmap_k"] = _k_tensor_map(driver, problem, values, k.ptr, kernel.entry["tensor_maps"]["tmap_k"])
+        vt_bytes = problem.hkv * values["vt_stride_h"]
+        hold = workspace.hold(driver, device, stream, vt_bytes)
+    with hold as vt:
+        if vt is not None:
+            values["vt"] = vt
+            extents["vt"] = (vt, vt + vt_bytes)
         with driver.tensor_extents(extents):
             _launch.launch(driver, kernel, values, stream)
     return out_arr, lse_arr
 
 
-def _k_tensor_map(driver, problem: validate.Problem, values: dict, k_ptr: int) -> bytes:
+def _k_tensor_map(driver, problem: validate.Problem, values: dict, k_ptr: int, spec: dict) -> bytes:
     """The sm_90a FP8 kernels' TMA tensor map of K: bytes of (d_qk, hkv, keys, sequences),
-    a packed batch as one sequence of total_k keys; boxes of 64 bytes x 1 head x 128 keys in
-    the 64B swizzle of the kernel's K-blocks.  TMA takes strides in multiples of 16 bytes."""
+    a packed batch as one sequence of total_k keys; box and swizzle as the manifest's ``spec``
+    (catalogue.tensor_maps).  TMA takes strides in multiples of 16 bytes."""
     keys = max(problem.total_k if problem.varlen else problem.seqlen_k, 1)
     one_sequence = problem.varlen or problem.batch == 1
     # a dimension of one element: its stride is never used, so any valid one stands in
@@ -191,7 +192,7 @@ def _k_tensor_map(driver, problem: validate.Problem, values: dict, k_ptr: int) -
         raise ValueError(f"k: the FP8 kernels read K by TMA, which needs its head, row and batch strides "
                          f"to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, {strides[2]}")
     dims = (problem.d_qk, problem.hkv, keys, 1 if problem.varlen else problem.batch)
-    return driver.tensor_map_u8(k_ptr, dims, strides, (64, 1, 128, 1), 64)
+    return driver.tensor_map_u8(k_ptr, dims, strides, tuple(spec["box"]), spec["swizzle_bytes"])
 
 
 def _result(out_given, out_arr, lse_arr, return_lse: bool):

@@ -292,6 +292,15 @@ def vt_prepass_symbol(v: Variant) -> str:
     return "zyfa_vt_" + v.name
 
 
+def tensor_maps(v: Variant) -> dict:
+    """The TMA tensor maps a variant's kernel takes, by argument name: the tensor, the box (in
+    elements, innermost first) and the swizzle in bytes.  sm_90a FP8 reads K by TMA, 64 bytes
+    (a K-block of the 64B swizzle) x 1 head x block_n keys x 1 sequence a box."""
+    if not has_vt_prepass(v):
+        return {}
+    return {"tmap_k": {"tensor": "k", "box": [64, 1, v.tile.block_n, 1], "swizzle_bytes": 64}}
+
+
 def vt_prepass_grid_rule(v: Variant) -> dict:
     """x: key blocks (of the longest sequence); y: key/value heads; z: sequences."""
     return {"x": {"cdiv": ["seqlen_k", VT_BLOCK]}, "y": "hkv", "z": "batch"}
