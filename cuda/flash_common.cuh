@@ -7,6 +7,7 @@
 // * The asynchronous-copy and WGMMA primitives, the mbarriers of the K/V pipeline, and the
 //   register split and turns of the producer and consumer warpgroups.
 
+#include <cuda_bf16.h>
 #include <stdint.h>
 
 namespace zyfa {
@@ -67,13 +68,22 @@ struct CtaWork {
   int b, h, h_kv, row0, diag, n_blocks;   // h_kv: the key/value head of query head h
 };
 
+// The CTA's index read afresh (the compiler cannot reuse an earlier read): what is derived
+// from it need not stay in registers until it is needed again.
+__device__ __forceinline__ uint3 cta_index_again() {
+  uint3 c;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n mov.u32 %1, %%ctaid.y;\n mov.u32 %2, %%ctaid.z;\n"
+               : "=r"(c.x), "=r"(c.y), "=r"(c.z));
+  return c;
+}
+
 // False when the CTA has no query rows (its block lies past the end of a shorter sequence).
 template <class P>
-__device__ __forceinline__ bool cta_work(const P& p, CtaWork& w) {
+__device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta = blockIdx) {
   using namespace zyfa_cfg;
-  const int m_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  w.h = blockIdx.y;
-  w.b = blockIdx.z;
+  const int m_block = kCausal ? gridDim.x - 1 - cta.x : cta.x;
+  w.h = cta.y;
+  w.b = cta.z;
   w.h_kv = w.h / (p.hq / p.hkv);
   w.seq = sequence_bounds(p, w.b);
   w.row0 = m_block * kBlockM;
@@ -403,5 +413,19 @@ struct Turns {
     if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(0));
   }
 };
+
+// ---- the epilogue's stores ---------------------------------------------------------------------
+
+// x, as the compiler cannot know it: what is computed from the result stays after this point.
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
+// Two floats as a bf16 pair in one word (lo in the low half).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 }  // namespace zyfa

@@ -58,7 +58,7 @@
 // Shared memory (1024-byte aligned tiles): Q | K x kStages | (V^T, 8 rows of ones) x kStages |
 // mbarriers (kStages = Tile.stages: 3; at d256, whose PV goes in two passes, the ones are one
 // tile after the V^T).
-// Named barriers: 2 + g consumer g's turn.
+// Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows).
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -331,7 +331,6 @@ __device__ void flash_fwd(const P& p) {
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
   const float c = log2_scale(p);
-  const float dv_scale = *static_cast<const float*>(p.descale_v);
   const Turns turns{cw};
 
   float acc_o[kDv / 2];
@@ -447,7 +446,7 @@ __device__ void flash_fwd(const P& p) {
     // The CTA's blocks past the warpgroup's rows: turns without products.
     for (int m = n_mine; m < n_blocks; ++m) idle_turn(bars, turns, m, m + 1 == n_blocks);
   }
-  write_rows(p, w, acc_o, acc_l, frame, r_lo, dv_scale);
+  write_rows(p, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
 }
 
 }  // namespace zyfa

@@ -76,11 +76,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 // K-major operand descriptor: 1024 bytes between 8-row groups, 128B swizzle (the leading byte
 // offset is unused for swizzled K-major tiles).
 __device__ __forceinline__ uint64_t desc_kmajor(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 1024, 1); }

@@ -42,6 +42,42 @@ def test_variant_matches_reference(v):
     assert not bad, bad
 
 
+@pytest.mark.parametrize("v", [v for v in all_variants() if buildable(v) and v.arch == ARCH],
+                         ids=lambda v: v.name)
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_output_written_exactly_where_it_lies(v, varlen):
+    """O is a view into a larger poisoned buffer (a guard row before and after, a head and 8
+    columns of padding): every element of the view is written, not one byte around it, for
+    sequences of lengths that are no multiple of any tile (and an empty one)."""
+    from zyfa_runtime import flash_attn_func, flash_attn_varlen_func
+    from zyfa_runtime.memory import to_device, view
+    from zyfa_runtime.selfcheck import _descales, _quantise
+    rng = np.random.default_rng()
+    hq, hkv = 3, 1
+    seq = [17, 0, 77, 130] if varlen else [77, 77]
+    rows = sum(seq)
+    lead = (rows,) if varlen else (len(seq), seq[0])
+    host = [_quantise(rng.standard_normal(lead + (h, d)).astype(np.float32), v.dtype)
+            for h, d in ((hq, v.d_qk), (hkv, v.d_qk), (hkv, v.d_v))]
+    q, k, vv = (to_device(DRIVER, 0, h[0], v.dtype) for h in host)
+    scales = _descales(DRIVER, 0, tuple(h[2] for h in host))
+    big = np.full(lead[:-1] + (lead[-1] + 2, hq + 1, v.d_v + 8), 0xFFFF, np.uint16)
+    inside = np.zeros(big.shape, bool)
+    inside[..., 1:1 + lead[-1], 1:, :v.d_v] = True
+    out_dev = to_device(DRIVER, 0, big, "bf16")
+    out = view(out_dev, big[..., 1:1 + lead[-1], 1:, :v.d_v], big)
+    if varlen:
+        cu = to_device(DRIVER, 0, np.concatenate([[0], np.cumsum(seq)]).astype(np.int32), "int32")
+        flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(seq),
+                               max_seqlen_k=max(seq), causal=v.causal, out=out, **scales)
+    else:
+        flash_attn_func(q, k, vv, causal=v.causal, out=out, **scales)
+    got = out_dev.numpy().view(np.uint16)
+    assert (got[~inside] == 0xFFFF).all(), f"{int((got[~inside] != 0xFFFF).sum())} elements written outside O"
+    o = got[inside].astype(np.uint32) << 16
+    assert not np.isnan(o.view(np.float32)).any(), "elements of O left unwritten (or NaN)"
+
+
 def test_driver_sees_the_manifest_layout():
     from zyfa_runtime.api import kernel_table
     table = kernel_table(DRIVER)
