@@ -80,26 +80,25 @@ __device__ __forceinline__ uint8_t* vt_block(const P& p, int h, long long col) {
   return static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + col * kDv;
 }
 
-// The key of k position q of a 16-key group in P's order (module comment): 4t + i holds key
-// {2t, 2t + 1, 2t + 8, 2t + 9}[i].
-__device__ __forceinline__ int p_order_key(int q) { return 2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1); }
-
 // One CTA of the pre-pass (kVtThreads threads): keys n0 .. n0 + 127 (n0 = 128 blockIdx.x) of
 // key/value head blockIdx.y of sequence blockIdx.z, V (keys x Dv, rows v_stride_s apart) ->
 // V^T (Dv rows of those 128 key bytes, in P's order, zeros past the sequence's end, in the 128B
-// swizzle of a V^T stage: the block is copied to shared memory as it is).  The rows
-// into shared memory in 16-byte chunks (every load of a thread in flight at once), then each
-// thread gathers 16-key chunks of V^T rows and stores them 16 bytes at a time.
+// swizzle of a V^T stage: the block is copied to shared memory as it is).  The rows go into
+// shared memory 16 bytes at a time (every load of a thread in flight at once); then a thread
+// takes units of 4 dv rows x 16 keys: 16 four-byte words (4 dv bytes of a key each), 32 PRMT
+// to 16 words of V^T (4 rows x the 16 keys in P's order), 4 stores of 16 bytes.
 template <class P>
 __device__ void transpose_v(const P& p) {
-  // Key row k of the tile at k kPitch + 4 ((k >> 4) & 7): the gather below reads one byte of
-  // each of eight 16-key groups g at once, at words 16 g kPitch / 4 + g apart, which with
-  // kPitch = 4 (mod 8) fall in eight different banks.
-  constexpr int kPitch = kDv + 28;
+  // Key row k of the tile at k kPitch + 16 ((k >> 4) & 7), 16-byte aligned.  A warp's word
+  // reads take 8 groups g of 16 keys x 4 consecutive words a: with kPitch = 16 (mod 128) the
+  // word of (g, a) lies in bank 4 g + a (+ the key's own offset, the same for the warp).
+  constexpr int kPitch = kDv + 16;
   constexpr int kChunks = kDv / 16;
-  static_assert(kVtBlock * kChunks % kVtThreads == 0 && kDv * (kVtBlock / 16) % kVtThreads == 0, "whole rounds");
-  __shared__ __align__(16) uint8_t tile[kVtBlock * kPitch];
-  const auto row_at = [](int k) { return k * kPitch + 4 * ((k >> 4) & 7); };
+  constexpr int kUnits = kDv / 4 * (kVtBlock / 16);            // (4 dv rows, 16 keys)
+  static_assert(kVtBlock * kChunks % kVtThreads == 0 && kUnits % kVtThreads == 0 && kVtThreads % 8 == 0,
+                "whole rounds");
+  __shared__ __align__(16) uint8_t tile[kVtBlock * kPitch + 16 * 7];   // the last group's rows 112 bytes on
+  const auto row_at = [](int k) { return k * kPitch + 16 * ((k >> 4) & 7); };
   const int n0 = blockIdx.x * kVtBlock, h = blockIdx.y, b = blockIdx.z;
   const SeqBounds s = sequence_bounds(p, b);
   if (n0 >= s.sk) return;
@@ -114,25 +113,33 @@ __device__ void transpose_v(const P& p) {
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
     const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(&x[j]);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) *reinterpret_cast<uint32_t*>(&tile[row_at(r) + 16 * c + 4 * e]) = w[e];
+    *reinterpret_cast<uint4*>(&tile[row_at(r) + 16 * c]) = x[j];
   }
   __syncthreads();
-  // A warp takes 4 dv rows x the 8 groups of 16 keys: 4 whole 128-byte lines of V^T.
+  // Unit u: keys 16 g .. 16 g + 15 (g = u % 8) of dv rows 4 a .. 4 a + 3 (a = u / 8).  Word t of
+  // a V^T chunk holds keys 2t, 2t + 1, 2t + 8, 2t + 9 (P's order): of their words y, the pairs
+  // (y[2t], y[2t + 1]) and (y[2t + 8], y[2t + 9]) interleaved by byte, then joined by halves
+  // (the module comment: k position 4t + i of a 16-key group holds key {2t, 2t + 1, 2t + 8, 2t + 9}[i]).
   uint8_t* vt = vt_block(p, h, vt_column0(p, b) + n0);
 #pragma unroll
-  for (int j = 0; j < kDv * (kVtBlock / 16) / kVtThreads; ++j) {
-    const int i = threadIdx.x + j * kVtThreads, row = i / (kVtBlock / 16), g = i % (kVtBlock / 16);   // dv row, 16 keys
-    uint32_t w[4];
+  for (int j = 0; j < kUnits / kVtThreads; ++j) {
+    const int u = threadIdx.x + j * kVtThreads, g = u % 8, a = u / 8;
+    uint32_t y[16];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      uint32_t y = 0;
+    for (int o = 0; o < 16; ++o) y[o] = *reinterpret_cast<const uint32_t*>(&tile[row_at(16 * g + o) + 4 * a]);
+    uint32_t w[4][4];                                         // [dv row 4a + i][word t]
 #pragma unroll
-      for (int e = 0; e < 4; ++e) y |= static_cast<uint32_t>(tile[row_at(16 * g + p_order_key(4 * q + e)) + row]) << (8 * e);
-      w[q] = y;
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t lo01 = __byte_perm(y[2 * t], y[2 * t + 1], 0x5140), hi01 = __byte_perm(y[2 * t + 8], y[2 * t + 9], 0x5140);
+      const uint32_t lo23 = __byte_perm(y[2 * t], y[2 * t + 1], 0x7362), hi23 = __byte_perm(y[2 * t + 8], y[2 * t + 9], 0x7362);
+      w[0][t] = __byte_perm(lo01, hi01, 0x5410);
+      w[1][t] = __byte_perm(lo01, hi01, 0x7632);
+      w[2][t] = __byte_perm(lo23, hi23, 0x5410);
+      w[3][t] = __byte_perm(lo23, hi23, 0x7632);
     }
-    *reinterpret_cast<uint4*>(vt + swz128(row, g)) = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(vt + swz128(4 * a + i, g)) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
   }
 }
 
