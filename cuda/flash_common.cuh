@@ -68,6 +68,12 @@ struct CtaWork {
   int b, h, h_kv, row0, diag, n_blocks;   // h_kv: the key/value head of query head h
 };
 
+// x, as the compiler cannot know it: what is computed from the result stays after this point.
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // The CTA's index read afresh (the compiler cannot reuse an earlier read): what is derived
 // from it need not stay in registers until it is needed again.
 __device__ __forceinline__ uint3 cta_index_again() {
@@ -209,6 +215,12 @@ __device__ __forceinline__ void keep_operands(const uint32_t (&r)[kN]) {
 }
 __device__ __forceinline__ void fence_async_smem() {   // generic smem writes -> WGMMA reads
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Two floats as a bf16 pair in one word (lo in the low half).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // Byte offset of (row, 16-byte chunk) in a tile of 128-byte rows with the 128B swizzle.
@@ -413,19 +425,5 @@ struct Turns {
     if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(0));
   }
 };
-
-// ---- the epilogue's stores ---------------------------------------------------------------------
-
-// x, as the compiler cannot know it: what is computed from the result stays after this point.
-__device__ __forceinline__ uint32_t opaque(uint32_t x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
-
-// Two floats as a bf16 pair in one word (lo in the low half).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 }  // namespace zyfa
