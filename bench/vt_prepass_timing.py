@@ -33,12 +33,11 @@ for (B, S, H, d) in [(1, 16384, 8, 128), (4, 4096, 32, 128), (8, 4096, 16, 64), 
                 vt_stride_h=d * cols, batch=B, hkv=H, seqlen_k=S, hq=H, seqlen_q=S)
     vals.update(cu_seqlens_k=None, cu_seqlens_q=None)
     args = L.pack_args(k, vals)
-    pre = k.entry["prepass"]; grid = catalogue.eval_grid(pre["grid"], vals)
     s = torch.cuda.current_stream().cuda_stream
-    for _ in range(10): drv.launch(k.prepass, grid, (pre["block_size"], 1, 1), 0, s, args)
+    for _ in range(10): L.launch_prepass(drv, k, vals, args, s)
     e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
     e0.record()
-    for _ in range(50): drv.launch(k.prepass, grid, (pre["block_size"], 1, 1), 0, s, args)
+    for _ in range(50): L.launch_prepass(drv, k, vals, args, s)
     e1.record(); torch.cuda.synchronize()
     us = e0.elapsed_time(e1) / 50 * 1000
     nb = v.numel() * 2

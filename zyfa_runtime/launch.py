@@ -48,13 +48,19 @@ def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int,
         return grid  # nothing to do (e.g. zero query rows)
     args = pack_args(kernel, values)
     if kernel.prepass is not None:
-        pre = kernel.entry["prepass"]
-        pre_grid = eval_grid(pre["grid"], values)
-        if 0 not in pre_grid:
-            driver.launch(kernel.prepass, pre_grid, (pre["block_size"], 1, 1), 0, stream, args)
+        launch_prepass(driver, kernel, values, args, stream)
     block = (kernel.entry["block_size"], 1, 1)
     driver.launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], stream, args)
     return grid
+
+
+def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: int) -> None:
+    """Launch ``kernel``'s pre-pass alone with the packed ``args`` of ``values`` (the grid from
+    the manifest's rule; nothing where it is empty)."""
+    pre = kernel.entry["prepass"]
+    grid = eval_grid(pre["grid"], values)
+    if 0 not in grid:
+        driver.launch(kernel.prepass, grid, (pre["block_size"], 1, 1), 0, stream, args)
 
 
 def unpack_args(entry: dict, buf: bytes) -> dict:
