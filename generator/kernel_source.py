@@ -199,12 +199,12 @@ def entry(v: Variant) -> str:
     else:
         attrs = (f"__global__ __attribute__((amdgpu_flat_work_group_size({v.tile.threads}, "
                  f"{v.tile.threads}))) void")
-    out = (f'extern "C" {attrs} {v.symbol}(\n    {plist}) {{\n'
-           f"  Params p;\n{fill}  zyfa::flash_fwd(p);\n}}\n")
+    def entry_point(attrs: str, symbol: str, body: str) -> str:   # the arguments into Params, then body(p)
+        return f'extern "C" {attrs} {symbol}(\n    {plist}) {{\n  Params p;\n{fill}  zyfa::{body}(p);\n}}\n'
+    out = entry_point(attrs, v.symbol, "flash_fwd")
     if catalogue.has_vt_prepass(v):
-        out += (f'extern "C" __global__ void __launch_bounds__({catalogue.VT_THREADS}) '
-                f"{catalogue.vt_prepass_symbol(v)}(\n    {plist}) {{\n"
-                f"  Params p;\n{fill}  zyfa::transpose_v(p);\n}}\n")
+        out += entry_point(f"__global__ void __launch_bounds__({catalogue.VT_THREADS})",
+                           catalogue.vt_prepass_symbol(v), "transpose_v")
     return out
 
 
