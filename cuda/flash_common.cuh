@@ -324,6 +324,7 @@ __device__ __forceinline__ void wgmma_wait() {
 template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
+  static constexpr int kKRing = kKStages, kVRing = kVStages;
   uint32_t base;
   __device__ uint32_t kfull(int s) const { return base + 8 * s; }
   __device__ uint32_t kempty(int s) const { return base + 8 * (kKStages + s); }
@@ -425,5 +426,33 @@ struct Turns {
     if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(0));
   }
 };
+
+// The key blocks a consumer's rows (first row wg_row0) see of the CTA's n_blocks: none past
+// the end of the sequence's rows, and causal, none past the diagonal of its last row; the
+// CTA's other blocks are idle turns for it.  Broadcast from lane 0 (a warp-uniform loop bound
+// around the WGMMAs).
+__device__ __forceinline__ int consumer_blocks(int wg_row0, int sq, int sk, int diag, int n_blocks) {
+  using namespace zyfa_cfg;
+  int n_end = wg_row0 >= sq ? 0 : sk;
+  if constexpr (kCausal) n_end = min(n_end, wg_row0 + kConsumerRows + diag);
+  const int n = n_end > 0 ? min(n_blocks, (n_end + kBlockN - 1) / kBlockN) : 0;
+  return __shfl_sync(0xffffffffu, n, 0);
+}
+
+// A turn of block m past the consumer's rows: no products; its K and V stages released in
+// order (each after the producer filled it, so that no release runs ahead of its phase).  K(0)
+// was released by the first turn's S(0).  `final`: the CTA's last block.
+template <class Bars>
+__device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, int m, bool final) {
+  const int k = m % Bars::kKRing, t = m % Bars::kVRing;
+  mbar_wait(bars.kfull(k), Bars::kfull_parity(m));
+  mbar_wait(bars.vfull(t), Bars::vfull_parity(m));
+  turns.take();
+  turns.hand_over(final);
+  if (threadIdx.x % 32 == 0) {
+    if (m > 0) mbar_arrive(bars.kempty(k));
+    mbar_arrive(bars.vempty(t));
+  }
+}
 
 }  // namespace zyfa

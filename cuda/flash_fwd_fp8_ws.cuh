@@ -270,33 +270,13 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(k1));
 }
 
-// The key blocks the warpgroup's rows (first row wg_row0) see: with three consumers (d64),
-// none past the end of the sequence's rows, and causal, none past the diagonal of its last
-// row; the CTA's other blocks are idle turns for it.  With two, all of the CTA's: both
-// consumers' rows end in the same block wherever the diagonal is block-aligned, and the code
-// of the d128 main loop stays as measured (it ran 0.3-3 % slower with the general bound).
-// Broadcast from lane 0 (a warp-uniform loop bound around the WGMMAs).
+// The key blocks the warpgroup's rows see (consumer_blocks) with three consumers (d64); with
+// two, all of the CTA's: both consumers' rows end in the same block wherever the diagonal is
+// block-aligned, and the code of the d128 main loop stays as measured (it ran 0.3-3 % slower
+// with the general bound).
 __device__ __forceinline__ int warpgroup_blocks(int wg_row0, int sq, int sk, int diag, int n_blocks) {
   if constexpr (kPasses > 1 || kConsumers == 2) return n_blocks;
-  int n_end = wg_row0 >= sq ? 0 : sk;
-  if constexpr (kCausal) n_end = min(n_end, wg_row0 + kConsumerRows + diag);
-  const int n = n_end > 0 ? min(n_blocks, (n_end + kBlockN - 1) / kBlockN) : 0;
-  return __shfl_sync(0xffffffffu, n, 0);
-}
-
-// A turn of block m past the warpgroup's rows: no products; its K and V^T stages released in
-// order (each after the producer filled it, so that no release runs ahead of its phase).  K(0)
-// was released by the first turn's S(0).
-__device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, int m, bool final) {
-  const int k = m % kStages, t = m % kVtStages;
-  mbar_wait(bars.kfull(k), Bars::kfull_parity(m));
-  mbar_wait(bars.vfull(t), Bars::vfull_parity(m));
-  turns.take();
-  turns.hand_over(final);
-  if (threadIdx.x % 32 == 0) {
-    if (m > 0) mbar_arrive(bars.kempty(k));
-    mbar_arrive(bars.vempty(t));
-  }
+  return consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
 }
 
 template <class P>

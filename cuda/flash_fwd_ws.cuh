@@ -1,8 +1,9 @@
 // zyfa attention forward for sm_90a, BF16: warp-specialised WGMMA body (head dims multiples
 // of 64, d_v <= 256), hardware exp2.
 //
-// One CTA = 3 warpgroups = 128 query rows of one (sequence, query head), kBlockN-key blocks
-// (128, or 64 at d256 where a 128-key S does not fit beside O):
+// One CTA = a producer and kConsumers consumer warpgroups = 64 kConsumers query rows of one
+// (sequence, query head), kBlockN-key blocks (128, or 64 at d256 where a 128-key S does not
+// fit beside O); three consumers at d64 (192 rows), else two:
 //   producer (warpgroup 0, setmaxnreg 40)
 //     cp.async Q once, then per block K and V into stage n & 1, each its own commit group and
 //     its own full barrier: K(n + 1) is requested as soon as S(n - 1) has released its stage,
@@ -10,8 +11,8 @@
 //     with the 128B swizzle, as they lie in memory: the PV WGMMA transposes V (tnspB).  With
 //     kOverlap, warps 0-1 copy Q and K, warps 2-3 V, each pair on its own (PV(n - 1) now ends
 //     late in block n: one stream would hold K(n + 1) back behind V's wait).
-//   consumers (warpgroups 1 and 2, 64 rows each, setmaxnreg 232), per block n, kOverlap
-//   (d_v <= 128):
+//   consumers (warpgroups 1 .. kConsumers, 64 rows each, setmaxnreg 232 or 160 with three),
+//   per block n, kOverlap (two consumers, d_v <= 128):
 //     softmax(n)       scale, mask, max, P(n) = exp2(S - m) as bf16 A fragments (the S
 //                      accumulator layout is the A-register layout), l; PV(n - 1) in flight
 //     wait PV(n - 1)   release V(n - 1); O *= 2^(m_old - m_new) if the reference moved
@@ -21,12 +22,16 @@
 //   ping-pong and its overlap inside a warpgroup).  P(n) goes to one of two register arrays
 //   alternately and is "read" after the wait that ends PV(n) (keep_operands), so that ptxas
 //   keeps the registers the WGMMA reads.  At d256 (no room for the second P beside O and
-//   S: it spilled, 14 % slower) the turn is PV(n), then S(n + 1), both waited for before
-//   softmax(n + 1), which rescales O itself: only the two consumers overlap.
+//   S: it spilled, 14 % slower) and with three consumers at d64 (the second P does not fit
+//   in 160 registers: ptxas serialised the WGMMAs) the turn is PV(n), then S(n + 1), both
+//   waited for before softmax(n + 1), which rescales O itself: only the consumers overlap,
+//   and at d64 the third one's softmax fills what that serialises (+7 %, causal with idle
+//   turns past its rows, as FP8 d64 takes them).
 //
 // Registers per consumer thread (d128): acc_o 64 and acc_s 64 in flight together, P(n) 32
 // beside the P(n - 1) that PV(n - 1) still reads, 32, row state 4.  128 x 40 + 256 x 232 =
-// 64,512 = 384 x 168, the registers the CTA is launched with.
+// 64,512 = 384 x 168, the registers the CTA is launched with (d64, three consumers: acc_o 32,
+// acc_s 64 and P 32 in 160; 128 x 32 + 384 x 160 = 65,536 = 512 x 128).
 //
 // Shared memory (1024-byte aligned tiles): Q | K x 2 | V x 2 | mbarriers.  A tile of R rows is
 // split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128 bytes, row r's 16-byte chunk c
@@ -43,14 +48,15 @@ using namespace zyfa_cfg;
 
 static_assert(!kFp8 && kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256,
               "the warp-specialised BF16 body: head dims in 64-element K-blocks, d_v <= 256 (one WGMMA N)");
-static_assert(kThreads == 384 && kBlockM == 128 && (kBlockN == 64 || kBlockN == 128),
-              "a producer and 2 consumer warpgroups x 64 rows, 64 or 128 keys");
+static_assert(kThreads == 128 * (1 + kConsumers) && kBlockM == kConsumerRows * kConsumers &&
+                  (kBlockN == 64 || kBlockN == 128),
+              "a producer and consumer warpgroups x 64 rows, 64 or 128 keys");
 
 constexpr int kTileQ = kBlockM * 2 * kDqk;     // bytes
 constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
 constexpr int kBarBytes = 128;
-constexpr bool kOverlap = kDv <= 128;       // the softmax overlaps the warpgroup's own PV
+constexpr bool kOverlap = kDv <= 128 && kConsumers == 2;   // the softmax overlaps the warpgroup's own PV
 constexpr int kCopyThreads = kOverlap ? 64 : 128;   // a warp pair per stream, or the warpgroup
 using Bars = KvBarriers<kStages, kStages, kCopyThreads>;
 static_assert(Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
@@ -335,8 +341,11 @@ __device__ void flash_fwd(const P& p) {
       wgmma_wait<0>();   // a no-op (the last block waited in its turn), for ptxas's view of the exits
     } else {
       // The last block leaves the loop from its turn: the rest of the body is the same for
-      // every block, so that the compiler keeps S(n + 1) in flight beside PV(n).
-      for (int n = 0; n < n_blocks; ++n) {
+      // every block, so that the compiler keeps S(n + 1) in flight beside PV(n).  With three
+      // consumers (d64) blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the end
+      // of the sequence's rows, or causal the diagonal of its last row): idle turns after it.
+      const int n_mine = kConsumers > 2 ? consumer_blocks(wg_row0, sq, sk, diag, n_blocks) : n_blocks;
+      for (int n = 0; n < n_mine; ++n) {
         const int s = n % kStages, s1 = (n + 1) % kStages;
         uint32_t pa[kBlockN / 4];
         float alpha[2];
@@ -349,8 +358,8 @@ __device__ void flash_fwd(const P& p) {
         turns.take();
         wgmma_fence();
         issue_pv(acc_o, pa, sm.v_at(s));
-        if (n + 1 == n_blocks) {
-          turns.hand_over_last();
+        if (n + 1 == n_mine) {
+          turns.hand_over(n_mine == n_blocks);
           wgmma_wait<0>();
           if (lane == 0) mbar_arrive(bars.vempty(s));
           break;
@@ -363,6 +372,7 @@ __device__ void flash_fwd(const P& p) {
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.kempty(s1));
       }
+      for (int m = n_mine; m < n_blocks; ++m) idle_turn(bars, turns, m, m + 1 == n_blocks);
     }
   }
 

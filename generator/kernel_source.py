@@ -130,8 +130,9 @@ def register_split(tile) -> tuple[int, int]:
     sm_90a tile (a producer and ``block_m / 64`` consumers).  The CTA is launched with 65,536 /
     threads a thread (in steps of 8) and setmaxnreg never grows that pool: with two consumers
     40 and 232 of 168 (the consumers hold O, a block accumulator, S and P at d128), with three
-    32 and 160 of 128 (at d64 O and the block accumulator are half as wide; at d_v = 128
-    non-causal the FP8 body keeps the block accumulator and S(n + 1) apart in time)."""
+    32 and 160 of 128 (at d64 O and the block accumulator are half as wide, and BF16 keeps one
+    P; at d_v = 128 non-causal the FP8 body keeps the block accumulator and S(n + 1) apart in
+    time)."""
     consumers = tile.block_m // CONSUMER_ROWS
     if tile.threads != 128 * (1 + consumers):
         raise ValueError(f"an sm_90a tile is a producer and {consumers} consumer warpgroups, "

@@ -150,12 +150,15 @@ SM90_CONSUMER_ROWS = 64
 
 def tile_for(v: Variant) -> Tile:
     if v.vendor == "cuda" and sm90_body(v) == "ws":
-        # a producer warpgroup and 2 consumer warpgroups x 64 query rows; Q, then two stages
-        # each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for alignment.  128-key
-        # blocks, 64 at d256 (a 128-key S does not fit beside O there).
+        # a producer warpgroup and consumer warpgroups x 64 query rows: three at d64 (where
+        # O, S and P fit in 160 registers; more warps beside the exp2s), else two; Q, then
+        # two stages each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for alignment.
+        # 128-key blocks, 64 at d256 (a 128-key S does not fit beside O there).
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
-        smem = 128 * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
-        return Tile(block_m=128, block_n=block_n, threads=384, dynamic_smem=smem, stages=2)
+        consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
+        block_m = SM90_CONSUMER_ROWS * consumers
+        smem = block_m * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
+        return Tile(block_m=block_m, block_n=block_n, threads=128 * (1 + consumers), dynamic_smem=smem, stages=2)
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and consumer warpgroups of 64 query rows, 128-key
         # blocks (the sm_90a recipe's): three consumers where their registers fit in 160
