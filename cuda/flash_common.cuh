@@ -393,20 +393,28 @@ struct ConsumerLane {
         quad_col((lane % 4) * 2), r_lo(wg_row0 + warp * 16 + lane / 4) {}
 };
 
-// The consumers' turns at issuing WGMMAs, in rotation: named barrier 2 + g is consumer g's,
-// completed by its own bar.sync and the previous consumer's bar.arrive.  Consumer 0 goes first
-// (the last one arrives on its barrier once at the start); each consumer takes n_blocks + 1
-// turns (S(0), then one per block) and hands over after each, except the last consumer after
-// its last, so every barrier ends balanced.
+// The consumers' turns at issuing WGMMAs.  Two consumers alternate (ping-pong): named
+// barrier 2 + g is consumer g's, completed by its own bar.sync and the other's bar.arrive.
+// Consumer 0 goes first (consumer 1 arrives on its barrier once at the start); each consumer
+// takes n_blocks + 1 turns (S(0), then one per block) and hands over after each, except
+// consumer 1 after its last, so both barriers end balanced.  Three consumers (the 192-row
+// tiles) issue whenever they are ready, in no set order: with a third warp per scheduler the
+// softmaxes overlap the products anyway, and a rotation only made a consumer that was ready
+// wait for the one before it (FP8 d64 +5 % non-causal and +3 % causal without it, d128 and
+// d192/128 non-causal +1 and +3 %; two consumers without turns lost 1-3 % FP8 and 17 % BF16
+// d256).
 struct Turns {
+  static_assert(kConsumers == 2 || kConsumers == 3, "two consumers in turn, or three free");
+  static constexpr bool kAlternate = kConsumers == 2;
   static constexpr int kBar = 2;
   int cw;   // consumer 0 .. kConsumers - 1
-  __device__ void take() const { bar_sync(kBar + cw, 256); }
-  // (With two consumers the next is 1 - cw, the form the measured code objects were built from.)
-  __device__ void hand_over() const {
-    bar_arrive(kBar + (kConsumers == 2 ? 1 - cw : (cw + 1 == kConsumers ? 0 : cw + 1)), 256);
+  __device__ void take() const {
+    if constexpr (kAlternate) bar_sync(kBar + cw, 256);
   }
-  __device__ void hand_over_last() const { if (kConsumers == 2 ? cw == 0 : cw + 1 < kConsumers) hand_over(); }
+  __device__ void hand_over() const {
+    if constexpr (kAlternate) bar_arrive(kBar + 1 - cw, 256);
+  }
+  __device__ void hand_over_last() const { if (cw == 0) hand_over(); }
   // After a turn that may be the CTA's last (`final`).
   __device__ void hand_over(bool final) const {
     if (final) hand_over_last();
@@ -416,7 +424,7 @@ struct Turns {
   // The first turn: S(0) = Q K(0)^T by issue_s0(), waited for, K(0)'s stage released.
   template <class Bars, class IssueS0>
   __device__ void first(const Bars& bars, IssueS0&& issue_s0) const {
-    if (cw == kConsumers - 1) bar_arrive(kBar, 256);
+    if (kAlternate && cw == 1) bar_arrive(kBar, 256);
     mbar_wait(bars.kfull(0), 0);
     take();
     wgmma_fence();

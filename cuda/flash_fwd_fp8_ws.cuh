@@ -32,17 +32,18 @@
 //   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
 //   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
-//     turn             (named barriers: the consumers take turns in rotation)  issue PV(n) with the
+//     turn             (named barriers: two consumers alternate; three issue when ready)  issue PV(n) with the
 //                      row sum (N = d_v + 8: V^T's stage ends in 8 rows of ones), then S(n + 1)
 //                      = Q K(n + 1)^T; hand the turn over
 //     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
 //     wait S(n + 1)    release K(n + 1)
 //   so one consumer's softmax runs while the others' products do, and the tensor core's
-//   queue holds the consumers' products in turn (FA3's ping-pong).  At d_v = 256 one
+//   queue holds the consumers' products in turn (FA3's ping-pong; with three consumers the
+//   softmaxes overlap the products without a set order, see Turns).  At d_v = 256 one
 //   block accumulator is all the registers hold beside a 256-wide O, so PV(n) goes in two
 //   passes of 128 columns and each pass, and then S(n + 1), is a turn of its own: a consumer
 //   waits for its pass and merges it while the other's product runs.  Three consumers at d_v =
-//   128 (kSerialS) issue S(n + 1) after merge(n), outside the turns.
+//   128 (kSerialS) issue S(n + 1) after merge(n).
 //   Causal, at d_v <= 128, the blocks the diagonal of a consumer's 64 rows cuts (its last one or
 //   two) go through a loop of their own: P in two e4m3 terms (hi_lo_p, the recipe's "hi_lo"
 //   diagonal), both products in the block's turn, then S(n + 1) after their wait.
@@ -90,8 +91,8 @@ static_assert(kStages >= 2 && Bars::kBytes + 8 <= kBarBytes, "the mbarriers' byt
 static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
                   kDynamicSmem,
               "smem layout must match the catalogue");
-// Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, outside the
-// turns, as their 160 registers do not hold the block accumulator and S(n + 1) in flight together.
+// Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
+// registers do not hold the block accumulator and S(n + 1) in flight together.
 constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
 
 // The shared-memory map: every tile at a constant offset from q.
