@@ -59,9 +59,10 @@ __device__ __forceinline__ float* lse_rows(const P& p, const SeqBounds& s, int b
          s.q_start;
 }
 
-// What one CTA does: blockIdx = (query-row block, query head, batch entry or varlen sequence).
-// Causal CTAs are taken heaviest first (the most key blocks), so the short ones fill the last
-// wave.  n_blocks: the kBlockN-key blocks its rows see (0 for an empty key sequence).
+// What one CTA does: blockIdx = (query-row block, query head, batch entry or varlen sequence),
+// causal (query head, query-row block, sequence) where the grid puts heads first
+// (catalogue.grid_rule: where the K and V of a sequence's heads fit in L2).  Causal CTAs are
+// taken heaviest first (the most key blocks), so the short ones fill the last wave.  n_blocks: the kBlockN-key blocks its rows see (0 for an empty key sequence).
 struct CtaWork {
   SeqBounds seq;
   TensorOffsets off;
@@ -87,9 +88,17 @@ __device__ __forceinline__ uint3 cta_index_again() {
 template <class P>
 __device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta = blockIdx) {
   using namespace zyfa_cfg;
-  const int m_block = kCausal ? gridDim.x - 1 - cta.x : cta.x;
+  int m_block = cta.x;
   w.h = cta.y;
   w.b = cta.z;
+  if constexpr (kCausal) {
+    // Heaviest first; heads first where the grid is (hq, query-row blocks, sequences): the
+    // catalogue's rule picks the order, the grid's shape tells it (where there are as many
+    // row blocks as heads, either reading covers every pair once).
+    const bool heads_first = gridDim.y != p.hq;
+    m_block = heads_first ? gridDim.y - 1 - cta.y : gridDim.x - 1 - cta.x;
+    w.h = heads_first ? cta.x : cta.y;
+  }
   w.h_kv = w.h / (p.hq / p.hkv);
   w.seq = sequence_bounds(p, w.b);
   w.row0 = m_block * kBlockM;

@@ -164,6 +164,11 @@ def _grid_term(name: str, term, args: set[str]) -> str:
     if isinstance(term, dict) and set(term) == {"cdiv"} and len(term["cdiv"]) == 2:
         x, y = (_grid_term(name, t, args) for t in term["cdiv"])
         return f"zyfa_cdiv_({x}, {y})"
+    if isinstance(term, dict) and set(term) == {"mul"} and term["mul"]:
+        return "(" + " * ".join(_grid_term(name, t, args) for t in term["mul"]) + ")"
+    if isinstance(term, dict) and set(term) == {"if_le"} and len(term["if_le"]) == 4:
+        a, b, then, other = (_grid_term(name, t, args) for t in term["if_le"])
+        return f"({a} <= {b} ? {then} : {other})"
     raise HeaderError(f"{name}: malformed grid term {term!r}")
 
 
@@ -258,6 +263,11 @@ def _rule(term) -> str:
     if isinstance(term, dict) and "cdiv" in term:
         a, b = term["cdiv"]
         return f"cdiv({_rule(a)}, {_rule(b)})"
+    if isinstance(term, dict) and "mul" in term:
+        return " * ".join(_rule(t) for t in term["mul"])
+    if isinstance(term, dict) and "if_le" in term:
+        a, b, then, other = term["if_le"]
+        return f"({_rule(a)} <= {_rule(b)} ? {_rule(then)} : {_rule(other)})"
     return str(term)
 
 

@@ -52,7 +52,8 @@ def test_dense_call_launches_the_right_kernel_with_the_manifest_layout(fake):
     entry = entry_of(variant)
     assert launch.symbol == variant.symbol
     tile = variant.tile
-    assert launch.grid == (-(-100 // tile.block_m), 6, 2) and launch.block == (tile.threads, 1, 1)
+    # causal, and the keys and values of the sequence's heads fit in L2: heads first
+    assert launch.grid == (6, -(-100 // tile.block_m), 2) and launch.block == (tile.threads, 1, 1)
     assert launch.shared == entry["dynamic_smem"] == fake.max_dynamic_shared[variant.symbol]
     args = unpack_args(entry, launch.args)
     assert args["q"] == q.ctypes.data and args["k"] == k.ctypes.data and args["v"] == v.ctypes.data
@@ -162,6 +163,20 @@ def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
     assert workspace.held_bytes() == 0
     with pytest.raises(KeyError):         # freed now
         fake.buffer(a1)
+
+
+def test_a_grid_larger_than_the_device_takes_is_refused_before_any_launch(fake, monkeypatch):
+    q, k, v = arrays((1, 300, 2, 128), (1, 300, 2, 128), (1, 300, 2, 128))
+    flash_attn_func(q, k, v, causal=True)          # heads first: (2 heads, 3 row blocks, 1)
+    assert fake.launches[-1].grid == (2, 3, 1)
+    n = len(fake.launches)
+    monkeypatch.setattr(fake, "max_grid", (2**31 - 1, 2, 65535))
+    with pytest.raises(ValueError, match="launch grid of \\(2, 3, 1\\)"):
+        flash_attn_func(q, k, v, causal=True)
+    q8, k8, v8 = arrays((1, 300, 3, 64), (1, 300, 3, 64), (1, 300, 3, 64), "fp8_e4m3")
+    with pytest.raises(ValueError, match="launch grid of \\(2, 3, 1\\)"):
+        flash_attn_func(q8, k8, v8)                  # the FP8 pre-pass is not launched either
+    assert len(fake.launches) == n
 
 
 def test_bad_input_reaches_no_driver_call(fake):

@@ -6,7 +6,8 @@ import numpy as np
 
 from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants, buildable,
                                     eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
-                                    kernargs, vt_column0, vt_columns, vt_prepass_grid_rule)
+                                    kernargs, kv_bytes_per_key, vt_column0, vt_columns,
+                                    vt_prepass_grid_rule, SM90_HEADS_FIRST_BYTES)
 
 
 def test_catalogue_is_the_full_product():
@@ -86,15 +87,35 @@ def test_vt_workspace_holds_every_sequence_s_blocks_apart(seed):
             assert hi1 <= lo2
 
 
-def test_grid_rule_covers_every_query_row():
-    v = Variant("sm_90a", "bf16", 128, 128, True)
+@pytest.mark.parametrize("v", [Variant("sm_90a", "bf16", 128, 128, False), Variant("gfx950", "bf16", 128, 128, True),
+                               Variant("gfx950", "fp8_e4m3", 128, 128, False)], ids=lambda v: v.name)
+def test_grid_rule_covers_every_query_row(v):
     rule = grid_rule(v)
     bm = v.tile.block_m
     for sq in (1, bm - 1, bm, bm + 1, 1000):
-        x, y, z = eval_grid(rule, {"seqlen_q": sq, "hq": 7, "batch": 3})
+        x, y, z = eval_grid(rule, {"seqlen_q": sq, "seqlen_k": 1 << 20, "hq": 7, "hkv": 7, "batch": 3})
         assert (x - 1) * bm < sq <= x * bm and (y, z) == (7, 3)
-    with pytest.raises(ValueError):
-        eval_grid({"x": {"mul": [1, 2]}, "y": 1, "z": 1}, {})
+    for bad in ({"pow": [1, 2]}, {"mul": []}, {"if_le": [1, 2, 3]}, True, 1.5):
+        with pytest.raises(ValueError):
+            eval_grid({"x": bad, "y": 1, "z": 1}, {})
+
+
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a" and v.causal], ids=lambda v: v.name)
+def test_causal_sm90a_grid_puts_heads_first_where_their_keys_fit_in_l2(v):
+    """Heads first, (hq, query-row blocks, sequences), exactly where the keys and values of a
+    sequence's key/value heads take at most SM90_HEADS_FIRST_BYTES; else (blocks, hq,
+    sequences).  Either way every (block, head, sequence) has one CTA, and the kernel tells the
+    order by gridDim.y != hq."""
+    bm, per_key = v.tile.block_m, kv_bytes_per_key(v)
+    assert per_key == (v.d_qk + v.d_v) * (1 if v.dtype == "fp8_e4m3" else 2)
+    for hq, hkv, sq, sk in ((16, 16, 4096, 4096), (32, 8, 16384, 16384), (32, 32, 32768, 32768),
+                            (5, 1, 300, 70000), (4, 4, 1, 1)):
+        blocks = -(-sq // bm)
+        grid = eval_grid(grid_rule(v), {"seqlen_q": sq, "seqlen_k": sk, "hq": hq, "hkv": hkv, "batch": 3})
+        fits = hkv * sk * per_key <= SM90_HEADS_FIRST_BYTES
+        assert grid == ((hq, blocks, 3) if fits else (blocks, hq, 3))
+        heads_first = grid[1] != hq
+        assert heads_first == (fits and blocks != hq)
 
 
 def test_selection_by_arch_and_substring():

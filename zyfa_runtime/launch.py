@@ -46,6 +46,11 @@ def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int,
     grid = eval_grid(kernel.entry["grid"], values)
     if 0 in grid:
         return grid  # nothing to do (e.g. zero query rows)
+    limit = driver.max_grid
+    if limit is not None and any(g > m for g, m in zip(grid, limit)):
+        raise ValueError(f"{kernel.variant.name}: this problem needs a launch grid of {grid} CTAs, "
+                         f"more than the {driver.name} device takes ({limit}); split the batch or "
+                         f"the sequence")
     args = pack_args(kernel, values)
     if kernel.prepass is not None:
         launch_prepass(driver, kernel, values, args, stream)

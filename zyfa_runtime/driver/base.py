@@ -16,6 +16,9 @@ from typing import Any
 
 from ..errors import ZyfaError
 
+#: CUDA's largest launch grid (x, y, z), every compute capability since 3.0.
+CUDA_MAX_GRID = (2**31 - 1, 65535, 65535)
+
 #: Device attributes ``Driver.attribute`` understands.
 ATTRIBUTES = (
     "multiprocessor_count",
@@ -49,6 +52,9 @@ class Driver(abc.ABC):
     vendor: str | None = None
     #: True where kernels read host memory directly (fake, emulator): inputs stay on the host.
     host_memory_is_device: bool = False
+    #: The largest launch grid (x, y, z) the driver takes, where it has one: a larger grid is
+    #: refused before anything is launched.
+    max_grid: tuple[int, int, int] | None = None
 
     # -- devices ---------------------------------------------------------------------
     @abc.abstractmethod

@@ -15,7 +15,7 @@ import threading
 import cffi
 
 from ..errors import ZyfaError
-from .base import Driver, Function, LazyLibrary, Module, extra_array, first_symbol, handle_int
+from .base import CUDA_MAX_GRID, Driver, Function, LazyLibrary, Module, extra_array, first_symbol, handle_int
 
 CDEF = """
 typedef int CUresult;
@@ -116,6 +116,7 @@ def arch_name(major: int, minor: int) -> str:
 class CudaDriver(Driver):
     name = "cuda"
     vendor = "cuda"
+    max_grid = CUDA_MAX_GRID
     host_memory_is_device = False
 
     def __init__(self) -> None:

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from ..errors import ZyfaError
-from .base import ATTRIBUTES, Driver, Function, Module
+from .base import ATTRIBUTES, CUDA_MAX_GRID, Driver, Function, Module
 
 #: Attribute values the fake reports per arch (an H200 and an MI355X).
 _ARCH_ATTRIBUTES = {
@@ -99,6 +99,7 @@ class FakeDriver(Driver):
         self._arch = arch
         self._devices = devices
         self.vendor = "hip" if arch.startswith("gfx") else "cuda"
+        self.max_grid = CUDA_MAX_GRID if self.vendor == "cuda" else None
         self._versions = {**DEFAULT_VERSIONS[self.vendor], **(versions or {})}
         self._lock = threading.Lock()
         self._buffers: dict[int, np.ndarray] = {}
