@@ -62,7 +62,8 @@ __device__ __forceinline__ float* lse_rows(const P& p, const SeqBounds& s, int b
 // What one CTA does: blockIdx = (query-row block, query head, batch entry or varlen sequence),
 // causal (query head, query-row block, sequence) where the grid puts heads first
 // (catalogue.grid_rule: where the K and V of a sequence's heads fit in L2).  Causal CTAs are
-// taken heaviest first (the most key blocks), so the short ones fill the last wave.  n_blocks: the kBlockN-key blocks its rows see (0 for an empty key sequence).
+// taken heaviest first (the most key blocks), so the short ones fill the last wave.
+// n_blocks: the kBlockN-key blocks its rows see (0 for an empty key sequence).
 struct CtaWork {
   SeqBounds seq;
   TensorOffsets off;
