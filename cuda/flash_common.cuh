@@ -60,9 +60,9 @@ __device__ __forceinline__ float* lse_rows(const P& p, const SeqBounds& s, int b
 }
 
 // What one CTA does: blockIdx = (query-row block, query head, batch entry or varlen sequence),
-// causal (query head, query-row block, sequence) where the grid puts heads first
-// (catalogue.grid_rule: where the K and V of a sequence's heads fit in L2).  Causal CTAs are
-// taken heaviest first (the most key blocks), so the short ones fill the last wave.
+// causal also (query head, query-row block, sequence) or (sequence, query-row block, query
+// head), heads or sequences first (catalogue.grid_rule: where their K and V fit in L2).  Causal
+// CTAs are taken heaviest first (the most key blocks), so the short ones fill the last wave.
 // n_blocks: the kBlockN-key blocks its rows see (0 for an empty key sequence).
 struct CtaWork {
   SeqBounds seq;
@@ -93,12 +93,16 @@ __device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta = blo
   w.h = cta.y;
   w.b = cta.z;
   if constexpr (kCausal) {
-    // Heaviest first; heads first where the grid is (hq, query-row blocks, sequences): the
-    // catalogue's rule picks the order, the grid's shape tells it (where there are as many
-    // row blocks as heads, either reading covers every pair once).
-    const bool heads_first = gridDim.y != p.hq;
-    m_block = heads_first ? gridDim.y - 1 - cta.y : gridDim.x - 1 - cta.x;
-    w.h = heads_first ? cta.x : cta.y;
+    // Heaviest first, in the order the catalogue's rule picked and the grid's shape tells:
+    // (blocks, hq, sequences) each head in turn, (hq, blocks, sequences) heads first,
+    // (sequences, blocks, hq) sequences first.  Where the grid's shape fits more than one
+    // reading, those readings' shapes are the same, and either covers every (block, head,
+    // sequence) once (tests/test_catalogue.py reads every order's grid so).
+    const bool seqs_first = gridDim.x == p.batch && gridDim.z == p.hq;
+    const bool heads_first = !seqs_first && gridDim.y != p.hq;
+    m_block = (seqs_first || heads_first ? gridDim.y - 1 - cta.y : gridDim.x - 1 - cta.x);
+    w.h = seqs_first ? cta.z : heads_first ? cta.x : cta.y;
+    w.b = seqs_first ? cta.x : cta.z;
   }
   w.h_kv = w.h / (p.hq / p.hkv);
   w.seq = sequence_bounds(p, w.b);

@@ -101,21 +101,47 @@ def test_grid_rule_covers_every_query_row(v):
 
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a" and v.causal], ids=lambda v: v.name)
-def test_causal_sm90a_grid_puts_heads_first_where_their_keys_fit_in_l2(v):
-    """Heads first, (hq, query-row blocks, sequences), exactly where the keys and values of a
-    sequence's key/value heads take at most SM90_HEADS_FIRST_BYTES; else (blocks, hq,
-    sequences).  Either way every (block, head, sequence) has one CTA, and the kernel tells the
-    order by gridDim.y != hq."""
+def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
+    """Heads first, (hq, blocks, sequences), where the keys and values of a sequence's
+    key/value heads take at most SM90_HEADS_FIRST_BYTES; else sequences first, (sequences,
+    blocks, hq), where those of one head's sequences do; else each head in turn, (blocks, hq,
+    sequences)."""
     bm, per_key = v.tile.block_m, kv_bytes_per_key(v)
     assert per_key == (v.d_qk + v.d_v) * (1 if v.dtype == "fp8_e4m3" else 2)
-    for hq, hkv, sq, sk in ((16, 16, 4096, 4096), (32, 8, 16384, 16384), (32, 32, 32768, 32768),
-                            (5, 1, 300, 70000), (4, 4, 1, 1)):
+    for b, hq, hkv, sq, sk in ((8, 16, 16, 4096, 4096), (1, 32, 8, 16384, 16384), (4, 32, 32, 4096, 4096),
+                               (2, 16, 16, 8192, 8192), (64, 32, 32, 32768, 32768), (3, 5, 1, 300, 70000),
+                               (3, 4, 4, 1, 1)):
         blocks = -(-sq // bm)
-        grid = eval_grid(grid_rule(v), {"seqlen_q": sq, "seqlen_k": sk, "hq": hq, "hkv": hkv, "batch": 3})
-        fits = hkv * sk * per_key <= SM90_HEADS_FIRST_BYTES
-        assert grid == ((hq, blocks, 3) if fits else (blocks, hq, 3))
-        heads_first = grid[1] != hq
-        assert heads_first == (fits and blocks != hq)
+        grid = eval_grid(grid_rule(v), {"seqlen_q": sq, "seqlen_k": sk, "hq": hq, "hkv": hkv, "batch": b})
+        if hkv * sk * per_key <= SM90_HEADS_FIRST_BYTES:
+            assert grid == (hq, blocks, b)
+        elif b * sk * per_key <= SM90_HEADS_FIRST_BYTES:
+            assert grid == (b, blocks, hq)
+        else:
+            assert grid == (blocks, hq, b)
+
+
+def _kernel_reading(grid, hq, batch):
+    """cta_work's reading of a causal grid (flash_common.cuh), as a map from the CTA index
+    to (row block, head, sequence)."""
+    gx, gy, gz = grid
+    seqs_first = gx == batch and gz == hq
+    heads_first = not seqs_first and gy != hq
+    def read(x, y, z):
+        m = gy - 1 - y if seqs_first or heads_first else gx - 1 - x
+        return m, (z if seqs_first else x if heads_first else y), (x if seqs_first else z)
+    return read
+
+
+@pytest.mark.parametrize("blocks,hq,batch", [(5, 3, 2), (3, 3, 2), (2, 3, 3), (3, 3, 3), (1, 4, 4), (4, 2, 4), (2, 2, 1)])
+def test_causal_grid_reading_covers_every_block_once_in_any_order(blocks, hq, batch):
+    """Every order's grid, read as the kernel reads it, gives every (block, head, sequence)
+    exactly once -- including the shapes where two orders' grids look alike."""
+    want = {(m, h, b) for m in range(blocks) for h in range(hq) for b in range(batch)}
+    for grid in ((blocks, hq, batch), (hq, blocks, batch), (batch, blocks, hq)):
+        read = _kernel_reading(grid, hq, batch)
+        got = [read(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
+        assert len(got) == len(want) and set(got) == want, grid
 
 
 def test_selection_by_arch_and_substring():

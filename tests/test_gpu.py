@@ -78,6 +78,55 @@ def test_output_written_exactly_where_it_lies(v, varlen):
     assert not np.isnan(o.view(np.float32)).any(), "elements of O left unwritten (or NaN)"
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize("order,batch,kv_mib", [("heads first", 2, 8), ("sequences first", 2, 20),
+                                                ("each head in turn", 40, 20)])
+def test_causal_launch_orders_cover_every_block_once(dtype, order, batch, kv_mib):
+    """Causal sm_90a kernels take their CTAs heads first, sequences first or each head in turn,
+    by the manifest's grid rule (the keys and values of a sequence's heads, or of one head's
+    sequences, within 16 MiB); the kernel reads the order from the grid's shape.  Each order
+    here, 40 heads: every element of O written, and sampled (sequence, head) pairs, the first
+    and last among them, equal to the fp64 reference of their own inputs."""
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import as_tensor, flash_attn_func
+    from zyfa_runtime.api import kernel_table
+    from zyfa_runtime.catalogue import SM90_HEADS_FIRST_BYTES, eval_grid, kv_bytes_per_key
+    if ARCH != "sm_90a":
+        pytest.skip(f"the launch orders are the sm_90a kernels'; device is {ARCH}")
+    v = Variant("sm_90a", dtype, 128, 128, True)
+    heads = 40
+    s = (kv_mib << 20) // (heads * kv_bytes_per_key(v))       # 40 heads' K and V: kv_mib MiB
+    grid = eval_grid(kernel_table(DRIVER).entry(v)["grid"],
+                     {"seqlen_q": s, "seqlen_k": s, "hq": heads, "hkv": heads, "batch": batch})
+    blocks = -(-s // v.tile.block_m)
+    assert grid == {"heads first": (heads, blocks, batch), "sequences first": (batch, blocks, heads),
+                    "each head in turn": (blocks, heads, batch)}[order]
+    assert (heads * s * kv_bytes_per_key(v) <= SM90_HEADS_FIRST_BYTES) == (order == "heads first")
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    x = [torch.randn(batch, s, heads, 128, device="cuda", generator=g) for _ in range(3)]
+    kw = {}
+    if dtype == "fp8_e4m3":
+        scales = [t.abs().max() / 448 for t in x]
+        x = [(t / sc).to(torch.float8_e4m3fn) for t, sc in zip(x, scales)]
+        deq = lambda i, b, h: (x[i][b, :, h].double() * scales[i].double()).cpu().numpy()  # noqa: E731
+        args = [as_tensor(t.view(torch.uint8), dtype="fp8_e4m3") for t in x]
+        kw = {f"descale_{n}": sc.reshape(1) for n, sc in zip("qkv", scales)}
+        bound = 0.05           # the recipe's own error against fp64 (selfcheck.RECIPE_FP64_BOUND)
+    else:
+        x = [t.bfloat16() for t in x]
+        deq = lambda i, b, h: x[i][b, :, h].double().cpu().numpy()  # noqa: E731
+        args = x
+        bound = 8e-3           # bf16 P and output rounding over 128-dim rows
+    out = torch.full((batch, s, heads, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    flash_attn_func(*args, causal=True, out=out, **kw)
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), "elements of O left unwritten (or NaN)"
+    for b, h in {(0, 0), (batch - 1, heads - 1), (batch // 2, 17), (batch - 1, 0), (0, heads - 1)}:
+        ref = reference.attention(*(deq(i, b, h)[None, :, None] for i in range(3)), causal=True)
+        err = reference.relative_error(out[b, :, h].double().cpu().numpy()[None, :, None], ref)
+        assert err < bound, (b, h, err)
+
+
 def test_driver_sees_the_manifest_layout():
     from zyfa_runtime.api import kernel_table
     table = kernel_table(DRIVER)

@@ -331,13 +331,16 @@ def vt_columns(batch: int, seqlen_k: int, total_k: int | None) -> int:
 
 #: Causal sm_90a CTAs go heads first (every query head's heaviest query-row block, then every
 #: head's next one, ...) where the K and V of a sequence's key/value heads fit in this many
-#: bytes (a third of the H100/H200's 50 MB L2): the GPU starts CTAs in the order of their
-#: linear index, and in that order the last to start are the lightest of all, so the SMs run
-#: out of work together, where each head's blocks in turn leave a head's heavy blocks among the
-#: last (3-5 % of SM time idle at 4k tokens in a list-scheduling model).  Heads first, the
-#: running CTAs read the K and V of every head at once: measured on the H200 it gained where
-#: that was 8-16 MiB (d64 at 4k tokens, FP8 +3.6 %, BF16 +4.8 %) and lost from 32 MiB on
-#: (d128 4k -1.4 %, 32k -6 %), so beyond this the heads keep their turn.
+#: bytes (a third of the H100/H200's 50 MB L2), else sequences first (every sequence's
+#: heaviest block of a head, then their next, head after head) where those of one head's
+#: sequences do, else each head in turn.  The GPU starts CTAs in the order of their linear
+#: index: heads or sequences first, the last to start are the lightest, so the SMs run out of
+#: work together, where each head in turn leaves a head's heavy blocks among the last (3-6 % of
+#: SM time idle at 4k-8k tokens in a list-scheduling model, bench/cta_order_model.py).  The
+#: running CTAs then read the K and V of every head (or sequence) at once: measured on the
+#: H200, heads first gained where that was 8-16 MiB (d64 at 4k tokens, FP8 +3.6 %, BF16 +4.8 %)
+#: and lost from 32 MiB on (d128 4k -1.4 %, 32k -6 %); sequences first gained 1-3 % at d128 4k
+#: and d256 8k (1-16 MiB).
 SM90_HEADS_FIRST_BYTES = 16 << 20
 
 
@@ -348,12 +351,15 @@ def kv_bytes_per_key(v: Variant) -> int:
 
 def grid_rule(v: Variant) -> dict:
     """x: query blocks; y: query heads; z: sequences.  Values name kernel arguments.  Causal
-    sm_90a kernels swap x and y where the keys and values of a sequence's key/value heads take
-    at most SM90_HEADS_FIRST_BYTES (the kernel reads the order from the grid: y is not hq)."""
+    sm_90a kernels: (hq, blocks, sequences) where the keys and values of a sequence's key/value
+    heads take at most SM90_HEADS_FIRST_BYTES, else (sequences, blocks, hq) where those of one
+    head's sequences do (the kernel reads the order from the grid's shape)."""
     blocks = {"cdiv": ["seqlen_q", v.tile.block_m]}
     if v.vendor == "cuda" and v.causal:
-        fits = [{"mul": ["hkv", "seqlen_k", kv_bytes_per_key(v)]}, SM90_HEADS_FIRST_BYTES]
-        return {"x": {"if_le": fits + ["hq", blocks]}, "y": {"if_le": fits + [blocks, "hq"]}, "z": "batch"}
+        heads = [{"mul": ["hkv", "seqlen_k", kv_bytes_per_key(v)]}, SM90_HEADS_FIRST_BYTES]
+        seqs = [{"mul": ["batch", "seqlen_k", kv_bytes_per_key(v)]}, SM90_HEADS_FIRST_BYTES]
+        pick = lambda h, s, other: {"if_le": heads + [h, {"if_le": seqs + [s, other]}]}  # noqa: E731
+        return {"x": pick("hq", "batch", blocks), "y": pick(blocks, blocks, "hq"), "z": pick("batch", "hq", "batch")}
     return {"x": blocks, "y": "hq", "z": "batch"}
 
 
