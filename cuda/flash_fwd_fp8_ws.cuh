@@ -94,6 +94,7 @@ static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart +
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
 // registers do not hold the block accumulator and S(n + 1) in flight together.
 constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
+static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two consumers, which take all of the CTA's blocks");
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
@@ -271,15 +272,6 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(k1));
 }
 
-// The key blocks the warpgroup's rows see (consumer_blocks) with three consumers (d64); with
-// two, all of the CTA's: both consumers' rows end in the same block wherever the diagonal is
-// block-aligned, and the code of the d128 main loop stays as measured (it ran 0.3-3 % slower
-// with the general bound).
-__device__ __forceinline__ int warpgroup_blocks(int wg_row0, int sq, int sk, int diag, int n_blocks) {
-  if constexpr (kPasses > 1 || kConsumers == 2) return n_blocks;
-  return consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
-}
-
 template <class P>
 __device__ void flash_fwd(const P& p) {
   const Smem sm{smem_base_1024()};
@@ -333,7 +325,7 @@ __device__ void flash_fwd(const P& p) {
     // S(n + 1) in flight across the merge of block n.
     // Blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the causal diagonal of its
     // last row, or the end of the sequence): idle turns after these loops.
-    const int n_mine = warpgroup_blocks(wg_row0, sq, sk, diag, n_blocks);
+    const int n_mine = consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
     int n_two = n_mine;
     if constexpr (kCausal && kDiagHiLo) {
       n_two = first_diagonal_block(wg_row0, diag, n_blocks);   // <= n_blocks

@@ -344,7 +344,7 @@ __device__ void flash_fwd(const P& p) {
       // every block, so that the compiler keeps S(n + 1) in flight beside PV(n).  With three
       // consumers (d64) blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the end
       // of the sequence's rows, or causal the diagonal of its last row): idle turns after it.
-      const int n_mine = kConsumers > 2 ? consumer_blocks(wg_row0, sq, sk, diag, n_blocks) : n_blocks;
+      const int n_mine = consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
       for (int n = 0; n < n_mine; ++n) {
         const int s = n % kStages, s1 = (n + 1) % kStages;
         uint32_t pa[kBlockN / 4];
