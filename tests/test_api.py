@@ -179,6 +179,16 @@ def test_a_grid_larger_than_the_device_takes_is_refused_before_any_launch(fake, 
     assert len(fake.launches) == n
 
 
+def test_a_pre_pass_grid_larger_than_the_device_takes_is_refused_before_either_launch(fake, monkeypatch):
+    # FP8 d64 non-causal: the kernel's grid (2, 3, 1), the pre-pass's (3 key blocks, 3, 1)
+    q8, k8, v8 = arrays((1, 300, 3, 64), (1, 300, 3, 64), (1, 300, 3, 64), "fp8_e4m3")
+    n = len(fake.launches)
+    monkeypatch.setattr(fake, "max_grid", (2, 65535, 65535))
+    with pytest.raises(ValueError, match="launch grid of \\(3, 3, 1\\)"):
+        flash_attn_func(q8, k8, v8)
+    assert len(fake.launches) == n
+
+
 def test_bad_input_reaches_no_driver_call(fake):
     q, k, v = arrays((1, 64, 6, 128), (1, 64, 4, 128), (1, 64, 4, 128))   # 6 % 4 != 0
     with pytest.raises(ValueError, match="hkv|Hkv|heads"):

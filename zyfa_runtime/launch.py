@@ -43,14 +43,11 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
 def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int, int]:
     """Launch ``kernel`` with ``values`` on ``stream`` (its pre-pass first, with the same
     argument buffer, where it has one); returns the kernel's grid."""
-    grid = eval_grid(kernel.entry["grid"], values)
+    grid = _grid(driver, kernel, kernel.entry["grid"], values)
     if 0 in grid:
         return grid  # nothing to do (e.g. zero query rows)
-    limit = driver.max_grid
-    if limit is not None and any(g > m for g, m in zip(grid, limit)):
-        raise ValueError(f"{kernel.variant.name}: this problem needs a launch grid of {grid} CTAs, "
-                         f"more than the {driver.name} device takes ({limit}); split the batch or "
-                         f"the sequence")
+    if kernel.prepass is not None:
+        _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)   # refused before either launch
     args = pack_args(kernel, values)
     if kernel.prepass is not None:
         launch_prepass(driver, kernel, values, args, stream)
@@ -63,9 +60,21 @@ def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: in
     """Launch ``kernel``'s pre-pass alone with the packed ``args`` of ``values`` (the grid from
     the manifest's rule; nothing where it is empty)."""
     pre = kernel.entry["prepass"]
-    grid = eval_grid(pre["grid"], values)
+    grid = _grid(driver, kernel, pre["grid"], values)
     if 0 not in grid:
         driver.launch(kernel.prepass, grid, (pre["block_size"], 1, 1), 0, stream, args)
+
+
+def _grid(driver, kernel: Kernel, rule: dict, values: dict) -> tuple[int, int, int]:
+    """A manifest grid rule evaluated for one launch, refused (ValueError) where it is larger
+    than the driver's device takes."""
+    grid = eval_grid(rule, values)
+    limit = driver.max_grid
+    if limit is not None and any(g > m for g, m in zip(grid, limit)):
+        raise ValueError(f"{kernel.variant.name}: this problem needs a launch grid of {grid} CTAs, "
+                         f"more than the {driver.name} device takes ({limit}); split the batch or "
+                         f"the sequence")
+    return grid
 
 
 def unpack_args(entry: dict, buf: bytes) -> dict:
