@@ -127,10 +127,8 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
   mbar_arrive_expect_tx(bars.kfull(s), kDqk * kBlockN);
 #pragma unroll
   for (int kb = 0; kb < kDqk / 64; ++kb)
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-                 :: "r"(sm.k_at(s) + kb * kBlockN * 64), "l"(reinterpret_cast<uint64_t>(p.tmap_k)),
-                    "r"(64 * kb), "r"(h_kv), "r"(krow0 + n0), "r"(kbatch), "r"(bars.kfull(s)) : "memory");
+    tma_load_4d(sm.k_at(s) + kb * kBlockN * 64, reinterpret_cast<uint64_t>(p.tmap_k), 64 * kb, h_kv, krow0 + n0,
+                kbatch, bars.kfull(s));
   mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
   bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
 }

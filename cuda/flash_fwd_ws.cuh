@@ -5,12 +5,14 @@
 // (sequence, query head), kBlockN-key blocks (128, or 64 at d256 where a 128-key S does not
 // fit beside O); three consumers at d64 (192 rows), else two:
 //   producer (warpgroup 0, setmaxnreg 40)
-//     cp.async Q once, then per block K and V into stage n & 1, each its own commit group and
-//     its own full barrier: K(n + 1) is requested as soon as S(n - 1) has released its stage,
-//     V(n + 1) once PV(n - 1) has.  Both are K-major/MN-major tiles of 64-element K-blocks
-//     with the 128B swizzle, as they lie in memory: the PV WGMMA transposes V (tnspB).  With
-//     kOverlap, warps 0-1 copy Q and K, warps 2-3 V, each pair on its own (PV(n - 1) now ends
-//     late in block n: one stream would hold K(n + 1) back behind V's wait).
+//     cp.async Q once (qfull); then per block K and V into stage n % kStages by TMA (the
+//     runtime's tensor maps tmap_k, tmap_v), each completing its own full barrier with its
+//     bytes, in two streams: lane 0 of warp 0 copies K(n + kStages) once S(n) has released its
+//     stage, lane 0 of warp 1 V(n + kStages) once PV(n) has (PV(n - 1) ends late in block n
+//     where the softmax overlaps it: one stream would hold K back behind V's wait).  Both are
+//     K-major/MN-major tiles of 64-element K-blocks with the 128B swizzle, as they lie in
+//     memory: the PV WGMMA transposes V (tnspB).  Until the TMA copies the producer's 128
+//     threads (two warp pairs, one a stream) copied them by cp.async: 0-4.5 % slower.
 //   consumers (warpgroups 1 .. kConsumers, 64 rows each, setmaxnreg 232 or 160 with three),
 //   per block n, kOverlap (two consumers, d_v <= 128):
 //     softmax(n)       scale, mask, max, P(n) = exp2(S - m) as bf16 A fragments (the S
@@ -33,10 +35,11 @@
 // 64,512 = 384 x 168, the registers the CTA is launched with (d64, three consumers: acc_o 32,
 // acc_s 64 and P 32 in 160; 128 x 32 + 384 x 160 = 65,536 = 512 x 128).
 //
-// Shared memory (1024-byte aligned tiles): Q | K x 2 | V x 2 | mbarriers.  A tile of R rows is
-// split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128 bytes, row r's 16-byte chunk c
-// at chunk c ^ (r % 8): the descriptor's stride between 8-row groups is 1024 bytes and a k16
-// step advances its start address by 32 bytes.
+// Shared memory (1024-byte aligned tiles): Q | K x 2 | V x 2 | mbarriers (the K/V ring, qfull,
+// vlanded).  A tile of R rows is split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128
+// bytes, row r's 16-byte chunk c at chunk c ^ (r % 8) (TMA's 128B swizzle): the descriptor's
+// stride between 8-row groups is 1024 bytes and a k16 step advances its start address by 32
+// bytes.
 // Named barriers: 2 + g consumer g's turn.
 
 #include <cuda_bf16.h>
@@ -57,9 +60,8 @@ constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
 constexpr int kBarBytes = 128;
 constexpr bool kOverlap = kDv <= 128 && kConsumers == 2;   // the softmax overlaps the warpgroup's own PV
-constexpr int kCopyThreads = kOverlap ? 64 : 128;   // a warp pair per stream, or the warpgroup
-using Bars = KvBarriers<kStages, kStages, kCopyThreads>;
-static_assert(Bars::kBytes <= kBarBytes, "the mbarriers' bytes");
+using Bars = KvBarriers<kStages, kStages, 1>;   // kfull, vfull: one arrival, and the copies' bytes
+static_assert(Bars::kBytes + 16 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded)");
 static_assert(kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 constexpr float kLog2e = 1.4426950408889634f;
@@ -72,6 +74,8 @@ struct Smem {
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t v_at(int s) const { return q + kV + s * kTileV; }
   __device__ Bars bars() const { return {q + kBars}; }
+  __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }        // Q landed: 128 arrivals
+  __device__ uint32_t vlanded() const { return q + kBars + Bars::kBytes + 8; }  // a packed tail's V (tail_v)
 };
 
 // 2^x, one MUFU.EX2: results below 2^-126 flush to 0 (exp2f adds three instructions per
@@ -95,84 +99,78 @@ ZYFA_WGMMA_WRAPPERS
 
 // ---- the producer --------------------------------------------------------------------------
 
-// Q, K and V tiles: 64-element K-blocks with the 128B swizzle (copy_kblocks), by the
-// kCopyThreads threads of the stream.
-template <int kRows, int kCols, bool kCheck>
-__device__ __forceinline__ void copy_tile(uint32_t tile, const __nv_bfloat16* g, long long stride, int rows) {
-  copy_kblocks<kRows, kCols, 128, kCheck, __nv_bfloat16, kCopyThreads>(tile, g, stride, rows);
-}
+// K(n) or V(n) into its stage, by one thread: TMA boxes of 64 elements (128 bytes, a K-block of
+// the 128B swizzle) x kBlockN keys of the runtime's tensor map (tmap_k, tmap_v: bytes of
+// (d, hkv, keys, sequences)), zeros past the tensor's end; the copy completes barrier `bar`
+// with its bytes (one arrival that expects them).  In a packed batch the keys past a
+// sequence's end are the next sequence's: masked in S, and zeroed in V (tail_v).
 template <int kCols>
-__device__ __forceinline__ void copy_keys(uint32_t tile, const __nv_bfloat16* g, long long stride, int n0,
-                                          int sk) {
-  g += static_cast<long long>(n0) * stride;
-  if (n0 + kBlockN <= sk) copy_tile<kBlockN, kCols, false>(tile, g, stride, kBlockN);
-  else copy_tile<kBlockN, kCols, true>(tile, g, stride, sk - n0);
-  cp_async_commit();
+__device__ __forceinline__ void copy_keys(uint32_t tile, uint64_t tmap, uint32_t bar, int h_kv, int key,
+                                          int kbatch) {
+  mbar_arrive_expect_tx(bar, kBlockN * 2 * kCols);
+#pragma unroll
+  for (int kb = 0; kb < kCols / 64; ++kb)
+    tma_load_4d(tile + kb * kBlockN * 128, tmap, 128 * kb, h_kv, key, kbatch, bar);
 }
 
-// kOverlap: one warp pair's stream of tiles (K with Q, or V) through the ring.  Tile n + 1 is
-// requested once the consumers have released its stage (block n + 1 - kStages done); one
-// commit group in flight at a time, each full barrier arrived on by the pair's 64 threads once
-// their own copies of the tile are complete and fenced for the async proxy.
-template <int kCols, class CopyFirst>
-__device__ __forceinline__ void stream(const Bars& bars, bool is_k, uint32_t tile0, uint32_t tile_bytes,
-                                       const __nv_bfloat16* g, long long stride, int sk, int n_blocks,
-                                       CopyFirst&& copy_first) {
-  copy_first();
-  copy_keys<kCols>(tile0, g, stride, 0, sk);
-  for (int n = 0; n < n_blocks; ++n) {
-    const int s = n % kStages, s1 = (n + 1) % kStages;
-    cp_async_wait<0>();
-    fence_async_smem();
-    mbar_arrive(is_k ? bars.kfull(s) : bars.vfull(s));
-    if (n + 1 < n_blocks) {
-      if (n + 1 >= kStages)
-        mbar_wait(is_k ? bars.kempty(s1) : bars.vempty(s1), Bars::kempty_parity(n + 1));   // = vempty_parity
-      copy_keys<kCols>(tile0 + s1 * tile_bytes, g, stride, (n + 1) * kBlockN, sk);
-    }
+// A packed sequence's last block, when the sequence ends inside it (rows from `rows` on): V's
+// stage has landed on `landed` (V(n) was copied onto it instead of vfull); the V stream's warp
+// zeroes those rows (P is exactly 0 there, but the next sequence's values need not be finite),
+// fences them for the async proxy, and its lane 0 completes vfull.
+__device__ __forceinline__ void tail_v(uint32_t tile, uint32_t landed, uint32_t vfull, int rows) {
+  mbar_wait(landed, 0);
+  const int lane = threadIdx.x % 32;
+  constexpr int kChunks = kBlockN * 8 * (kDv / 64);     // 16-byte chunks of the stage
+  for (int i = lane; i < kChunks; i += 32) {
+    const int row = (i / 8) % kBlockN;                   // any chunk of a row: the swizzle stays inside it
+    if (row >= rows) sts128_zero(tile + 16 * i);
   }
+  fence_async_smem();
+  __syncwarp();
+  if (lane == 0) mbar_arrive(vfull);
 }
 
-// Otherwise one stream: groups in flight at the top of block n are K(n), V(n), and each full
-// barrier is arrived on by every producer thread once its own copies of the tile are complete
-// and fenced.
+// Q by the warpgroup's cp.async (qfull: 128 arrivals once it has landed and is fenced for the
+// async proxy); K and V by two streams, lane 0 of warp 0 issuing K's copies and lane 0 of warp
+// 1 V's: the first kStages blocks while Q is in flight, then block m's K once S(m - kStages)
+// has released its stage, and its V once PV(m - kStages) has.  Each stream waits only for its
+// own stage (PV(n - 1) ends late in block n where the softmax overlaps it: one stream would
+// hold K(n + 1) back behind V's wait).  krow0, kbatch: the key row and sequence of the tensor
+// maps where this sequence's keys start (packed: its first key and 0); sk its keys, `packed`
+// a packed batch.
 template <class P>
-__device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_bfloat16* gq,
-                                        const __nv_bfloat16* gk, const __nv_bfloat16* gv, int rows_q, int sk,
-                                        int n_blocks) {
+__device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_bfloat16* gq, int rows_q,
+                                        int h_kv, int krow0, int kbatch, int sk, bool packed, int n_blocks) {
   if (n_blocks == 0) return;
   const Bars bars = sm.bars();
-  if constexpr (kOverlap) {
-    if (threadIdx.x < kCopyThreads)           // warps 0-1: Q (with K(0)), then K
-      stream<kDqk>(bars, true, sm.k_at(0), kTileK, gk, p.k_stride_s, sk, n_blocks,
-                   [&] { copy_tile<kBlockM, kDqk, true>(sm.q, gq, p.q_stride_s, rows_q); });
-    else                                      // warps 2-3: V
-      stream<kDv>(bars, false, sm.v_at(0), kTileV, gv, p.v_stride_s, sk, n_blocks, [] {});
-    return;
-  }
-  copy_tile<kBlockM, kDqk, true>(sm.q, gq, p.q_stride_s, rows_q);   // one group with K(0)
-  copy_keys<kDqk>(sm.k_at(0), gk, p.k_stride_s, 0, sk);
-  copy_keys<kDv>(sm.v_at(0), gv, p.v_stride_s, 0, sk);
-  for (int n = 0; n < n_blocks; ++n) {
-    const int s = n % kStages;
-    const bool more = n + 1 < n_blocks;
-    const int s1 = (n + 1) % kStages;
-    cp_async_wait<1>();                                      // K(n) (and Q)
-    fence_async_smem();
-    mbar_arrive(bars.kfull(s));
-    if (more) {
-      if (n + 1 >= kStages) mbar_wait(bars.kempty(s1), bars.kempty_parity(n + 1));
-      copy_keys<kDqk>(sm.k_at(s1), gk, p.k_stride_s, (n + 1) * kBlockN, sk);
-      cp_async_wait<1>();                                    // V(n); K(n + 1) in flight
-    } else {
-      cp_async_wait<0>();
+  copy_kblocks<kBlockM, kDqk, 128, true>(sm.q, gq, p.q_stride_s, rows_q);
+  cp_async_commit();
+  const int warp = threadIdx.x / 32;
+  const bool issuer = threadIdx.x % 32 == 0;
+  const auto copy = [&](int m, int s) {
+    const int n0 = m * kBlockN;
+    if (warp == 0) {
+      if (issuer)
+        copy_keys<kDqk>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0, kbatch);
+      return;
     }
-    fence_async_smem();
-    mbar_arrive(bars.vfull(s));
-    if (more) {
-      if (n + 1 >= kStages) mbar_wait(bars.vempty(s1), bars.vempty_parity(n + 1));
-      copy_keys<kDv>(sm.v_at(s1), gv, p.v_stride_s, (n + 1) * kBlockN, sk);
-    }
+    const bool tail = packed && n0 + kBlockN > sk;
+    if (issuer)
+      copy_keys<kDv>(sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v), tail ? sm.vlanded() : bars.vfull(s), h_kv,
+                     krow0 + n0, kbatch);
+    if (tail) tail_v(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0);
+  };
+  if (warp < 2)
+    for (int m = 0; m < kStages && m < n_blocks; ++m) copy(m, m);
+  cp_async_wait<0>();
+  fence_async_smem();
+  mbar_arrive(sm.qfull());
+  if (warp >= 2) return;
+  for (int m = kStages; m < n_blocks; ++m) {
+    const int s = m % kStages;
+    if (warp == 0) mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
+    else mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
+    copy(m, s);
   }
 }
 
@@ -268,14 +266,18 @@ __device__ void flash_fwd(const P& p) {
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
   const Bars bars = sm.bars();
-  if (threadIdx.x == 0) bars.init();
+  if (threadIdx.x == 0) {
+    mbar_init(sm.qfull(), 128);
+    mbar_init(sm.vlanded(), 1);
+    bars.init();
+  }
   __syncthreads();
 
   if (wg == 0) {
     producer_registers();
+    const bool packed = p.cu_seqlens_k != nullptr;
     produce(p, sm, static_cast<const __nv_bfloat16*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
-            static_cast<const __nv_bfloat16*>(p.k) + w.off.k, static_cast<const __nv_bfloat16*>(p.v) + w.off.v,
-            sq - row0, sk, n_blocks);
+            sq - row0, w.h_kv, packed ? static_cast<int>(w.seq.k_start) : 0, packed ? 0 : w.b, sk, packed, n_blocks);
     cp_async_wait<0>();
     return;
   }
@@ -297,6 +299,7 @@ __device__ void flash_fwd(const P& p) {
 
   if (n_blocks > 0) {
     float acc_s[kBlockN / 2];
+    mbar_wait(sm.qfull(), 0);
     turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
     if constexpr (kOverlap) {

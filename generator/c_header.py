@@ -208,8 +208,7 @@ def _kernel(entry: dict) -> list[str]:
     g = entry["grid"]
     terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
     out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
-    for arg, spec in sorted(entry.get("tensor_maps", {}).items()):
-        out += _tensor_map(name, arg, spec)
+    out += _tensor_maps(name, entry)
     if "prepass" in entry:
         out += _prepass(name, entry, st, args)
     return out
@@ -238,16 +237,36 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
     return out + _grid_function(f"zyfa_{name}_prepass_grid", "pre-pass grid", st, g, terms)
 
 
-def _tensor_map(name: str, arg: str, spec: dict) -> list[str]:
-    """How a caller encodes a tensor-map argument (catalogue.tensor_maps, in the manifest)."""
-    t = _ident(spec["tensor"], f"{name}: tensor-map tensor")
-    box = ", ".join(str(int(b)) for b in spec["box"])
-    return [f"/* `{_ident(arg, f'{name}: argument')}` is a CUtensorMap of {t} for TMA, encoded for each call by",
-            " * cuTensorMapEncodeTiled: CU_TENSOR_MAP_DATA_TYPE_UINT8, rank 4, dims {d_qk, hkv, keys,",
-            f" * batch}} (packed: {{d_qk, hkv, total_k, 1}}), strides in bytes {{{t}_stride_h, {t}_stride_s,",
-            f" * {t}_stride_b}} (positive multiples of 16), box {{{box}}}, element strides 1,",
-            f" * CU_TENSOR_MAP_SWIZZLE_{int(spec['swizzle_bytes'])}B, no interleave, L2 promotion 128B, OOB fill none. */",
-            ""]
+def _tensor_maps(name: str, entry: dict) -> list[str]:
+    """How a caller encodes the kernel's tensor-map arguments (catalogue.tensor_maps, in the
+    manifest), in words and as ZYFA_<NAME>_TENSOR_MAPS(X): X(arg, tensor, row_bytes,
+    elem_bytes, box0, box1, box2, box3, swizzle_bytes) per map, nothing for a kernel without."""
+    up, var = name.upper(), entry["variant"]
+    elem = 1 if var["dtype"] == "fp8_e4m3" else 2
+    maps = sorted(entry.get("tensor_maps", {}).items())
+    out, xs = [], []
+    for arg, spec in maps:
+        a = _ident(arg, f"{name}: argument")
+        t = _ident(spec["tensor"], f"{name}: tensor-map tensor")
+        if t not in ("k", "v"):
+            raise HeaderError(f"{name}: a tensor map of {t!r}; the kernels take K and V")
+        d = "d_qk" if t == "k" else "d_v"
+        row = elem * int(var[d])
+        box = [int(b) for b in spec["box"]]
+        if len(box) != 4:
+            raise HeaderError(f"{name}: tensor map {arg} has a box of rank {len(box)}, not 4")
+        swz = int(spec["swizzle_bytes"])
+        scale = "" if elem == 1 else f"{elem} * "
+        out += [f"/* `{a}` is a CUtensorMap of {t} for TMA, encoded for each call by cuTensorMapEncodeTiled:",
+                f" * CU_TENSOR_MAP_DATA_TYPE_UINT8 (bytes), rank 4, dims {{{row} (= {scale}{d}), hkv, keys, batch}}",
+                f" * (packed: {{{row}, hkv, total_k, 1}}), strides in bytes {{{scale}{t}_stride_h, {scale}{t}_stride_s,",
+                f" * {scale}{t}_stride_b}} (positive multiples of 16), box {{{', '.join(map(str, box))}}}, element strides 1,",
+                f" * CU_TENSOR_MAP_SWIZZLE_{swz}B, no interleave, L2 promotion 128B, OOB fill none; into a",
+                " * 64-byte aligned CUtensorMap, then copied into the struct. */"]
+        xs.append(f"X({a}, {t}, {row}, {elem}, {', '.join(map(str, box))}, {swz})")
+    out.append("/* X(arg, tensor, row_bytes, elem_bytes, box0, box1, box2, box3, swizzle_bytes) per tensor map */")
+    out.append(f"#define ZYFA_{up}_TENSOR_MAPS(X) {' '.join(xs)}".rstrip())
+    return out + [""]
 
 
 def _grid_function(fn: str, what: str, st: str, g: dict, terms: list[str]) -> list[str]:

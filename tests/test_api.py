@@ -23,7 +23,7 @@ from zyfa_runtime.memory import host_dtype
 @pytest.fixture(scope="module")
 def prebuilt(tmp_path_factory):
     out = tmp_path_factory.mktemp("prebuilt")
-    assert build.main(["--arch", "sm_90a", "--only", "bf16_d128x128,fp8_e4m3_d64x64_full",
+    assert build.main(["--arch", "sm_90a", "--only", "bf16_d128x128,bf16_d192x128_full,bf16_d256x256_causal,fp8_e4m3_d64x64_full",
                        "--out", str(out), "--jobs", "2"]) == 0
     return out
 
@@ -113,6 +113,38 @@ def test_fp8_reads_k_through_a_tensor_map_of_its_own_layout(fake):
     k_shared = np.broadcast_to(k[:1], k.shape)          # one K for both sequences: batch stride 0
     with pytest.raises(ValueError, match="positive multiples of 16 bytes"):
         flash_attn_func(q, k_shared, v)
+    assert len(fake.launches) == n
+
+
+def test_sm90a_bf16_reads_k_and_v_through_tensor_maps_of_their_own_layouts(fake):
+    """sm_90a BF16: K and V go to the kernel as TMA tensor maps over their bytes -- 2 d x hkv x
+    keys x sequences at the tensors' strides in bytes, boxes of 128 bytes (a K-block of the 128B
+    swizzle) x 1 x 128 keys x 1 (64 keys at d256); a packed batch is one sequence; a stride TMA
+    cannot take (a batch stride of 0) is refused, naming the tensor, before anything is launched."""
+    entry = entry_of(Variant("sm_90a", "bf16", 192, 128, False))
+    q, k, v = arrays((2, 100, 4, 192), (2, 300, 2, 192), (2, 300, 2, 128), dtype="bf16")
+    flash_attn_func(q, k, v)
+    args = unpack_args(entry, fake.launches[-1].args)
+    assert unpack_tensor_map(args["tmap_k"]) == {"ptr": k.ctypes.data, "dims": (384, 2, 300, 2),
+                                                 "strides": (384, 768, 300 * 768), "box": (128, 1, 128, 1),
+                                                 "swizzle": 128}
+    assert unpack_tensor_map(args["tmap_v"]) == {"ptr": v.ctypes.data, "dims": (256, 2, 300, 2),
+                                                 "strides": (256, 512, 300 * 512), "box": (128, 1, 128, 1),
+                                                 "swizzle": 128}
+    wide = entry_of(Variant("sm_90a", "bf16", 256, 256, True))
+    qw, kw, vw = arrays((1, 70, 2, 256), (1, 70, 1, 256), (1, 70, 1, 256), dtype="bf16")
+    flash_attn_func(qw, kw, vw, causal=True)
+    tm = unpack_tensor_map(unpack_args(wide, fake.launches[-1].args)["tmap_v"])
+    assert tm["dims"] == (512, 1, 70, 1) and tm["box"] == (128, 1, 64, 1)
+    qp, kp, vp = arrays((70, 4, 192), (300, 2, 192), (300, 2, 128), dtype="bf16")
+    flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=np.array([0, 5, 70], np.int32),
+                           cu_seqlens_k=np.array([0, 9, 300], np.int32), max_seqlen_q=65, max_seqlen_k=291)
+    tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_v"])
+    assert tm["ptr"] == vp.ctypes.data and tm["dims"] == (256, 2, 300, 1) and tm["strides"] == (256, 512, 300 * 512)
+    n = len(fake.launches)
+    v_shared = np.broadcast_to(v[:1], v.shape)          # one V for both sequences: batch stride 0
+    with pytest.raises(ValueError, match="v: the sm_90a kernels read V by TMA"):
+        flash_attn_func(q, k, v_shared)
     assert len(fake.launches) == n
 
 

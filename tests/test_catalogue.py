@@ -6,7 +6,7 @@ import numpy as np
 
 from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants, buildable,
                                     eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
-                                    kernargs, kv_bytes_per_key, vt_column0, vt_columns,
+                                    kernargs, kv_bytes_per_key, tensor_maps, vt_column0, vt_columns,
                                     vt_prepass_grid_rule, SM90_HEADS_FIRST_BYTES)
 
 
@@ -43,7 +43,11 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     names = [a.name for a in args]
     assert len(set(names)) == len(names)
     assert ("descale_q" in names) == (v.dtype == "fp8_e4m3")
-    assert ("vt" in names) == ("vt_stride_h" in names) == ("tmap_k" in names) == has_vt_prepass(v)
+    assert ("vt" in names) == ("vt_stride_h" in names) == has_vt_prepass(v)
+    # sm_90a reads K by TMA, and BF16 V too (FP8's V^T comes from the pre-pass's workspace)
+    assert [n for n in names if n.startswith("tmap_")] == list(tensor_maps(v))
+    assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else ["tmap_k"] if v.dtype == "fp8_e4m3"
+                                    else ["tmap_k", "tmap_v"])
 
 
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():
@@ -52,7 +56,7 @@ def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone
     # the gfx950 FP8 kernels' argument layout is the FP8 one without V^T and K's tensor map
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
     nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False))]
-    assert amd == [n for n in nv if not n.startswith("vt") and n != "tmap_k"]
+    assert amd == [n for n in nv if not n.startswith("vt") and not n.startswith("tmap_")]
     # the pre-pass covers every key block of every key/value head and sequence
     v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
     assert v.tile.block_n == VT_BLOCK

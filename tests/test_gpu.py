@@ -78,6 +78,35 @@ def test_output_written_exactly_where_it_lies(v, varlen):
     assert not np.isnan(o.view(np.float32)).any(), "elements of O left unwritten (or NaN)"
 
 
+@pytest.mark.parametrize("v", [v for v in all_variants() if buildable(v) and v.arch == ARCH],
+                         ids=lambda v: v.name)
+def test_a_packed_sequence_is_blind_to_the_next_ones_keys_and_values(v):
+    """In a packed batch the keys past a sequence's end, to the end of its last key block, are
+    the next sequence's (the sm_90a kernels copy whole blocks by TMA).  The first sequence's
+    output is bit for bit its output alone, with the next sequence's K all NaN and its V all
+    NaN (e4m3) or +inf (bf16): P is exactly 0 there, and 0 times those values must not count."""
+    from zyfa_runtime import flash_attn_func, flash_attn_varlen_func
+    from zyfa_runtime.memory import to_device
+    from zyfa_runtime.selfcheck import _quantise
+    rng = np.random.default_rng()
+    seq, hq, hkv = [77, 130], 2, 1
+    q, k, vv = (_quantise(rng.standard_normal((sum(seq), h, d)).astype(np.float32), v.dtype)[0]
+                for h, d in ((hq, v.d_qk), (hkv, v.d_qk), (hkv, v.d_v)))
+    bits = np.uint8 if v.dtype == "fp8_e4m3" else np.uint16
+    nan, vbad = (0x7F, 0x7F) if v.dtype == "fp8_e4m3" else (0x7FC0, 0x7F80)
+    k.view(bits)[seq[0]:] = nan
+    vv.view(bits)[seq[0]:] = vbad
+    dev = [to_device(DRIVER, 0, x, v.dtype) for x in (q, k, vv)]
+    cu = to_device(DRIVER, 0, np.array([0, seq[0], sum(seq)], np.int32), "int32")
+    packed = flash_attn_varlen_func(*dev, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(seq),
+                                    max_seqlen_k=max(seq), causal=v.causal)
+    alone = flash_attn_func(*(to_device(DRIVER, 0, np.ascontiguousarray(x[None, :seq[0]]), v.dtype)
+                              for x in (q, k, vv)), causal=v.causal)
+    first = packed.numpy().view(np.uint16)[:seq[0]]
+    assert not np.isnan((first.astype(np.uint32) << 16).view(np.float32)).any()
+    assert (first == alone.numpy().view(np.uint16)[0]).all()
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("order,batch,kv_mib", [("heads first", 2, 8), ("sequences first", 2, 20),
                                                 ("each head in turn", 40, 20)])

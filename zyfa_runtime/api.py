@@ -160,12 +160,13 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
                "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
+    for arg, spec in kernel.entry.get("tensor_maps", {}).items():
+        values[arg] = _tensor_map(driver, problem, values, spec)
     hold = contextlib.nullcontext()
     if "prepass" in kernel.entry:
-        # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns, and K's tensor map.
+        # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
         values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
                                                          problem.total_k if problem.varlen else None)
-        values["tmap_k"] = _k_tensor_map(driver, problem, values, k.ptr, kernel.entry["tensor_maps"]["tmap_k"])
         vt_bytes = problem.hkv * values["vt_stride_h"]
         hold = workspace.hold(driver, device, stream, vt_bytes)
     with hold as vt:
@@ -177,22 +178,26 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     return out_arr, lse_arr
 
 
-def _k_tensor_map(driver, problem: validate.Problem, values: dict, k_ptr: int, spec: dict) -> bytes:
-    """The sm_90a FP8 kernels' TMA tensor map of K: bytes of (d_qk, hkv, keys, sequences),
-    a packed batch as one sequence of total_k keys; box and swizzle as the manifest's ``spec``
-    (catalogue.tensor_maps).  TMA takes strides in multiples of 16 bytes."""
+def _tensor_map(driver, problem: validate.Problem, values: dict, spec: dict) -> bytes:
+    """The sm_90a kernels' TMA tensor map of K or V (``spec["tensor"]``): bytes of (head dim,
+    hkv, keys, sequences), a packed batch as one sequence of total_k keys; box and swizzle as
+    the manifest's ``spec`` (catalogue.tensor_maps).  TMA takes strides in multiples of 16 bytes."""
+    t = spec["tensor"]
+    elem = 1 if problem.dtype == "fp8_e4m3" else 2
+    row_bytes = elem * (problem.d_qk if t == "k" else problem.d_v)
     keys = max(problem.total_k if problem.varlen else problem.seqlen_k, 1)
     one_sequence = problem.varlen or problem.batch == 1
     # a dimension of one element: its stride is never used, so any valid one stands in
-    row = values["k_stride_s"] if keys > 1 else problem.hkv * problem.d_qk
-    strides = (values["k_stride_h"] if problem.hkv > 1 else problem.d_qk, row,
-               keys * row if one_sequence else values["k_stride_b"])
+    row = elem * values[f"{t}_stride_s"] if keys > 1 else problem.hkv * row_bytes
+    strides = (elem * values[f"{t}_stride_h"] if problem.hkv > 1 else row_bytes, row,
+               keys * row if one_sequence else elem * values[f"{t}_stride_b"])
     bad = [s for s in strides if s <= 0 or s % 16]
     if bad:
-        raise ValueError(f"k: the FP8 kernels read K by TMA, which needs its head, row and batch strides "
-                         f"to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, {strides[2]}")
-    dims = (problem.d_qk, problem.hkv, keys, 1 if problem.varlen else problem.batch)
-    return driver.tensor_map_u8(k_ptr, dims, strides, tuple(spec["box"]), spec["swizzle_bytes"])
+        raise ValueError(f"{t}: the sm_90a kernels read {t.upper()} by TMA, which needs its head, row and batch "
+                         f"strides to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, "
+                         f"{strides[2]} bytes")
+    dims = (row_bytes, problem.hkv, keys, 1 if problem.varlen else problem.batch)
+    return driver.tensor_map_u8(values[t], dims, strides, tuple(spec["box"]), spec["swizzle_bytes"])
 
 
 def _result(out_given, out_arr, lse_arr, return_lse: bool):

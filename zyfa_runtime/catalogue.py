@@ -222,8 +222,8 @@ class KernArg:
 
 
 def _arg_names(v: Variant) -> list[tuple[str, str]]:
-    # K's tensor map (sm_90a FP8: the producer reads K by TMA), first: one gap before it at most
-    args = [("tmap_k", "tmap")] if has_vt_prepass(v) else []
+    # the TMA tensor maps (sm_90a: K, and for BF16 V), first: one gap before them at most
+    args = [(name, "tmap") for name in tensor_maps(v)]
     args += [
         # Tensors.  Strides are in elements; the head dim has unit stride.
         ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"),
@@ -299,9 +299,11 @@ def tensor_maps(v: Variant) -> dict:
     """The TMA tensor maps a variant's kernel takes, by argument name: the tensor, the box (in
     elements, innermost first) and the swizzle in bytes.  sm_90a FP8 reads K by TMA, 64 bytes
     (a K-block of the 64B swizzle) x 1 head x block_n keys x 1 sequence a box."""
-    if not has_vt_prepass(v):
+    if v.vendor != "cuda":
         return {}
-    return {"tmap_k": {"tensor": "k", "box": [64, 1, v.tile.block_n, 1], "swizzle_bytes": 64}}
+    if v.dtype == "fp8_e4m3":
+        return {"tmap_k": {"tensor": "k", "box": [64, 1, v.tile.block_n, 1], "swizzle_bytes": 64}}
+    return {f"tmap_{t}": {"tensor": t, "box": [128, 1, v.tile.block_n, 1], "swizzle_bytes": 128} for t in "kv"}
 
 
 def vt_prepass_grid_rule(v: Variant) -> dict:

@@ -53,6 +53,7 @@ typedef CAT3(zyfa_, ZYFA_EXAMPLE_KERNEL, _args) kernel_args;
 #define K_CAUSAL KMACRO(CAUSAL)
 #define K_BLOCK_SIZE KMACRO(BLOCK_SIZE)
 #define K_DYNAMIC_SMEM KMACRO(DYNAMIC_SMEM)
+#define K_TENSOR_MAPS KMACRO(TENSOR_MAPS)
 
 /* ---- the driver API, CUDA or HIP ---------------------------------------------------- */
 
@@ -137,6 +138,28 @@ static const char *cuda_error_string(CUresult r) {
   return s;
 }
 #define DRV_ERROR_STRING(r) cuda_error_string(r)
+
+/* A TMA tensor map of a dense (batch, keys, hkv, d) tensor, as zyfa_kernels.h describes the
+ * kernel's: its bytes, dims {row_bytes, hkv, keys, batch}, strides in bytes (from strides in
+ * elements), encoded into a 64-byte aligned CUtensorMap and copied into the struct's field. */
+static CUresult encode_tensor_map(uint64_t *field, CUdeviceptr base, unsigned row_bytes, unsigned elem_bytes,
+                                  int64_t stride_h, int64_t stride_s, int64_t stride_b, int hkv, int keys,
+                                  int batch, const cuuint32_t box[4], int swizzle_bytes) {
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {row_bytes, (cuuint64_t)hkv, (cuuint64_t)keys, (cuuint64_t)batch};
+  const cuuint64_t strides[3] = {(cuuint64_t)(stride_h * elem_bytes), (cuuint64_t)(stride_s * elem_bytes),
+                                 (cuuint64_t)(stride_b * elem_bytes)};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapSwizzle swizzle = swizzle_bytes == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                     : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                     : swizzle_bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                           : CU_TENSOR_MAP_SWIZZLE_NONE;
+  CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, (void *)(uintptr_t)base, dims,
+                                      strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) memcpy(field, &map, sizeof map);
+  return r;
+}
 
 #endif
 
@@ -383,6 +406,17 @@ int main(int argc, char **argv) {
   a.seqlen_q = sq;
   a.seqlen_k = sk;
   a.softmax_scale = (float)(1.0 / sqrt((double)dqk));
+#ifndef ZYFA_HIP
+  /* the sm_90a kernels read K and V by TMA: a tensor map of each (the header's X-macro) */
+#define ENCODE_MAP(arg, t, row_bytes, elem_bytes, b0, b1, b2, b3, swizzle)                            \
+  {                                                                                                 \
+    const cuuint32_t box[4] = {b0, b1, b2, b3};                                                     \
+    CHECK(encode_tensor_map(a.arg, (CUdeviceptr)a.t, row_bytes, elem_bytes, a.t##_stride_h,           \
+                            a.t##_stride_s, a.t##_stride_b, hkv, sk, batch, box, swizzle));         \
+  }
+  K_TENSOR_MAPS(ENCODE_MAP)
+#undef ENCODE_MAP
+#endif
   kernel_grid(&a, &gx, &gy, &gz);
 
   extra[0] = DRV_PARAM_BUFFER_POINTER;
