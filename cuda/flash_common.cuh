@@ -462,6 +462,72 @@ struct Turns {
   }
 };
 
+// O, scaled by inv per row half and rounded to bf16, for the warpgroup's 64 rows, through its
+// own Q rows (free once its last S is done: only its own WGMMAs read them).  Q's tile is
+// kDqk / 64 K-blocks of kQBlock-byte rows (FP8: 64 bytes in the 64B swizzle, BF16: 128 in the
+// 128B swizzle), kBlockM rows apart, from sQg; each holds kQBlock / 2 columns of O.  O goes
+// through as many of them at a time as divide its row (kPassCols columns): per pass, each
+// warp's 16 rows by stmatrix (the accumulator layout is stmatrix's: matrix j of a warp's x4 is
+// rows 8 (j & 1) .. + 7, columns 8 (i + (j >> 1)) .. + 7), the warpgroup's named barrier
+// kOutBar + cw, then every thread reads 16 bytes of a row and stores them, rows from `rows` on
+// (past the sequence's end) left out.  go: the warpgroup's first row; row_stride in elements (a
+// multiple of 8: validate.py).  16-byte stores of whole rows, where the accumulators' own
+// layout gives four-byte stores, eight rows a warp instruction.
+constexpr int kOutBar = Turns::kBar + 3;   // named barriers 5 .. 7, after the turns' (2 + consumer)
+static_assert(Turns::kBar + kConsumers <= kOutBar && kOutBar + kConsumers <= 16,
+              "named barriers");
+
+template <int kQBlock>
+__device__ __forceinline__ void store_o_rows(const float (&acc_o)[zyfa_cfg::kDv / 2], const float (&inv)[2],
+                                             uint32_t sQg, __nv_bfloat16* go, long long row_stride, int rows,
+                                             int cw) {
+  using namespace zyfa_cfg;
+  static_assert(kQBlock == 64 || kQBlock == 128, "Q's K-blocks: the 64B or the 128B swizzle");
+  constexpr int kBlockCols = kQBlock / 2, kBlockChunks = kQBlock / 16;
+  constexpr int kPieces = kDv / kBlockCols;           // K-blocks of Q a row of O fills
+  constexpr int kPerPass = [] {                       // the most of Q's kDqk / 64 that divide kPieces
+    int n = kDqk / 64 < kPieces ? kDqk / 64 : kPieces;
+    while (kPieces % n) --n;
+    return n;
+  }();
+  constexpr int kPassCols = kBlockCols * kPerPass, kRowChunks = kPassCols / 8;
+  // The addresses from values read here (opaque): none of them is computed ahead, where its
+  // registers would stay live through the consumer's loop.
+  sQg = opaque(sQg);
+  const int tid = opaque(threadIdx.x) % 128, lane = tid % 32, warp = tid / 32;
+  const auto chunk = [&](int r, int c) {
+    const int cc = c % kBlockChunks;
+    return sQg + (c / kBlockChunks) * (kBlockM * kQBlock) + (kQBlock == 64 ? swz64(r, cc) : swz128(r, cc));
+  };
+#pragma unroll
+  for (int pass = 0; pass < kDv / kPassCols; ++pass) {
+    if (pass > 0) bar_sync(kOutBar + cw, 128);        // the last pass's chunks read
+#pragma unroll
+    for (int q = 0; q < kPassCols / 16; ++q) {        // column groups i, i + 1 (8 columns each)
+      const int i = pass * kPassCols / 8 + 2 * q;
+      uint32_t m[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int hr = j & 1, g = i + (j >> 1);
+        m[j] = pack_bf16(acc_o[4 * g + 2 * hr] * inv[hr], acc_o[4 * g + 2 * hr + 1] * inv[hr]);
+      }
+      const int mat = lane / 8;                       // lane L addresses row L % 8 of matrix L / 8
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                   :: "r"(chunk(warp * 16 + (mat & 1) * 8 + lane % 8, 2 * q + (mat >> 1))),
+                      "r"(m[0]), "r"(m[1]), "r"(m[2]), "r"(m[3]) : "memory");
+    }
+    bar_sync(kOutBar + cw, 128);
+#pragma unroll
+    for (int k = 0; k < 64 * kRowChunks / 128; ++k) {
+      const int q = tid + 128 * k, r = q / kRowChunks, c = q % kRowChunks;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(chunk(r, c)) : "memory");
+      if (r < rows) *reinterpret_cast<uint4*>(go + r * row_stride + pass * kPassCols + 8 * c) = v;
+    }
+  }
+}
+
 // The key blocks a consumer's rows (first row wg_row0) see of the CTA's n_blocks: with three
 // consumers none past the end of the sequence's rows, and causal, none past the diagonal of
 // its last row; the CTA's other blocks are idle turns for it.  Broadcast from lane 0 (a

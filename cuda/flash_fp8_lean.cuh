@@ -323,64 +323,11 @@ __device__ __forceinline__ float log2_scale(const P& p) {
 // ---- the epilogue --------------------------------------------------------------------------
 
 // A consumer warpgroup's 64 rows of O, scaled by inv[hr] per row half, out as bf16, 16 bytes a
-// thread, through shared memory.  (Four-byte stores straight from the WGMMA accumulators filled
+// thread, through shared memory (store_o_rows, flash_common.cuh, with Q's 64-byte K-blocks as
+// the staging area).  (Four-byte stores straight from the WGMMA accumulators filled
 // the store queue: at short sequences the tiles' epilogues cost 3-4 % of the cycles,
 // bench/results/2026-11-30_h200_tiles_228f036/short_sequences.)
 //
-// The staging area is the warpgroup's own Q rows, free once its last S is done (only its own
-// WGMMAs read them): kDqk / 64 K-blocks of 64 rows x 64 bytes from sQg, kBlockM x 64 bytes
-// apart, each holding 32 columns of O in the 64B swizzle.  O goes through as many of them at
-// a time as divide its row (kPassCols columns): per pass, each warp's 16 rows by stmatrix (the
-// accumulator layout is stmatrix's: matrix j of a warp's x4 is rows 8 (j & 1) .. + 7, columns
-// 8 (i + (j >> 1)) .. + 7), the warpgroup's named barrier kOutBar + cw, then every thread
-// reads 16 bytes of a row and stores them, rows from `rows` on (past the sequence's end) left
-// out.  go: the warpgroup's first row; row_stride in elements (a multiple of 8: validate.py).
-constexpr int kOutBar = Turns::kBar + 3;   // named barriers 5 .. 7, after the turns' (2 + consumer)
-static_assert(Turns::kBar + kConsumers <= kOutBar && kOutBar + kConsumers <= 16, "named barriers");
-
-__device__ __forceinline__ void store_o_rows(const float (&acc_o)[kDv / 2], const float (&inv)[2], uint32_t sQg,
-                                             __nv_bfloat16* go, long long row_stride, int rows, int cw) {
-  constexpr int kPieces = kDv / 32;                   // K-blocks of Q a row of O fills
-  constexpr int kPerPass = [] {                       // the most of Q's kDqk / 64 that divide kPieces
-    int n = kDqk / 64 < kPieces ? kDqk / 64 : kPieces;
-    while (kPieces % n) --n;
-    return n;
-  }();
-  constexpr int kPassCols = 32 * kPerPass, kRowChunks = kPassCols / 8;
-  // The addresses from values read here (opaque): none of them is computed ahead, where its
-  // registers would stay live through the consumer's loop.
-  sQg = opaque(sQg);
-  const int tid = opaque(threadIdx.x) % 128, lane = tid % 32, warp = tid / 32;
-  const auto chunk = [&](int r, int c) { return sQg + (c / 4) * (kBlockM * 64) + swz64(r, c % 4); };
-#pragma unroll
-  for (int pass = 0; pass < kDv / kPassCols; ++pass) {
-    if (pass > 0) bar_sync(kOutBar + cw, 128);        // the last pass's chunks read
-#pragma unroll
-    for (int q = 0; q < kPassCols / 16; ++q) {        // column groups i, i + 1 (8 columns each)
-      const int i = pass * kPassCols / 8 + 2 * q;
-      uint32_t m[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int hr = j & 1, g = i + (j >> 1);
-        m[j] = pack_bf16(acc_o[4 * g + 2 * hr] * inv[hr], acc_o[4 * g + 2 * hr + 1] * inv[hr]);
-      }
-      const int mat = lane / 8;                       // lane L addresses row L % 8 of matrix L / 8
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                   :: "r"(chunk(warp * 16 + (mat & 1) * 8 + lane % 8, 2 * q + (mat >> 1))),
-                      "r"(m[0]), "r"(m[1]), "r"(m[2]), "r"(m[3]) : "memory");
-    }
-    bar_sync(kOutBar + cw, 128);
-#pragma unroll
-    for (int k = 0; k < 64 * kRowChunks / 128; ++k) {
-      const int q = tid + 128 * k, r = q / kRowChunks, c = q % kRowChunks;
-      uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(chunk(r, c)) : "memory");
-      if (r < rows) *reinterpret_cast<uint4*>(go + r * row_stride + pass * kPassCols + 8 * c) = v;
-    }
-  }
-}
-
 // O / l * dv as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its Q
 // rows at sQg), and LSE = ln 2 (F + log2(l / 256)) for the two rows r_lo, r_lo + 8 a thread
 // holds (every column of acc_l holds the sum).  The CTA's work is derived again
@@ -402,7 +349,7 @@ __device__ __forceinline__ void write_rows(const P& p, const float (&acc_o)[kDv 
       glse[row] = l > 0.f ? (frame[hr] + log2f(l) - kLog2Shift) * kLn2 : -INFINITY;
     }
   }
-  store_o_rows(acc_o, inv, sQg,
+  store_o_rows<64>(acc_o, inv, sQg,
                static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o + static_cast<long long>(wg_row0) * p.o_stride_s,
                p.o_stride_s, w.seq.sq - wg_row0, cw);
 }

@@ -40,7 +40,8 @@
 // bytes, row r's 16-byte chunk c at chunk c ^ (r % 8) (TMA's 128B swizzle): the descriptor's
 // stride between 8-row groups is 1024 bytes and a k16 step advances its start address by 32
 // bytes.
-// Named barriers: 2 + g consumer g's turn.
+// Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows,
+// 16 bytes a thread in whole rows).
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -256,6 +257,33 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kDv / 2], const float (
   }
 }
 
+// Epilogue: O / l as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its
+// Q rows at sQg), and LSE = ln 2 (m + log2 l) for the two rows r_lo, r_lo + 8 a thread holds
+// (l: the quad's four partial sums).  w: the CTA's work as the kernel read it first (derived
+// again here, as the FP8 body does, ptxas serialised the WGMMAs of d128 causal).
+template <class P>
+__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kDv / 2],
+                                           const float (&l_run)[2], const float (&m_run)[2], int r_lo, int wg_row0,
+                                           int cw, uint32_t sQg) {
+  float inv[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = l_run[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = r_lo + hr * 8;
+    inv[hr] = l > 0.f ? 1.f / l : 0.f;
+    if (p.lse != nullptr && (threadIdx.x % 4) == 0 && row < w.seq.sq) {
+      float* glse = lse_rows(p, w.seq, w.b, w.h);
+      glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+  store_o_rows<128>(acc_o, inv, sQg,
+                    static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o +
+                        static_cast<long long>(wg_row0) * p.o_stride_s,
+                    p.o_stride_s, w.seq.sq - wg_row0, cw);
+}
+
 template <class P>
 __device__ void flash_fwd(const P& p) {
   const Smem sm{smem_base_1024()};
@@ -379,27 +407,7 @@ __device__ void flash_fwd(const P& p) {
     }
   }
 
-  // ---- epilogue: normalise, store O (bf16) and LSE (fp32, natural log) -----------------
-  __nv_bfloat16* go = static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o;
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    float l = l_run[hr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = r_lo + hr * 8;
-    if (row >= sq) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    __nv_bfloat16* orow = go + static_cast<long long>(row) * p.o_stride_s;
-#pragma unroll
-    for (int i = 0; i < kDv / 8; ++i) {
-      *reinterpret_cast<uint32_t*>(orow + i * 8 + quad_col) =
-          pack_bf16(acc_o[4 * i + 2 * hr] * inv, acc_o[4 * i + 2 * hr + 1] * inv);
-    }
-    if (p.lse != nullptr && (lane % 4) == 0) {
-      float* glse = lse_rows(p, w.seq, w.b, w.h);
-      glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
-    }
-  }
+  write_rows(p, w, acc_o, l_run, m_run, r_lo, wg_row0, cw, sQg);
 }
 
 }  // namespace zyfa
