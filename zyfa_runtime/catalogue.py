@@ -296,9 +296,10 @@ def vt_prepass_symbol(v: Variant) -> str:
 
 
 def tensor_maps(v: Variant) -> dict:
-    """The TMA tensor maps a variant's kernel takes, by argument name: the tensor, the box (in
-    elements, innermost first) and the swizzle in bytes.  sm_90a FP8 reads K by TMA, 64 bytes
-    (a K-block of the 64B swizzle) x 1 head x block_n keys x 1 sequence a box."""
+    """The TMA tensor maps a variant's kernel takes, by argument name: the tensor, the box
+    (innermost first, over the tensor's bytes: the maps are of bytes) and the swizzle in bytes.
+    sm_90a FP8 reads K by TMA, 64 bytes (a K-block of the 64B swizzle) x 1 head x block_n keys x
+    1 sequence a box; BF16 K and V, 128 bytes (a K-block of the 128B swizzle) x 1 x block_n x 1."""
     if v.vendor != "cuda":
         return {}
     if v.dtype == "fp8_e4m3":
