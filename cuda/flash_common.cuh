@@ -247,19 +247,18 @@ __device__ __forceinline__ uint32_t swz64(int row, int chunk) {
 }
 
 // Copy kRows rows of kCols elements T (global pitch `stride` elements) into K-blocks of
-// kBlockBytes-byte rows (64: the 64B swizzle, 128: the 128B swizzle), by kCopyThreads producer
-// threads (the warpgroup, or a warp pair).  Thread t copies chunk t % c of rows t / c +
-// (kCopyThreads / c) i of every K-block (c = kBlockBytes / 16 chunks a row): one smem offset and
-// one global pointer per thread, the rest immediates (the swizzle of row r0 + (kCopyThreads /
-// c) i is r0's).  With kCheck, rows from `rows` on are zeros.
-template <int kRows, int kCols, int kBlockBytes, bool kCheck, class T, int kCopyThreads = 128>
+// kBlockBytes-byte rows (64: the 64B swizzle, 128: the 128B swizzle), by the producer
+// warpgroup's 128 threads (threads 0-127).  Thread t copies chunk t % c of rows t / c + (128 /
+// c) i of every K-block (c = kBlockBytes / 16 chunks a row): one smem offset and one global
+// pointer per thread, the rest immediates (the swizzle of row r0 + (128 / c) i is r0's).  With
+// kCheck, rows from `rows` on are zeros.
+template <int kRows, int kCols, int kBlockBytes, bool kCheck, class T>
 __device__ __forceinline__ void copy_kblocks(uint32_t tile, const T* g, long long stride, int rows) {
   static_assert(kBlockBytes == 64 || kBlockBytes == 128, "the 64B or the 128B swizzle");
-  constexpr int kChunks = kBlockBytes / 16, kStep = kCopyThreads / kChunks;
+  constexpr int kChunks = kBlockBytes / 16, kStep = 128 / kChunks;
   static_assert(kStep % 8 == 0 && kRows % kStep == 0, "whole 8-row swizzle groups a step");
   constexpr int kChunkElems = 16 / sizeof(T), kBlockElems = kBlockBytes / sizeof(T);
-  // the warpgroup's threads are 0-127 (the producer is warpgroup 0); a warp pair's, t % 64
-  const int tid = kCopyThreads == 128 ? threadIdx.x : threadIdx.x % kCopyThreads;
+  const int tid = threadIdx.x;
   const int r0 = tid / kChunks, c = tid % kChunks;
   const uint32_t dst = tile + (kBlockBytes == 64 ? swz64(r0, c) : swz128(r0, c));
   const T* src = g + r0 * stride + c * kChunkElems;
@@ -341,14 +340,13 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // The mbarriers of a producer warpgroup feeding K through kKStages stages and V through
-// kVStages to the consumer warpgroups: kfull / vfull complete when the kFullArrivals producer
-// threads that write the tile (the warpgroup, or a warp pair) have arrived (their writes done
-// and fenced for the async proxy; where copies complete the phase with their bytes, one arrival
-// that expects them), kempty / vempty when lane 0
-// of each of the 4 kConsumers consumer warps has (its WGMMAs reading the stage done).  Block n uses K
-// stage n % kKStages and waits for the phase n / kKStages of its full barrier, the phase
-// n / kKStages - 1 of its empty one (n >= kKStages); V likewise.
-template <int kKStages, int kVStages = kKStages, int kFullArrivals = 128>
+// kVStages to the consumer warpgroups: kfull / vfull complete when the stage's copies have
+// landed (TMA or bulk copies completing the phase with their bytes, one arrival that expects
+// them), kempty / vempty when lane 0 of each of the 4 kConsumers consumer warps has arrived
+// (its WGMMAs reading the stage done).  Block n uses K stage n % kKStages and waits for the
+// phase n / kKStages of its full barrier, the phase n / kKStages - 1 of its empty one (n >=
+// kKStages); V likewise.
+template <int kKStages, int kVStages = kKStages>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
   static constexpr int kKRing = kKStages, kVRing = kVStages;
@@ -359,11 +357,11 @@ struct KvBarriers {
   __device__ uint32_t vempty(int s) const { return base + 8 * (2 * kKStages + kVStages + s); }
   __device__ void init() const {   // one thread, before a CTA barrier
     for (int s = 0; s < kKStages; ++s) {
-      mbar_init(kfull(s), kFullArrivals);
+      mbar_init(kfull(s), 1);
       mbar_init(kempty(s), 4 * kConsumers);
     }
     for (int s = 0; s < kVStages; ++s) {
-      mbar_init(vfull(s), kFullArrivals);
+      mbar_init(vfull(s), 1);
       mbar_init(vempty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

@@ -86,7 +86,7 @@ constexpr int kTileVt = (kDv + (kOnesInVt ? 8 : 0)) * kBlockN;   // V^T (and its
 constexpr int kTileOnesApart = kOnesInVt ? 0 : kTileOnes;
 constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's accumulators
 constexpr int kBarBytes = 128;
-using Bars = KvBarriers<kStages, kVtStages, 1>;   // kfull, vfull: one arrival, and the copies' bytes
+using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(kStages >= 2 && Bars::kBytes + 8 <= kBarBytes, "the mbarriers' bytes (and qfull)");
 static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
                   kDynamicSmem,

@@ -61,7 +61,7 @@ constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
 constexpr int kBarBytes = 128;
 constexpr bool kOverlap = kDv <= 128 && kConsumers == 2;   // the softmax overlaps the warpgroup's own PV
-using Bars = KvBarriers<kStages, kStages, 1>;   // kfull, vfull: one arrival, and the copies' bytes
+using Bars = KvBarriers<kStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(Bars::kBytes + 16 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded)");
 static_assert(kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
