@@ -94,6 +94,22 @@ def test_varlen_call_passes_offsets_and_packed_lse_layout(fake):
     assert out.shape == (70, 4, 128) and args["o"] == out.ptr
 
 
+def packed_pair(dtype, d_qk, d_v):
+    """A packed batch of two sequences (5 and 65 queries, 9 and 291 keys; hq 4, hkv 2), run
+    once; its q, k, v."""
+    q, k, v = arrays((70, 4, d_qk), (300, 2, d_qk), (300, 2, d_v), dtype=dtype)
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q=np.array([0, 5, 70], np.int32),
+                           cu_seqlens_k=np.array([0, 9, 300], np.int32), max_seqlen_q=65, max_seqlen_k=291)
+    return q, k, v
+
+
+def refused_before_any_launch(fake, match, *tensors):
+    n = len(fake.launches)
+    with pytest.raises(ValueError, match=match):
+        flash_attn_func(*tensors)
+    assert len(fake.launches) == n
+
+
 def test_fp8_reads_k_through_a_tensor_map_of_its_own_layout(fake):
     """sm_90a FP8: K goes to the kernel as a TMA tensor map (the fake driver's encoding is its
     arguments): d_qk x hkv x keys x sequences bytes at K's strides, 64 x 1 x 128 x 1 boxes in the
@@ -104,16 +120,11 @@ def test_fp8_reads_k_through_a_tensor_map_of_its_own_layout(fake):
     tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_k"])
     assert tm == {"ptr": k.ctypes.data, "dims": (64, 2, 300, 2), "strides": (64, 128, 300 * 128),
                   "box": (64, 1, 128, 1), "swizzle": 64}
-    qp, kp, vp = arrays((70, 4, 64), (300, 2, 64), (300, 2, 64), dtype="fp8_e4m3")
-    flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=np.array([0, 5, 70], np.int32),
-                           cu_seqlens_k=np.array([0, 9, 300], np.int32), max_seqlen_q=65, max_seqlen_k=291)
+    qp, kp, vp = packed_pair("fp8_e4m3", 64, 64)
     tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_k"])
     assert tm["ptr"] == kp.ctypes.data and tm["dims"] == (64, 2, 300, 1) and tm["strides"] == (64, 128, 300 * 128)
-    n = len(fake.launches)
     k_shared = np.broadcast_to(k[:1], k.shape)          # one K for both sequences: batch stride 0
-    with pytest.raises(ValueError, match="positive multiples of 16 bytes"):
-        flash_attn_func(q, k_shared, v)
-    assert len(fake.launches) == n
+    refused_before_any_launch(fake, "positive multiples of 16 bytes", q, k_shared, v)
 
 
 def test_sm90a_bf16_reads_k_and_v_through_tensor_maps_of_their_own_layouts(fake):
@@ -136,16 +147,11 @@ def test_sm90a_bf16_reads_k_and_v_through_tensor_maps_of_their_own_layouts(fake)
     flash_attn_func(qw, kw, vw, causal=True)
     tm = unpack_tensor_map(unpack_args(wide, fake.launches[-1].args)["tmap_v"])
     assert tm["dims"] == (512, 1, 70, 1) and tm["box"] == (128, 1, 64, 1)
-    qp, kp, vp = arrays((70, 4, 192), (300, 2, 192), (300, 2, 128), dtype="bf16")
-    flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=np.array([0, 5, 70], np.int32),
-                           cu_seqlens_k=np.array([0, 9, 300], np.int32), max_seqlen_q=65, max_seqlen_k=291)
+    qp, kp, vp = packed_pair("bf16", 192, 128)
     tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_v"])
     assert tm["ptr"] == vp.ctypes.data and tm["dims"] == (256, 2, 300, 1) and tm["strides"] == (256, 512, 300 * 512)
-    n = len(fake.launches)
     v_shared = np.broadcast_to(v[:1], v.shape)          # one V for both sequences: batch stride 0
-    with pytest.raises(ValueError, match="v: the sm_90a kernels read V by TMA"):
-        flash_attn_func(q, k, v_shared)
-    assert len(fake.launches) == n
+    refused_before_any_launch(fake, "v: the sm_90a kernels read V by TMA", q, k, v_shared)
 
 
 def test_fp8_without_descales_reads_ones(fake):

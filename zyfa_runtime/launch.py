@@ -46,11 +46,12 @@ def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int,
     grid = _grid(driver, kernel, kernel.entry["grid"], values)
     if 0 in grid:
         return grid  # nothing to do (e.g. zero query rows)
+    pre_grid = None   # evaluated (and refused where too large) before either launch
     if kernel.prepass is not None:
-        _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)   # refused before either launch
+        pre_grid = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)
     args = pack_args(kernel, values)
-    if kernel.prepass is not None:
-        launch_prepass(driver, kernel, values, args, stream)
+    if pre_grid is not None:
+        _launch_prepass(driver, kernel, pre_grid, args, stream)
     block = (kernel.entry["block_size"], 1, 1)
     driver.launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], stream, args)
     return grid
@@ -59,10 +60,12 @@ def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int,
 def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: int) -> None:
     """Launch ``kernel``'s pre-pass alone with the packed ``args`` of ``values`` (the grid from
     the manifest's rule; nothing where it is empty)."""
-    pre = kernel.entry["prepass"]
-    grid = _grid(driver, kernel, pre["grid"], values)
+    _launch_prepass(driver, kernel, _grid(driver, kernel, kernel.entry["prepass"]["grid"], values), args, stream)
+
+
+def _launch_prepass(driver, kernel: Kernel, grid: tuple[int, int, int], args: bytes, stream: int) -> None:
     if 0 not in grid:
-        driver.launch(kernel.prepass, grid, (pre["block_size"], 1, 1), 0, stream, args)
+        driver.launch(kernel.prepass, grid, (kernel.entry["prepass"]["block_size"], 1, 1), 0, stream, args)
 
 
 def _grid(driver, kernel: Kernel, rule: dict, values: dict) -> tuple[int, int, int]:
