@@ -211,11 +211,6 @@ __device__ __forceinline__ void quad_row_max(const float (&s)[kN], float (&mx)[2
 
 // ---- asynchronous copies and WGMMA ---------------------------------------------------------
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
@@ -244,31 +239,6 @@ __device__ __forceinline__ uint32_t swz128(int row, int chunk) {
 // The same in a K-block of 64-byte rows with the 64B swizzle (512 bytes between 8-row groups).
 __device__ __forceinline__ uint32_t swz64(int row, int chunk) {
   return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
-}
-
-// Copy kRows rows of kCols elements T (global pitch `stride` elements) into K-blocks of
-// kBlockBytes-byte rows (64: the 64B swizzle, 128: the 128B swizzle), by the producer
-// warpgroup's 128 threads (threads 0-127).  Thread t copies chunk t % c of rows t / c + (128 /
-// c) i of every K-block (c = kBlockBytes / 16 chunks a row): one smem offset and one global
-// pointer per thread, the rest immediates (the swizzle of row r0 + (128 / c) i is r0's).  With
-// kCheck, rows from `rows` on are zeros.
-template <int kRows, int kCols, int kBlockBytes, bool kCheck, class T>
-__device__ __forceinline__ void copy_kblocks(uint32_t tile, const T* g, long long stride, int rows) {
-  static_assert(kBlockBytes == 64 || kBlockBytes == 128, "the 64B or the 128B swizzle");
-  constexpr int kChunks = kBlockBytes / 16, kStep = 128 / kChunks;
-  static_assert(kStep % 8 == 0 && kRows % kStep == 0, "whole 8-row swizzle groups a step");
-  constexpr int kChunkElems = 16 / sizeof(T), kBlockElems = kBlockBytes / sizeof(T);
-  const int tid = threadIdx.x;
-  const int r0 = tid / kChunks, c = tid % kChunks;
-  const uint32_t dst = tile + (kBlockBytes == 64 ? swz64(r0, c) : swz128(r0, c));
-  const T* src = g + r0 * stride + c * kChunkElems;
-#pragma unroll
-  for (int i = 0; i < kRows / kStep; ++i, src += kStep * stride) {
-    const bool ok = !kCheck || r0 + kStep * i < rows;
-#pragma unroll
-    for (int kb = 0; kb < kCols / kBlockElems; ++kb)
-      cp_async16(dst + kb * kRows * kBlockBytes + i * kStep * kBlockBytes, ok ? src + kb * kBlockElems : g, ok);
-  }
 }
 
 // WGMMA shared-memory descriptor: start address, leading and stride byte offsets, swizzle
@@ -319,20 +289,49 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, uint64_t tmap, int c0,
                " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+// A tile of kRows rows of kRowBytes bytes by TMA, as K-blocks of kBox-byte rows (a box's first
+// dimension: one K-block of the tile's swizzle), kRows rows each, one after another from `tile`;
+// the box at (row bytes 0, head h, row `row`, sequence `seq`) of the tensor map, then the next
+// K-block's.  One arrival on `bar` expects the tile's bytes (TMA fills zeros past the tensor's
+// end and counts them).
+template <int kRows, int kRowBytes, int kBox>
+__device__ __forceinline__ void tma_tile(uint32_t tile, uint64_t tmap, uint32_t bar, int h, int row, int seq) {
+  static_assert(kRowBytes % kBox == 0, "whole K-blocks");
+  mbar_arrive_expect_tx(bar, kRows * kRowBytes);
+#pragma unroll
+  for (int kb = 0; kb < kRowBytes / kBox; ++kb) tma_load_4d(tile + kb * kRows * kBox, tmap, kBox * kb, h, row, seq, bar);
+}
+
 // 16 zero bytes at a shared address.
 __device__ __forceinline__ void sts128_zero(uint32_t addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(0) : "memory");
+}
+// 16 bytes to global memory, as one store (a uint4 assignment through a cast pointer was split
+// into four 4-byte stores in the BF16 kernels).
+// A packed sequence's tile that runs past its end (rows from `rows` on are the next sequence's):
+// once it has landed on `landed` (its copies completed there instead of on `full`), one warp
+// zeroes those rows of its K-blocks (kRows rows of kBox bytes each, kBytes in all; any swizzle
+// keeps a row's chunks inside it), fences them for the async proxy, and its lane 0 arrives on
+// `full`.  `landed` serves one tile a CTA (parity 0).
+template <int kRows, int kBox, int kBytes>
+__device__ __forceinline__ void zero_tail_rows(uint32_t tile, uint32_t landed, uint32_t full, int rows) {
+  mbar_wait(landed, 0);
+  const int lane = threadIdx.x % 32;
+  for (int i = lane; i < kBytes / 16; i += 32)
+    if ((i / (kBox / 16)) % kRows >= rows) sts128_zero(tile + 16 * i);
+  fence_async_smem();
+  __syncwarp();
+  if (lane == 0) mbar_arrive(full);
+}
+__device__ __forceinline__ void stg128(void* addr, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n"
+               :: "l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 __device__ __forceinline__ void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kGroups>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(kGroups) : "memory");
 }
 template <int kGroups>
 __device__ __forceinline__ void wgmma_wait() {
@@ -521,7 +520,7 @@ __device__ __forceinline__ void store_o_rows(const float (&acc_o)[zyfa_cfg::kDv 
       uint4 v;
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(chunk(r, c)) : "memory");
-      if (r < rows) *reinterpret_cast<uint4*>(go + r * row_stride + pass * kPassCols + 8 * c) = v;
+      if (r < rows) stg128(go + r * row_stride + pass * kPassCols + 8 * c, v);
     }
   }
 }

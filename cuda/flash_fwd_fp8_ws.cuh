@@ -21,14 +21,17 @@
 //     same arguments): V -> V^T in a workspace, keys in P's order (FP8 WGMMA reads its B
 //     operand K-major only); the producer's own transpose, by ldmatrix.trans / stmatrix, took
 //     issue slots from the consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
+//   thread 0, as the CTA starts: Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes of 64
+//     bytes x kBlockM rows in the 64B swizzle of the K-blocks) and block 0, the CTA's first
+//     waits, issued before anything else (the producer's cp.async of Q landed about 1,300
+//     cycles later)
 //   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
-//     cp.async Q once (qfull: 128 arrivals once it has landed and is fenced for the async
-//     proxy); then its thread 0 alone, per block into stage n % kStages: K by TMA (the
-//     runtime's tensor map tmap_k: boxes of 64 bytes x 128 keys in the 64B swizzle of the
-//     K-blocks) and V^T (128B-swizzled rows of 128 key bytes, stored so by the pre-pass) by
-//     one bulk copy, each completing its full barrier with its bytes (one arrival that expects
-//     them).  It waits on kempty and vempty before it overwrites a stage, so kStages blocks are
-//     in flight.
+//     its thread 0 alone, per block into stage n % kStages: K by TMA (tmap_k: boxes of 64
+//     bytes x 128 keys) and V^T (128B-swizzled rows of 128 key bytes, stored so by the
+//     pre-pass) by one bulk copy, each completing its full barrier with its bytes (one arrival
+//     that expects them).  It waits on kempty and vempty before it overwrites a stage, so
+//     kStages blocks are in flight.  Warp 2 zeroes the rows of Q past a packed sequence's end
+//     (the next sequence's: zero_tail_rows).
 //   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
 //   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
@@ -87,7 +90,7 @@ constexpr int kTileOnesApart = kOnesInVt ? 0 : kTileOnes;
 constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's accumulators
 constexpr int kBarBytes = 128;
 using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
-static_assert(kStages >= 2 && Bars::kBytes + 8 <= kBarBytes, "the mbarriers' bytes (and qfull)");
+static_assert(kStages >= 2 && Bars::kBytes + 16 <= kBarBytes, "the mbarriers' bytes (and qfull, qlanded)");
 static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
                   kDynamicSmem,
               "smem layout must match the catalogue");
@@ -110,7 +113,8 @@ struct Smem {
   }
   static constexpr int kOnesWords = (kOnesInVt ? kVtStages : 1) * kTileOnes / 4;
   __device__ Bars bars() const { return {q + kBars}; }
-  __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }   // Q landed: 128 arrivals
+  __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }         // Q landed (its tail zeroed)
+  __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 8; }   // a packed tail's Q copy
 };
 
 // ---- the producer --------------------------------------------------------------------------
@@ -124,36 +128,29 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
                                            int h_kv, int krow0, int kbatch) {
   const Bars bars = sm.bars();
   const int n0 = n * kBlockN;
-  mbar_arrive_expect_tx(bars.kfull(s), kDqk * kBlockN);
-#pragma unroll
-  for (int kb = 0; kb < kDqk / 64; ++kb)
-    tma_load_4d(sm.k_at(s) + kb * kBlockN * 64, reinterpret_cast<uint64_t>(p.tmap_k), 64 * kb, h_kv, krow0 + n0,
-                kbatch, bars.kfull(s));
+  tma_tile<kBlockN, kDqk, 64>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0,
+                              kbatch);
   mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
   bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
 }
 
-// Q by the warpgroup's cp.async (qfull: 128 arrivals), the first kStages blocks by thread 0
-// meanwhile; then thread 0 copies block m into its stage once S and PV of block m - kStages
-// have released it, and the other threads are done.  krow0, kbatch: the key row and sequence
-// of the tensor map where this sequence's keys start (packed: its first key and 0).
+// Thread 0 copies block 0 (with Q, start of the kernel) and then block m into its stage once S
+// and PV of block m - kStages have released it; warp 2 zeroes Q's rows past a packed
+// sequence's end (rows_q < kBlockM).  krow0, kbatch: the key row and sequence of the tensor
+// map where this sequence's keys start (packed: its first key and 0).
 template <class P>
-__device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gq, const uint8_t* gvt,
-                                        int rows_q, int h_kv, int krow0, int kbatch, int n_blocks) {
-  if (n_blocks == 0) return;
+__device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gvt, int rows_q, int h_kv,
+                                        int krow0, int kbatch, int n_blocks) {
   const Bars bars = sm.bars();
-  copy_kblocks<kBlockM, kDqk, 64, true>(sm.q, gq, p.q_stride_s, rows_q);
-  cp_async_commit();
-  if (threadIdx.x == 0)
-    for (int m = 0; m < kStages && m < n_blocks; ++m) copy_block(p, sm, m, gvt, m, h_kv, krow0, kbatch);
-  cp_async_wait<0>();
-  fence_async_smem();
-  mbar_arrive(sm.qfull());
+  if (threadIdx.x / 32 == 2 && rows_q < kBlockM)
+    zero_tail_rows<kBlockM, 64, kTileQ>(sm.q, sm.qlanded(), sm.qfull(), rows_q);
   if (threadIdx.x != 0) return;
-  for (int m = kStages; m < n_blocks; ++m) {
+  for (int m = 1; m < n_blocks; ++m) {   // block 0: the kernel's start
     const int s = m % kStages;
-    mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
-    mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
+    if (m >= kStages) {
+      mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
+      mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
+    }
     copy_block(p, sm, s, gvt, m, h_kv, krow0, kbatch);
   }
 }
@@ -280,9 +277,20 @@ __device__ void flash_fwd(const P& p) {
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
   const Bars bars = sm.bars();
+  const bool packed_k = p.cu_seqlens_k != nullptr, packed_q = p.cu_seqlens_q != nullptr;
+  const int krow0 = packed_k ? static_cast<int>(w.seq.k_start) : 0, kbatch = packed_k ? 0 : w.b;
+  const int rows_q = packed_q ? sq - row0 : kBlockM;   // dense: TMA zero-fills past the sequence's rows
+  const uint8_t* gvt = vt_block(p, w.h_kv, vt_column0(p, w.b));
   if (threadIdx.x == 0) {
-    mbar_init(sm.qfull(), 128);
+    mbar_init(sm.qfull(), 1);
+    mbar_init(sm.qlanded(), 1);
     bars.init();
+    if (n_blocks > 0) {
+      tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
+                                  rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
+                                  packed_q ? static_cast<int>(w.seq.q_start) + row0 : row0, packed_q ? 0 : w.b);
+      copy_block(p, sm, 0, gvt, 0, w.h_kv, krow0, kbatch);
+    }
   }
   for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads) sts32(sm.ones_at(i), 0x38383838u);
   fence_async_smem();
@@ -290,10 +298,7 @@ __device__ void flash_fwd(const P& p) {
 
   if (wg == 0) {
     producer_registers();
-    produce(p, sm, static_cast<const uint8_t*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
-            vt_block(p, w.h_kv, vt_column0(p, w.b)), sq - row0, w.h_kv,
-            p.cu_seqlens_k != nullptr ? static_cast<int>(w.seq.k_start) : 0, p.cu_seqlens_k != nullptr ? 0 : w.b, n_blocks);
-    cp_async_wait<0>();
+    if (n_blocks > 0) produce(p, sm, gvt, rows_q, w.h_kv, krow0, kbatch, n_blocks);
     return;
   }
   consumer_registers();

@@ -4,10 +4,12 @@
 // One CTA = a producer and kConsumers consumer warpgroups = 64 kConsumers query rows of one
 // (sequence, query head), kBlockN-key blocks (128, or 64 at d256 where a 128-key S does not
 // fit beside O); three consumers at d64 (192 rows), else two:
+//   thread 0, as the CTA starts: Q (qfull) and K(0) by TMA (the runtime's tensor maps tmap_q,
+//     tmap_k), the CTA's first waits, issued before anything else (the producer's cp.async of Q
+//     landed about 1,300 cycles later)
 //   producer (warpgroup 0, setmaxnreg 40)
-//     cp.async Q once (qfull); then per block K and V into stage n % kStages by TMA (the
-//     runtime's tensor maps tmap_k, tmap_v), each completing its own full barrier with its
-//     bytes, in two streams: lane 0 of warp 0 copies K(n + kStages) once S(n) has released its
+//     per block K and V into stage n % kStages by TMA (tmap_k, tmap_v), each completing its own
+//     full barrier with its bytes, in two streams: lane 0 of warp 0 copies K(n + kStages) once S(n) has released its
 //     stage, lane 0 of warp 1 V(n + kStages) once PV(n) has (PV(n - 1) ends late in block n
 //     where the softmax overlaps it: one stream would hold K back behind V's wait).  Both are
 //     K-major/MN-major tiles of 64-element K-blocks with the 128B swizzle, as they lie in
@@ -62,7 +64,7 @@ constexpr int kTileV = kBlockN * 2 * kDv;
 constexpr int kBarBytes = 128;
 constexpr bool kOverlap = kDv <= 128 && kConsumers == 2;   // the softmax overlaps the warpgroup's own PV
 using Bars = KvBarriers<kStages>;   // kfull, vfull: one arrival, and the copies' bytes
-static_assert(Bars::kBytes + 16 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded)");
+static_assert(Bars::kBytes + 24 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded, qlanded)");
 static_assert(kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 constexpr float kLog2e = 1.4426950408889634f;
@@ -75,8 +77,9 @@ struct Smem {
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t v_at(int s) const { return q + kV + s * kTileV; }
   __device__ Bars bars() const { return {q + kBars}; }
-  __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }        // Q landed: 128 arrivals
-  __device__ uint32_t vlanded() const { return q + kBars + Bars::kBytes + 8; }  // a packed tail's V (tail_v)
+  __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }          // Q landed (and its tail zeroed)
+  __device__ uint32_t vlanded() const { return q + kBars + Bars::kBytes + 8; }    // packed tails (zero_tail_rows):
+  __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 16; }   //   V's and Q's copies
 };
 
 // 2^x, one MUFU.EX2: results below 2^-126 flush to 0 (exp2f adds three instructions per
@@ -100,78 +103,67 @@ ZYFA_WGMMA_WRAPPERS
 
 // ---- the producer --------------------------------------------------------------------------
 
-// K(n) or V(n) into its stage, by one thread: TMA boxes of 64 elements (128 bytes, a K-block of
-// the 128B swizzle) x kBlockN keys of the runtime's tensor map (tmap_k, tmap_v: bytes of
-// (d, hkv, keys, sequences)), zeros past the tensor's end; the copy completes barrier `bar`
-// with its bytes (one arrival that expects them).  In a packed batch the keys past a
-// sequence's end are the next sequence's: masked in S, and zeroed in V (tail_v).
-template <int kCols>
-__device__ __forceinline__ void copy_keys(uint32_t tile, uint64_t tmap, uint32_t bar, int h_kv, int key,
-                                          int kbatch) {
-  mbar_arrive_expect_tx(bar, kBlockN * 2 * kCols);
-#pragma unroll
-  for (int kb = 0; kb < kCols / 64; ++kb)
-    tma_load_4d(tile + kb * kBlockN * 128, tmap, 128 * kb, h_kv, key, kbatch, bar);
-}
-
-// A packed sequence's last block, when the sequence ends inside it (rows from `rows` on): V's
-// stage has landed on `landed` (V(n) was copied onto it instead of vfull); the V stream's warp
-// zeroes those rows (P is exactly 0 there, but the next sequence's values need not be finite),
-// fences them for the async proxy, and its lane 0 completes vfull.
-__device__ __forceinline__ void tail_v(uint32_t tile, uint32_t landed, uint32_t vfull, int rows) {
-  mbar_wait(landed, 0);
-  const int lane = threadIdx.x % 32;
-  constexpr int kChunks = kBlockN * 8 * (kDv / 64);     // 16-byte chunks of the stage
-  for (int i = lane; i < kChunks; i += 32) {
-    const int row = (i / 8) % kBlockN;                   // any chunk of a row: the swizzle stays inside it
-    if (row >= rows) sts128_zero(tile + 16 * i);
-  }
-  fence_async_smem();
-  __syncwarp();
-  if (lane == 0) mbar_arrive(vfull);
-}
-
-// Q by the warpgroup's cp.async (qfull: 128 arrivals once it has landed and is fenced for the
-// async proxy); K and V by two streams, lane 0 of warp 0 issuing K's copies and lane 0 of warp
-// 1 V's: the first kStages blocks while Q is in flight, then block m's K once S(m - kStages)
-// has released its stage, and its V once PV(m - kStages) has.  Each stream waits only for its
-// own stage (PV(n - 1) ends late in block n where the softmax overlaps it: one stream would
-// hold K(n + 1) back behind V's wait).  krow0, kbatch: the key row and sequence of the tensor
-// maps where this sequence's keys start (packed: its first key and 0); sk its keys, `packed`
-// a packed batch.
+// Q and K(0) by thread 0 as the CTA starts (start_copies); then K and V by two streams, lane 0
+// of warp 0 issuing K's copies and lane 0 of warp 1 V's: the first kStages blocks at once, then
+// block m's K once S(m - kStages) has released its stage, and its V once PV(m - kStages) has.
+// Each stream waits only for its own stage (PV(n - 1) ends late in block n where the softmax
+// overlaps it: one stream would hold K(n + 1) back behind V's wait).  Every tile is a TMA copy
+// of the runtime's tensor maps (tmap_q, tmap_k, tmap_v: bytes of (head dim, heads, rows,
+// sequences)), 64-element K-blocks with the 128B swizzle, as they lie in memory (the PV WGMMA
+// transposes V: tnspB), completing its full barrier with its bytes.  In a packed batch the rows
+// past a sequence's end are the next sequence's: for Q and V warp 2 and warp 1 zero them
+// (zero_tail_rows; the copy lands on qlanded / vlanded instead), K's are masked in S (0 times
+// the next sequence's values need not be 0: they need not be finite).  kv: the key/value head
+// and the tensor maps' key row and sequence where this sequence's keys start (packed: its first
+// key and 0); sk its keys.
+struct KvAt {
+  int h, row, seq;
+};
 template <class P>
-__device__ __forceinline__ void produce(const P& p, const Smem& sm, const __nv_bfloat16* gq, int rows_q,
-                                        int h_kv, int krow0, int kbatch, int sk, bool packed, int n_blocks) {
-  if (n_blocks == 0) return;
+__device__ __forceinline__ void copy_k(const P& p, const Smem& sm, const KvAt& kv, int m, int s) {
+  tma_tile<kBlockN, 2 * kDqk, 128>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), sm.bars().kfull(s), kv.h,
+                                   kv.row + m * kBlockN, kv.seq);
+}
+
+// Thread 0, once the barriers are initialised: Q (onto qlanded where a packed sequence ends
+// inside the tile: rows_q < kBlockM) and K(0), the CTA's first wait.  qrow, qseq: the tensor
+// map's row and sequence of the tile's first row.
+template <class P>
+__device__ __forceinline__ void start_copies(const P& p, const Smem& sm, const KvAt& kv, int h, int qrow, int qseq,
+                                             bool q_tail) {
+  tma_tile<kBlockM, 2 * kDqk, 128>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q), q_tail ? sm.qlanded() : sm.qfull(), h,
+                                   qrow, qseq);
+  copy_k(p, sm, kv, 0, 0);
+}
+
+template <class P>
+__device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& kv, int rows_q, int sk, bool packed,
+                                        int n_blocks) {
   const Bars bars = sm.bars();
-  copy_kblocks<kBlockM, kDqk, 128, true>(sm.q, gq, p.q_stride_s, rows_q);
-  cp_async_commit();
   const int warp = threadIdx.x / 32;
   const bool issuer = threadIdx.x % 32 == 0;
-  const auto copy = [&](int m, int s) {
+  if (warp == 2) {
+    if (rows_q < kBlockM) zero_tail_rows<kBlockM, 128, kTileQ>(sm.q, sm.qlanded(), sm.qfull(), rows_q);
+    return;
+  }
+  if (warp > 2) return;
+  const auto copy_v = [&](int m, int s) {
     const int n0 = m * kBlockN;
-    if (warp == 0) {
-      if (issuer)
-        copy_keys<kDqk>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0, kbatch);
-      return;
-    }
     const bool tail = packed && n0 + kBlockN > sk;
     if (issuer)
-      copy_keys<kDv>(sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v), tail ? sm.vlanded() : bars.vfull(s), h_kv,
-                     krow0 + n0, kbatch);
-    if (tail) tail_v(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0);
+      tma_tile<kBlockN, 2 * kDv, 128>(sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
+                                      tail ? sm.vlanded() : bars.vfull(s), kv.h, kv.row + n0, kv.seq);
+    if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0);
   };
-  if (warp < 2)
-    for (int m = 0; m < kStages && m < n_blocks; ++m) copy(m, m);
-  cp_async_wait<0>();
-  fence_async_smem();
-  mbar_arrive(sm.qfull());
-  if (warp >= 2) return;
-  for (int m = kStages; m < n_blocks; ++m) {
+  for (int m = warp == 0 ? 1 : 0; m < n_blocks; ++m) {   // K(0): start_copies
     const int s = m % kStages;
-    if (warp == 0) mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
-    else mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
-    copy(m, s);
+    if (warp == 0) {
+      if (m >= kStages) mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
+      if (issuer) copy_k(p, sm, kv, m, s);
+    } else {
+      if (m >= kStages) mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
+      copy_v(m, s);
+    }
   }
 }
 
@@ -294,19 +286,24 @@ __device__ void flash_fwd(const P& p) {
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
   const Bars bars = sm.bars();
+  const bool packed = p.cu_seqlens_k != nullptr;
+  const KvAt kv{w.h_kv, packed ? static_cast<int>(w.seq.k_start) : 0, packed ? 0 : w.b};
+  const bool packed_q = p.cu_seqlens_q != nullptr;
+  const int rows_q = packed_q ? sq - row0 : kBlockM;   // dense: TMA zero-fills past the sequence's rows
   if (threadIdx.x == 0) {
-    mbar_init(sm.qfull(), 128);
+    mbar_init(sm.qfull(), 1);
     mbar_init(sm.vlanded(), 1);
+    mbar_init(sm.qlanded(), 1);
     bars.init();
+    if (n_blocks > 0)
+      start_copies(p, sm, kv, w.h, packed_q ? static_cast<int>(w.seq.q_start) + row0 : row0, packed_q ? 0 : w.b,
+                   rows_q < kBlockM);
   }
   __syncthreads();
 
   if (wg == 0) {
     producer_registers();
-    const bool packed = p.cu_seqlens_k != nullptr;
-    produce(p, sm, static_cast<const __nv_bfloat16*>(p.q) + w.off.q + static_cast<long long>(row0) * p.q_stride_s,
-            sq - row0, w.h_kv, packed ? static_cast<int>(w.seq.k_start) : 0, packed ? 0 : w.b, sk, packed, n_blocks);
-    cp_async_wait<0>();
+    if (n_blocks > 0) produce(p, sm, kv, rows_q, sk, packed, n_blocks);
     return;
   }
   consumer_registers();

@@ -248,9 +248,10 @@ def _tensor_maps(name: str, entry: dict) -> list[str]:
     for arg, spec in maps:
         a = _ident(arg, f"{name}: argument")
         t = _ident(spec["tensor"], f"{name}: tensor-map tensor")
-        if t not in ("k", "v"):
-            raise HeaderError(f"{name}: a tensor map of {t!r}; the kernels take K and V")
-        d = "d_qk" if t == "k" else "d_v"
+        if t not in ("q", "k", "v"):
+            raise HeaderError(f"{name}: a tensor map of {t!r}; the kernels take Q, K and V")
+        d = "d_v" if t == "v" else "d_qk"
+        heads, rows, total = ("hq", "seqlen_q", "total_q") if t == "q" else ("hkv", "keys", "total_k")
         row = elem * int(var[d])
         box = [int(b) for b in spec["box"]]
         if len(box) != 4:
@@ -258,8 +259,8 @@ def _tensor_maps(name: str, entry: dict) -> list[str]:
         swz = int(spec["swizzle_bytes"])
         scale = "" if elem == 1 else f"{elem} * "
         out += [f"/* `{a}` is a CUtensorMap of {t} for TMA, encoded for each call by cuTensorMapEncodeTiled:",
-                f" * CU_TENSOR_MAP_DATA_TYPE_UINT8 (bytes), rank 4, dims {{{row} (= {scale}{d}), hkv, keys, batch}}",
-                f" * (packed: {{{row}, hkv, total_k, 1}}), strides in bytes {{{scale}{t}_stride_h, {scale}{t}_stride_s,",
+                f" * CU_TENSOR_MAP_DATA_TYPE_UINT8 (bytes), rank 4, dims {{{row} (= {scale}{d}), {heads}, {rows}, batch}}",
+                f" * (packed: {{{row}, {heads}, {total}, 1}}), strides in bytes {{{scale}{t}_stride_h, {scale}{t}_stride_s,",
                 f" * {scale}{t}_stride_b}} (positive multiples of 16), box {{{', '.join(map(str, box))}}}, element strides 1,",
                 f" * CU_TENSOR_MAP_SWIZZLE_{swz}B, no interleave, L2 promotion 128B, OOB fill none; into a",
                 " * 64-byte aligned CUtensorMap, then copied into the struct. */"]

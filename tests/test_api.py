@@ -110,32 +110,46 @@ def refused_before_any_launch(fake, match, *tensors):
     assert len(fake.launches) == n
 
 
-def test_fp8_reads_k_through_a_tensor_map_of_its_own_layout(fake):
-    """sm_90a FP8: K goes to the kernel as a TMA tensor map (the fake driver's encoding is its
-    arguments): d_qk x hkv x keys x sequences bytes at K's strides, 64 x 1 x 128 x 1 boxes in the
-    64B swizzle; a packed batch is one sequence; strides TMA cannot take are refused first."""
+def test_fp8_reads_q_and_k_through_tensor_maps_of_their_own_layouts(fake):
+    """sm_90a FP8: Q and K go to the kernel as TMA tensor maps (the fake driver's encoding is its
+    arguments): d_qk x heads x rows x sequences bytes at their strides, 64 x 1 x block_m (Q: 192
+    rows at d64) or 128 (K) x 1 boxes in the 64B swizzle; a packed batch is one sequence;
+    strides TMA cannot take are refused first."""
     entry = entry_of(Variant("sm_90a", "fp8_e4m3", 64, 64, False))
     q, k, v = arrays((2, 100, 4, 64), (2, 300, 2, 64), (2, 300, 2, 64), dtype="fp8_e4m3")
     flash_attn_func(q, k, v)
-    tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_k"])
-    assert tm == {"ptr": k.ctypes.data, "dims": (64, 2, 300, 2), "strides": (64, 128, 300 * 128),
-                  "box": (64, 1, 128, 1), "swizzle": 64}
+    args = unpack_args(entry, fake.launches[-1].args)
+    assert unpack_tensor_map(args["tmap_k"]) == {"ptr": k.ctypes.data, "dims": (64, 2, 300, 2),
+                                                 "strides": (64, 128, 300 * 128), "box": (64, 1, 128, 1),
+                                                 "swizzle": 64}
+    assert unpack_tensor_map(args["tmap_q"]) == {"ptr": q.ctypes.data, "dims": (64, 4, 100, 2),
+                                                 "strides": (64, 256, 100 * 256), "box": (64, 1, 192, 1),
+                                                 "swizzle": 64}
     qp, kp, vp = packed_pair("fp8_e4m3", 64, 64)
-    tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_k"])
+    args = unpack_args(entry, fake.launches[-1].args)
+    tm = unpack_tensor_map(args["tmap_k"])
     assert tm["ptr"] == kp.ctypes.data and tm["dims"] == (64, 2, 300, 1) and tm["strides"] == (64, 128, 300 * 128)
+    tm = unpack_tensor_map(args["tmap_q"])
+    assert tm["ptr"] == qp.ctypes.data and tm["dims"] == (64, 4, 70, 1) and tm["strides"] == (64, 256, 70 * 256)
     k_shared = np.broadcast_to(k[:1], k.shape)          # one K for both sequences: batch stride 0
     refused_before_any_launch(fake, "positive multiples of 16 bytes", q, k_shared, v)
+    q_shared = np.broadcast_to(q[:, :, :1], q.shape)    # one query head for all four: head stride 0
+    refused_before_any_launch(fake, "q: the sm_90a kernels read Q by TMA", q_shared, k, v)
 
 
-def test_sm90a_bf16_reads_k_and_v_through_tensor_maps_of_their_own_layouts(fake):
-    """sm_90a BF16: K and V go to the kernel as TMA tensor maps over their bytes -- 2 d x hkv x
-    keys x sequences at the tensors' strides in bytes, boxes of 128 bytes (a K-block of the 128B
-    swizzle) x 1 x 128 keys x 1 (64 keys at d256); a packed batch is one sequence; a stride TMA
-    cannot take (a batch stride of 0) is refused, naming the tensor, before anything is launched."""
+def test_sm90a_bf16_reads_q_k_and_v_through_tensor_maps_of_their_own_layouts(fake):
+    """sm_90a BF16: Q, K and V go to the kernel as TMA tensor maps over their bytes -- 2 d x
+    heads x rows x sequences at the tensors' strides in bytes, boxes of 128 bytes (a K-block of
+    the 128B swizzle) x 1 x 128 rows (Q: the CTA's; K, V: 64 keys at d256) x 1; a packed batch
+    is one sequence; a stride TMA cannot take (a batch stride of 0) is refused, naming the
+    tensor, before anything is launched."""
     entry = entry_of(Variant("sm_90a", "bf16", 192, 128, False))
     q, k, v = arrays((2, 100, 4, 192), (2, 300, 2, 192), (2, 300, 2, 128), dtype="bf16")
     flash_attn_func(q, k, v)
     args = unpack_args(entry, fake.launches[-1].args)
+    assert unpack_tensor_map(args["tmap_q"]) == {"ptr": q.ctypes.data, "dims": (384, 4, 100, 2),
+                                                 "strides": (384, 1536, 100 * 1536), "box": (128, 1, 128, 1),
+                                                 "swizzle": 128}
     assert unpack_tensor_map(args["tmap_k"]) == {"ptr": k.ctypes.data, "dims": (384, 2, 300, 2),
                                                  "strides": (384, 768, 300 * 768), "box": (128, 1, 128, 1),
                                                  "swizzle": 128}
@@ -148,8 +162,11 @@ def test_sm90a_bf16_reads_k_and_v_through_tensor_maps_of_their_own_layouts(fake)
     tm = unpack_tensor_map(unpack_args(wide, fake.launches[-1].args)["tmap_v"])
     assert tm["dims"] == (512, 1, 70, 1) and tm["box"] == (128, 1, 64, 1)
     qp, kp, vp = packed_pair("bf16", 192, 128)
-    tm = unpack_tensor_map(unpack_args(entry, fake.launches[-1].args)["tmap_v"])
+    args = unpack_args(entry, fake.launches[-1].args)
+    tm = unpack_tensor_map(args["tmap_v"])
     assert tm["ptr"] == vp.ctypes.data and tm["dims"] == (256, 2, 300, 1) and tm["strides"] == (256, 512, 300 * 512)
+    tm = unpack_tensor_map(args["tmap_q"])
+    assert tm["ptr"] == qp.ctypes.data and tm["dims"] == (384, 4, 70, 1) and tm["strides"] == (384, 1536, 70 * 1536)
     v_shared = np.broadcast_to(v[:1], v.shape)          # one V for both sequences: batch stride 0
     refused_before_any_launch(fake, "v: the sm_90a kernels read V by TMA", q, k, v_shared)
 

@@ -243,7 +243,7 @@ def test_header_carries_the_manifest_values():
     for e in built:
         var, maps = e["variant"], e.get("tensor_maps", {})
         elem = 1 if var["dtype"] == "fp8_e4m3" else 2
-        want = " ".join(f"X({arg}, {sp['tensor']}, {elem * var['d_qk' if sp['tensor'] == 'k' else 'd_v']}, {elem}, "
+        want = " ".join(f"X({arg}, {sp['tensor']}, {elem * var['d_v' if sp['tensor'] == 'v' else 'd_qk']}, {elem}, "
                         f"{', '.join(map(str, sp['box']))}, {sp['swizzle_bytes']})" for arg, sp in sorted(maps.items()))
         line = f"#define ZYFA_{e['name'].upper()}_TENSOR_MAPS(X)" + (f" {want}" if want else "")
         assert re.search(rf"^{re.escape(line)}$", h, re.M), line

@@ -44,10 +44,10 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     assert len(set(names)) == len(names)
     assert ("descale_q" in names) == (v.dtype == "fp8_e4m3")
     assert ("vt" in names) == ("vt_stride_h" in names) == has_vt_prepass(v)
-    # sm_90a reads K by TMA, and BF16 V too (FP8's V^T comes from the pre-pass's workspace)
+    # sm_90a reads Q and K by TMA, and BF16 V too (FP8's V^T comes from the pre-pass's workspace)
     assert [n for n in names if n.startswith("tmap_")] == list(tensor_maps(v))
-    assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else ["tmap_k"] if v.dtype == "fp8_e4m3"
-                                    else ["tmap_k", "tmap_v"])
+    assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else ["tmap_q", "tmap_k"] if v.dtype == "fp8_e4m3"
+                                    else ["tmap_q", "tmap_k", "tmap_v"])
 
 
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():

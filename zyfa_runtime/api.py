@@ -179,24 +179,29 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
 
 
 def _tensor_map(driver, problem: validate.Problem, values: dict, spec: dict) -> bytes:
-    """The sm_90a kernels' TMA tensor map of K or V (``spec["tensor"]``): bytes of (head dim,
-    hkv, keys, sequences), a packed batch as one sequence of total_k keys; box and swizzle as
-    the manifest's ``spec`` (catalogue.tensor_maps).  TMA takes strides in multiples of 16 bytes."""
+    """The sm_90a kernels' TMA tensor map of Q, K or V (``spec["tensor"]``): bytes of (head
+    dim, heads, rows, sequences), a packed batch as one sequence of all its rows; box and
+    swizzle as the manifest's ``spec`` (catalogue.tensor_maps).  TMA takes strides in multiples
+    of 16 bytes."""
     t = spec["tensor"]
     elem = 1 if problem.dtype == "fp8_e4m3" else 2
-    row_bytes = elem * (problem.d_qk if t == "k" else problem.d_v)
-    keys = max(problem.total_k if problem.varlen else problem.seqlen_k, 1)
+    row_bytes = elem * (problem.d_v if t == "v" else problem.d_qk)
+    heads = problem.hq if t == "q" else problem.hkv
+    if t == "q":
+        rows = max(problem.total_q if problem.varlen else problem.seqlen_q, 1)
+    else:
+        rows = max(problem.total_k if problem.varlen else problem.seqlen_k, 1)
     one_sequence = problem.varlen or problem.batch == 1
     # a dimension of one element: its stride is never used, so any valid one stands in
-    row = elem * values[f"{t}_stride_s"] if keys > 1 else problem.hkv * row_bytes
-    strides = (elem * values[f"{t}_stride_h"] if problem.hkv > 1 else row_bytes, row,
-               keys * row if one_sequence else elem * values[f"{t}_stride_b"])
+    row = elem * values[f"{t}_stride_s"] if rows > 1 else heads * row_bytes
+    strides = (elem * values[f"{t}_stride_h"] if heads > 1 else row_bytes, row,
+               rows * row if one_sequence else elem * values[f"{t}_stride_b"])
     bad = [s for s in strides if s <= 0 or s % 16]
     if bad:
         raise ValueError(f"{t}: the sm_90a kernels read {t.upper()} by TMA, which needs its head, row and batch "
                          f"strides to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, "
                          f"{strides[2]} bytes")
-    dims = (row_bytes, problem.hkv, keys, 1 if problem.varlen else problem.batch)
+    dims = (row_bytes, heads, rows, 1 if problem.varlen else problem.batch)
     return driver.tensor_map_u8(values[t], dims, strides, tuple(spec["box"]), spec["swizzle_bytes"])
 
 

@@ -297,14 +297,15 @@ def vt_prepass_symbol(v: Variant) -> str:
 
 def tensor_maps(v: Variant) -> dict:
     """The TMA tensor maps a variant's kernel takes, by argument name: the tensor, the box
-    (innermost first, over the tensor's bytes: the maps are of bytes) and the swizzle in bytes.
-    sm_90a FP8 reads K by TMA, 64 bytes (a K-block of the 64B swizzle) x 1 head x block_n keys x
-    1 sequence a box; BF16 K and V, 128 bytes (a K-block of the 128B swizzle) x 1 x block_n x 1."""
+    (innermost first, over the tensor's bytes: the maps are of bytes, (head dim, heads, rows,
+    sequences)) and the swizzle in bytes.  sm_90a reads Q (block_m rows a box) and K by TMA,
+    FP8 in boxes of 64 bytes (a K-block of the 64B swizzle) x 1 head x block_n keys (block_m
+    rows) x 1 sequence; BF16 Q, K and V in boxes of 128 bytes (a K-block of the 128B swizzle)."""
     if v.vendor != "cuda":
         return {}
-    if v.dtype == "fp8_e4m3":
-        return {"tmap_k": {"tensor": "k", "box": [64, 1, v.tile.block_n, 1], "swizzle_bytes": 64}}
-    return {f"tmap_{t}": {"tensor": t, "box": [128, 1, v.tile.block_n, 1], "swizzle_bytes": 128} for t in "kv"}
+    box, tensors = (64, "qk") if v.dtype == "fp8_e4m3" else (128, "qkv")
+    return {f"tmap_{t}": {"tensor": t, "box": [box, 1, v.tile.block_m if t == "q" else v.tile.block_n, 1],
+                          "swizzle_bytes": box} for t in tensors}
 
 
 def vt_prepass_grid_rule(v: Variant) -> dict:

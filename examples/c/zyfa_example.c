@@ -143,10 +143,10 @@ static const char *cuda_error_string(CUresult r) {
  * kernel's: its bytes, dims {row_bytes, hkv, keys, batch}, strides in bytes (from strides in
  * elements), encoded into a 64-byte aligned CUtensorMap and copied into the struct's field. */
 static CUresult encode_tensor_map(uint64_t *field, CUdeviceptr base, unsigned row_bytes, unsigned elem_bytes,
-                                  int64_t stride_h, int64_t stride_s, int64_t stride_b, int hkv, int keys,
+                                  int64_t stride_h, int64_t stride_s, int64_t stride_b, int heads, int rows,
                                   int batch, const cuuint32_t box[4], int swizzle_bytes) {
   CUtensorMap map;
-  const cuuint64_t dims[4] = {row_bytes, (cuuint64_t)hkv, (cuuint64_t)keys, (cuuint64_t)batch};
+  const cuuint64_t dims[4] = {row_bytes, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batch};
   const cuuint64_t strides[3] = {(cuuint64_t)(stride_h * elem_bytes), (cuuint64_t)(stride_s * elem_bytes),
                                  (cuuint64_t)(stride_b * elem_bytes)};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
@@ -408,11 +408,19 @@ int main(int argc, char **argv) {
   a.softmax_scale = (float)(1.0 / sqrt((double)dqk));
 #ifndef ZYFA_HIP
   /* the sm_90a kernels read K and V by TMA: a tensor map of each (the header's X-macro) */
+/* the heads and rows of each tensor a map can be of */
+#define MAP_HEADS_q hq
+#define MAP_HEADS_k hkv
+#define MAP_HEADS_v hkv
+#define MAP_ROWS_q sq
+#define MAP_ROWS_k sk
+#define MAP_ROWS_v sk
 #define ENCODE_MAP(arg, t, row_bytes, elem_bytes, b0, b1, b2, b3, swizzle)                            \
   {                                                                                                 \
     const cuuint32_t box[4] = {b0, b1, b2, b3};                                                     \
     CHECK(encode_tensor_map(a.arg, (CUdeviceptr)a.t, row_bytes, elem_bytes, a.t##_stride_h,           \
-                            a.t##_stride_s, a.t##_stride_b, hkv, sk, batch, box, swizzle));         \
+                            a.t##_stride_s, a.t##_stride_b, MAP_HEADS_##t, MAP_ROWS_##t, batch, box, \
+                            swizzle));                                                              \
   }
   K_TENSOR_MAPS(ENCODE_MAP)
 #undef ENCODE_MAP
