@@ -83,11 +83,11 @@ def test_output_written_exactly_where_it_lies(v, varlen):
 def test_a_packed_sequence_is_blind_to_the_next_ones_queries_keys_and_values(v):
     """In a packed batch the rows past a sequence's end, to the end of its last query or key
     block, are the next sequence's (the sm_90a kernels copy whole tiles by TMA).  The first
-    sequence's output is bit for bit its output alone, with the next sequence's Q and K all NaN
-    (e4m3) or +inf and NaN (bf16) and its V all NaN (e4m3) or +inf (bf16): P is exactly 0 past
-    the keys, and 0 times those values must not count; the query rows past the end are zeroed
-    (an infinite row would move the softmax reference its warp shares, and alone those rows
-    are zeros)."""
+    sequence's output is bit for bit its output alone, with the next sequence's Q all 448
+    (e4m3) or 512 (bf16), its K all NaN and its V all NaN (e4m3) or +inf (bf16): P is exactly 0
+    past the keys, and 0 times those values must not count; the query rows past the end are
+    zeroed (such a row's scores move the BF16 softmax reference of the warp it shares with the
+    sequence's last rows, and alone those rows are zeros)."""
     from zyfa_runtime import flash_attn_func, flash_attn_varlen_func
     from zyfa_runtime.memory import to_device
     from zyfa_runtime.selfcheck import _quantise
@@ -96,8 +96,8 @@ def test_a_packed_sequence_is_blind_to_the_next_ones_queries_keys_and_values(v):
     q, k, vv = (_quantise(rng.standard_normal((sum(seq), h, d)).astype(np.float32), v.dtype)[0]
                 for h, d in ((hq, v.d_qk), (hkv, v.d_qk), (hkv, v.d_v)))
     bits = np.uint8 if v.dtype == "fp8_e4m3" else np.uint16
-    nan, vbad = (0x7F, 0x7F) if v.dtype == "fp8_e4m3" else (0x7FC0, 0x7F80)
-    q.view(bits)[seq[0]:] = vbad
+    nan, vbad, qbig = (0x7F, 0x7F, 0x7E) if v.dtype == "fp8_e4m3" else (0x7FC0, 0x7F80, 0x4400)
+    q.view(bits)[seq[0]:] = qbig
     k.view(bits)[seq[0]:] = nan
     vv.view(bits)[seq[0]:] = vbad
     dev = [to_device(DRIVER, 0, x, v.dtype) for x in (q, k, vv)]
