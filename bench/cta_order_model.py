@@ -9,6 +9,15 @@ first), heads first (a sequence's heads' heaviest row blocks, then their next, s
 sequence) and sequences first (a head's sequences' heaviest row blocks, then their next, head
 after head).  No GPU: it models only the order, not the L2 traffic that the last two add.
 
+Then persistent CTAs (one an SM, each taking tile after tile), against the launch as it is,
+both over the sequences-first order: tiles taken from a counter as CTAs come free (dynamic),
+or dealt in the order's rounds of SMS tiles, every other round in reverse (snake: no counter
+to reset between launches).  A tile costs `overhead` blocks' time beside its own: the launch
+as it is, 3.6 (traced on the H200 at 4k tokens, bench/results/2026-12-01_h200_q_tma_ab093e0/
+cta_trace); persistent, an assumed 1.5 (its next tile's copies and S(0) overlapping this
+tile's end; FlashAttention-3's causal 4k rate implies about 1.9).  Non-causal shapes are
+balanced either way (equal tiles); what a persistent kernel would gain there is the overhead.
+
     python bench/cta_order_model.py
 """
 from __future__ import annotations
@@ -45,12 +54,35 @@ def model(seqlen: int, rows: int, seqs: int, heads: int, overhead: float) -> dic
     return {name: makespan(order, duration) / ideal for name, order in orders.items()}
 
 
+def persistent(seqlen: int, rows: int, seqs: int, heads: int, now: float, overlapped: float
+               ) -> dict[str, float]:
+    """Time of the causal launch as it is (`now` blocks a tile beside its own) over that of
+    persistent CTAs (`overlapped`), dynamic and snake, the sequences-first order."""
+    blocks = -(-seqlen // rows)
+    def duration(m):
+        return min(seqlen, (blocks - m) * rows) / 128
+    order = [m for h in range(heads) for m in range(blocks) for b in range(seqs)]
+    def static_snake(c):
+        load = [0.0] * SMS
+        for i, m in enumerate(order):
+            r, k = divmod(i, SMS)
+            load[SMS - 1 - k if r % 2 else k] += duration(m) + c
+        return max(load)
+    base = makespan(order, lambda m: duration(m) + now)
+    return {"dynamic": base / makespan(order, lambda m: duration(m) + overlapped),
+            "snake": base / static_snake(overlapped)}
+
+
 def main() -> None:
     for overhead in (0.5, 2.0):
         print(f"CTA overhead = {overhead} blocks' time; makespan / ideal")
         for label, s, rows, seqs, heads in SHAPES:
             r = model(s, rows, seqs, heads, overhead)
             print(f"  {label:30s}" + "  ".join(f"{k}: {v:.3f}" for k, v in r.items()))
+    print("causal, persistent CTAs (tile overhead 1.5 blocks) against the launch as it is (3.6): speed-up")
+    for label, s, rows, seqs, heads in SHAPES:
+        r = persistent(s, rows, seqs, heads, 3.6, 1.5)
+        print(f"  {label:30s}" + "  ".join(f"{k}: {v:.3f}" for k, v in r.items()))
 
 
 if __name__ == "__main__":
