@@ -306,8 +306,6 @@ __device__ __forceinline__ void tma_tile(uint32_t tile, uint64_t tmap, uint32_t 
 __device__ __forceinline__ void sts128_zero(uint32_t addr) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(0) : "memory");
 }
-// 16 bytes to global memory, as one store (a uint4 assignment through a cast pointer was split
-// into four 4-byte stores in the BF16 kernels).
 // A packed sequence's tile that runs past its end (rows from `rows` on are the next sequence's):
 // once it has landed on `landed` (its copies completed there instead of on `full`), one warp
 // zeroes those rows of its K-blocks (kRows rows of kBox bytes each, kBytes in all; any swizzle
@@ -323,6 +321,8 @@ __device__ __forceinline__ void zero_tail_rows(uint32_t tile, uint32_t landed, u
   __syncwarp();
   if (lane == 0) mbar_arrive(full);
 }
+// 16 bytes to global memory, as one store (a uint4 assignment through a cast pointer was split
+// into four 4-byte stores in the BF16 kernels).
 __device__ __forceinline__ void stg128(void* addr, const uint4& v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n"
                :: "l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");

@@ -139,8 +139,8 @@ static const char *cuda_error_string(CUresult r) {
 }
 #define DRV_ERROR_STRING(r) cuda_error_string(r)
 
-/* A TMA tensor map of a dense (batch, keys, hkv, d) tensor, as zyfa_kernels.h describes the
- * kernel's: its bytes, dims {row_bytes, hkv, keys, batch}, strides in bytes (from strides in
+/* A TMA tensor map of a dense (batch, rows, heads, d) tensor, as zyfa_kernels.h describes the
+ * kernel's: its bytes, dims {row_bytes, heads, rows, batch}, strides in bytes (from strides in
  * elements), encoded into a 64-byte aligned CUtensorMap and copied into the struct's field. */
 static CUresult encode_tensor_map(uint64_t *field, CUdeviceptr base, unsigned row_bytes, unsigned elem_bytes,
                                   int64_t stride_h, int64_t stride_s, int64_t stride_b, int heads, int rows,
@@ -407,8 +407,8 @@ int main(int argc, char **argv) {
   a.seqlen_k = sk;
   a.softmax_scale = (float)(1.0 / sqrt((double)dqk));
 #ifndef ZYFA_HIP
-  /* the sm_90a kernels read K and V by TMA: a tensor map of each (the header's X-macro) */
-/* the heads and rows of each tensor a map can be of */
+  /* the sm_90a kernels read Q, K (and BF16's V) by TMA: a tensor map of each (the header's
+     X-macro), over the heads and rows of its tensor */
 #define MAP_HEADS_q hq
 #define MAP_HEADS_k hkv
 #define MAP_HEADS_v hkv
