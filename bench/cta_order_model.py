@@ -17,6 +17,8 @@ as it is, 3.6 (traced on the H200 at 4k tokens, bench/results/2026-12-01_h200_q_
 cta_trace); persistent, an assumed 1.5 (its next tile's copies and S(0) overlapping this
 tile's end; FlashAttention-3's causal 4k rate implies about 1.9).  Non-causal shapes are
 balanced either way (equal tiles); what a persistent kernel would gain there is the overhead.
+Last, CTAs of two row blocks each (m and M - 1 - m of one sequence and head), the cheaper
+variant: no counter, but CTAs of equal weight quantise into waves.
 
     python bench/cta_order_model.py
 """
@@ -73,6 +75,23 @@ def persistent(seqlen: int, rows: int, seqs: int, heads: int, now: float, overla
             "snake": base / static_snake(overlapped)}
 
 
+def paired(seqlen: int, rows: int, seqs: int, heads: int, now: float, inner: float) -> dict[str, float]:
+    """Time of the launch as it is over that of CTAs that each take two row blocks of one
+    (sequence, head), m and M - 1 - m (causal: the heaviest with the lightest, every pair the
+    same weight; no counter), the second tile costing `inner` blocks beside its own."""
+    blocks = -(-seqlen // rows)
+    def duration(m):
+        return min(seqlen, (blocks - m) * rows) / 128
+    def pair(c):
+        return duration(c) + (duration(blocks - 1 - c) + inner if blocks - 1 - c > c else 0.0)
+    singles = [m for h in range(heads) for m in range(blocks) for b in range(seqs)]
+    pairs = [c for h in range(heads) for c in range((blocks + 1) // 2) for b in range(seqs)]
+    full = seqlen / 128
+    return {"causal": makespan(singles, lambda m: duration(m) + now) / makespan(pairs, lambda c: pair(c) + now),
+            "non-causal": makespan(singles, lambda m: full + now)
+            / makespan(pairs, lambda c: full + (full + inner if blocks - 1 - c > c else 0.0) + now)}
+
+
 def main() -> None:
     for overhead in (0.5, 2.0):
         print(f"CTA overhead = {overhead} blocks' time; makespan / ideal")
@@ -82,6 +101,10 @@ def main() -> None:
     print("causal, persistent CTAs (tile overhead 1.5 blocks) against the launch as it is (3.6): speed-up")
     for label, s, rows, seqs, heads in SHAPES:
         r = persistent(s, rows, seqs, heads, 3.6, 1.5)
+        print(f"  {label:30s}" + "  ".join(f"{k}: {v:.3f}" for k, v in r.items()))
+    print("two row blocks a CTA (m, M - 1 - m; 1.5 blocks inside the pair) against the launch as it is: speed-up")
+    for label, s, rows, seqs, heads in SHAPES:
+        r = paired(s, rows, seqs, heads, 3.6, 1.5)
         print(f"  {label:30s}" + "  ".join(f"{k}: {v:.3f}" for k, v in r.items()))
 
 
