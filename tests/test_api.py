@@ -110,6 +110,17 @@ def refused_before_any_launch(fake, match, *tensors):
     assert len(fake.launches) == n
 
 
+def dense_map(x, dims, strides, box):
+    """A tensor map as the fake driver decodes it: over x's bytes, swizzled by the box's width."""
+    return {"ptr": x.ctypes.data, "dims": dims, "strides": strides, "box": box, "swizzle": box[0]}
+
+
+def packed_map(args, name):
+    """A packed batch's tensor map argument: its pointer, dims and strides."""
+    tm = unpack_tensor_map(args[name])
+    return tm["ptr"], tm["dims"], tm["strides"]
+
+
 def test_fp8_reads_q_and_k_through_tensor_maps_of_their_own_layouts(fake):
     """sm_90a FP8: Q and K go to the kernel as TMA tensor maps (the fake driver's encoding is its
     arguments): d_qk x heads x rows x sequences bytes at their strides, 64 x 1 x block_m (Q: 192
@@ -119,18 +130,12 @@ def test_fp8_reads_q_and_k_through_tensor_maps_of_their_own_layouts(fake):
     q, k, v = arrays((2, 100, 4, 64), (2, 300, 2, 64), (2, 300, 2, 64), dtype="fp8_e4m3")
     flash_attn_func(q, k, v)
     args = unpack_args(entry, fake.launches[-1].args)
-    assert unpack_tensor_map(args["tmap_k"]) == {"ptr": k.ctypes.data, "dims": (64, 2, 300, 2),
-                                                 "strides": (64, 128, 300 * 128), "box": (64, 1, 128, 1),
-                                                 "swizzle": 64}
-    assert unpack_tensor_map(args["tmap_q"]) == {"ptr": q.ctypes.data, "dims": (64, 4, 100, 2),
-                                                 "strides": (64, 256, 100 * 256), "box": (64, 1, 192, 1),
-                                                 "swizzle": 64}
+    assert unpack_tensor_map(args["tmap_k"]) == dense_map(k, (64, 2, 300, 2), (64, 128, 300 * 128), (64, 1, 128, 1))
+    assert unpack_tensor_map(args["tmap_q"]) == dense_map(q, (64, 4, 100, 2), (64, 256, 100 * 256), (64, 1, 192, 1))
     qp, kp, vp = packed_pair("fp8_e4m3", 64, 64)
     args = unpack_args(entry, fake.launches[-1].args)
-    tm = unpack_tensor_map(args["tmap_k"])
-    assert tm["ptr"] == kp.ctypes.data and tm["dims"] == (64, 2, 300, 1) and tm["strides"] == (64, 128, 300 * 128)
-    tm = unpack_tensor_map(args["tmap_q"])
-    assert tm["ptr"] == qp.ctypes.data and tm["dims"] == (64, 4, 70, 1) and tm["strides"] == (64, 256, 70 * 256)
+    assert packed_map(args, "tmap_k") == (kp.ctypes.data, (64, 2, 300, 1), (64, 128, 300 * 128))
+    assert packed_map(args, "tmap_q") == (qp.ctypes.data, (64, 4, 70, 1), (64, 256, 70 * 256))
     k_shared = np.broadcast_to(k[:1], k.shape)          # one K for both sequences: batch stride 0
     refused_before_any_launch(fake, "positive multiples of 16 bytes", q, k_shared, v)
     q_shared = np.broadcast_to(q[:, :, :1], q.shape)    # one query head for all four: head stride 0
@@ -147,15 +152,10 @@ def test_sm90a_bf16_reads_q_k_and_v_through_tensor_maps_of_their_own_layouts(fak
     q, k, v = arrays((2, 100, 4, 192), (2, 300, 2, 192), (2, 300, 2, 128), dtype="bf16")
     flash_attn_func(q, k, v)
     args = unpack_args(entry, fake.launches[-1].args)
-    assert unpack_tensor_map(args["tmap_q"]) == {"ptr": q.ctypes.data, "dims": (384, 4, 100, 2),
-                                                 "strides": (384, 1536, 100 * 1536), "box": (128, 1, 128, 1),
-                                                 "swizzle": 128}
-    assert unpack_tensor_map(args["tmap_k"]) == {"ptr": k.ctypes.data, "dims": (384, 2, 300, 2),
-                                                 "strides": (384, 768, 300 * 768), "box": (128, 1, 128, 1),
-                                                 "swizzle": 128}
-    assert unpack_tensor_map(args["tmap_v"]) == {"ptr": v.ctypes.data, "dims": (256, 2, 300, 2),
-                                                 "strides": (256, 512, 300 * 512), "box": (128, 1, 128, 1),
-                                                 "swizzle": 128}
+    box = (128, 1, 128, 1)
+    assert unpack_tensor_map(args["tmap_q"]) == dense_map(q, (384, 4, 100, 2), (384, 1536, 100 * 1536), box)
+    assert unpack_tensor_map(args["tmap_k"]) == dense_map(k, (384, 2, 300, 2), (384, 768, 300 * 768), box)
+    assert unpack_tensor_map(args["tmap_v"]) == dense_map(v, (256, 2, 300, 2), (256, 512, 300 * 512), box)
     wide = entry_of(Variant("sm_90a", "bf16", 256, 256, True))
     qw, kw, vw = arrays((1, 70, 2, 256), (1, 70, 1, 256), (1, 70, 1, 256), dtype="bf16")
     flash_attn_func(qw, kw, vw, causal=True)
@@ -163,10 +163,8 @@ def test_sm90a_bf16_reads_q_k_and_v_through_tensor_maps_of_their_own_layouts(fak
     assert tm["dims"] == (512, 1, 70, 1) and tm["box"] == (128, 1, 64, 1)
     qp, kp, vp = packed_pair("bf16", 192, 128)
     args = unpack_args(entry, fake.launches[-1].args)
-    tm = unpack_tensor_map(args["tmap_v"])
-    assert tm["ptr"] == vp.ctypes.data and tm["dims"] == (256, 2, 300, 1) and tm["strides"] == (256, 512, 300 * 512)
-    tm = unpack_tensor_map(args["tmap_q"])
-    assert tm["ptr"] == qp.ctypes.data and tm["dims"] == (384, 4, 70, 1) and tm["strides"] == (384, 1536, 70 * 1536)
+    assert packed_map(args, "tmap_v") == (vp.ctypes.data, (256, 2, 300, 1), (256, 512, 300 * 512))
+    assert packed_map(args, "tmap_q") == (qp.ctypes.data, (384, 4, 70, 1), (384, 1536, 70 * 1536))
     v_shared = np.broadcast_to(v[:1], v.shape)          # one V for both sequences: batch stride 0
     refused_before_any_launch(fake, "v: the sm_90a kernels read V by TMA", q, k, v_shared)
 

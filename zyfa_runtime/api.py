@@ -187,10 +187,8 @@ def _tensor_map(driver, problem: validate.Problem, values: dict, spec: dict) -> 
     elem = 1 if problem.dtype == "fp8_e4m3" else 2
     row_bytes = elem * (problem.d_v if t == "v" else problem.d_qk)
     heads = problem.hq if t == "q" else problem.hkv
-    if t == "q":
-        rows = max(problem.total_q if problem.varlen else problem.seqlen_q, 1)
-    else:
-        rows = max(problem.total_k if problem.varlen else problem.seqlen_k, 1)
+    total, seqlen = (problem.total_q, problem.seqlen_q) if t == "q" else (problem.total_k, problem.seqlen_k)
+    rows = max(total if problem.varlen else seqlen, 1)
     one_sequence = problem.varlen or problem.batch == 1
     # a dimension of one element: its stride is never used, so any valid one stands in
     row = elem * values[f"{t}_stride_s"] if rows > 1 else heads * row_bytes
