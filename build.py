@@ -37,7 +37,8 @@ from generator import c_header, codeobject, kernel_source, toolchain  # noqa: E4
 from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
-                                    buildable, grid_rule, has_vt_prepass, iter_select, kernarg_size,
+                                    PERSISTENT_COUNTER_BYTES, buildable, grid_rule, has_vt_prepass,
+                                    iter_select, kernarg_size, tiles_rule,
                                     kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
 
 MANIFEST_FORMAT = 1
@@ -80,6 +81,10 @@ def inspect(v: Variant, image: bytes) -> dict:
             raise BuildError(f"{v.name}: parameter layout {got} of {symbol} in the cubin differs "
                              f"from the catalogue's {expected}")
     meta = kernels[v.symbol]
+    if meta["param_size"] != kernarg_size(kernargs(v)):
+        # cuLaunchKernel refuses an argument buffer of another size (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES)
+        raise BuildError(f"{v.name}: the cubin's parameters take {meta['param_size']} bytes, the catalogue's "
+                         f"argument buffer {kernarg_size(kernargs(v))}: end the argument list on 8 bytes")
     return {"kernarg_size": kernarg_size(kernargs(v)),
             "static_shared": meta.get("shared_static", 0),
             "registers": {"reg": meta["registers"]},
@@ -107,6 +112,8 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         "registers": info["registers"],
         "scratch_bytes": info["scratch"],
         **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
+        **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
+           if v.tile.persistent else {}),
         **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
     }
 

@@ -87,7 +87,7 @@ __device__ __forceinline__ uint3 cta_index_again() {
 
 // False when the CTA has no query rows (its block lies past the end of a shorter sequence).
 template <class P>
-__device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta = blockIdx) {
+__device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta, uint3 grid) {
   using namespace zyfa_cfg;
   int m_block = cta.x;
   w.h = cta.y;
@@ -98,9 +98,9 @@ __device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta = blo
     // (sequences, blocks, hq) sequences first.  Where the grid's shape fits more than one
     // reading, those readings' shapes are the same, and either covers every (block, head,
     // sequence) once (tests/test_catalogue.py reads every order's grid so).
-    const bool seqs_first = gridDim.x == p.batch && gridDim.z == p.hq;
-    const bool heads_first = !seqs_first && gridDim.y != p.hq;
-    m_block = (seqs_first || heads_first ? gridDim.y - 1 - cta.y : gridDim.x - 1 - cta.x);
+    const bool seqs_first = grid.x == p.batch && grid.z == p.hq;
+    const bool heads_first = !seqs_first && grid.y != p.hq;
+    m_block = (seqs_first || heads_first ? grid.y - 1 - cta.y : grid.x - 1 - cta.x);
     w.h = seqs_first ? cta.z : heads_first ? cta.x : cta.y;
     w.b = seqs_first ? cta.x : cta.z;
   }
@@ -114,6 +114,11 @@ __device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta = blo
   if constexpr (kCausal) n_end = min(w.seq.sk, w.row0 + kBlockM + w.diag);
   w.n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
   return true;
+}
+// The CTA's own: its index in the launch's grid.
+template <class P>
+__device__ __forceinline__ bool cta_work(const P& p, CtaWork& w, uint3 cta = blockIdx) {
+  return cta_work(p, w, cta, make_uint3(gridDim.x, gridDim.y, gridDim.z));
 }
 
 // Scores outside the sequence (col >= sk) or above the causal diagonal -> -inf, in a WGMMA
@@ -222,6 +227,14 @@ __device__ __forceinline__ void keep_operands(const uint32_t (&r)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" :: "r"(r[i]));
 }
+// An empty asm that "reads and writes" accumulators before a turn's wgmma.fence: what defines
+// them stays before the fence (else ptxas has to add one after it, and where that is on a
+// divergent path it serialises the products).
+template <int kN>
+__device__ __forceinline__ void fence_accumulators(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
 __device__ __forceinline__ void fence_async_smem() {   // generic smem writes -> WGMMA reads
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -310,10 +323,11 @@ __device__ __forceinline__ void sts128_zero(uint32_t addr) {
 // once it has landed on `landed` (its copies completed there instead of on `full`), one warp
 // zeroes those rows of its K-blocks (kRows rows of kBox bytes each, kBytes in all; any swizzle
 // keeps a row's chunks inside it), fences them for the async proxy, and its lane 0 arrives on
-// `full`.  `landed` serves one tile a CTA (parity 0).
+// `full`.  parity: the phase of `landed` to wait for (0 where it serves one tile a CTA).
 template <int kRows, int kBox, int kBytes>
-__device__ __forceinline__ void zero_tail_rows(uint32_t tile, uint32_t landed, uint32_t full, int rows) {
-  mbar_wait(landed, 0);
+__device__ __forceinline__ void zero_tail_rows(uint32_t tile, uint32_t landed, uint32_t full, int rows,
+                                               uint32_t parity = 0) {
+  mbar_wait(landed, parity);
   const int lane = threadIdx.x % 32;
   for (int i = lane; i < kBytes / 16; i += 32)
     if ((i / (kBox / 16)) % kRows >= rows) sts128_zero(tile + 16 * i);

@@ -3,7 +3,9 @@
 //
 // One CTA = a producer and kConsumers consumer warpgroups = 64 kConsumers query rows of one
 // (sequence, query head), kBlockN-key blocks (128, or 64 at d256 where a 128-key S does not
-// fit beside O); three consumers at d64 (192 rows), else two:
+// fit beside O); three consumers at d64 (192 rows), else two.  At d128 the CTAs are persistent
+// (kPersistent, `persistent` below): one an SM, taking such tiles in turn.  A CTA a tile
+// (one_tile):
 //   thread 0, as the CTA starts: Q (qfull) and K(0) by TMA (the runtime's tensor maps tmap_q,
 //     tmap_k), the CTA's first waits, issued before anything else (by the producer's cp.async
 //     after the CTA's barrier, the consumers saw Q about 350 cycles later at 4k tokens)
@@ -66,15 +68,18 @@ constexpr int kBarBytes = 128;
 constexpr bool kOverlap = kDv <= 128 && kConsumers == 2;   // the softmax overlaps the warpgroup's own PV
 using Bars = KvBarriers<kStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(Bars::kBytes + 24 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded, qlanded)");
-static_assert(kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
+constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's Q copied during this one
+static_assert(kQBuffers * kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
+static_assert(!kPersistent || kOverlap, "persistent CTAs: the schedule of d_v <= 128 with two consumers");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
-  static constexpr uint32_t kK = kTileQ, kV = kK + kStages * kTileK, kBars = kV + kStages * kTileV;
+  static constexpr uint32_t kK = kQBuffers * kTileQ, kV = kK + kStages * kTileK, kBars = kV + kStages * kTileV;
   uint32_t q;
+  __device__ uint32_t q_at(int b) const { return q + b * kTileQ; }
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t v_at(int s) const { return q + kV + s * kTileV; }
   __device__ Bars bars() const { return {q + kBars}; }
@@ -126,15 +131,34 @@ __device__ __forceinline__ void copy_k(const P& p, const Smem& sm, const KvAt& k
                                    kv.row + m * kBlockN, kv.seq);
 }
 
+// A Q tile into the buffer at dst, completing bar: the tensor map's head h, row qrow, sequence qseq.
+template <class P>
+__device__ __forceinline__ void copy_q(const P& p, uint32_t dst, uint32_t bar, int h, int qrow, int qseq) {
+  tma_tile<kBlockM, 2 * kDqk, 128>(dst, reinterpret_cast<uint64_t>(p.tmap_q), bar, h, qrow, qseq);
+}
+
 // Thread 0, once the barriers are initialised: Q (onto qlanded where a packed sequence ends
 // inside the tile: rows_q < kBlockM) and K(0), the CTA's first wait.  qrow, qseq: the tensor
 // map's row and sequence of the tile's first row.
 template <class P>
 __device__ __forceinline__ void start_copies(const P& p, const Smem& sm, const KvAt& kv, int h, int qrow, int qseq,
                                              bool q_tail) {
-  tma_tile<kBlockM, 2 * kDqk, 128>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q), q_tail ? sm.qlanded() : sm.qfull(), h,
-                                   qrow, qseq);
+  copy_q(p, sm.q, q_tail ? sm.qlanded() : sm.qfull(), h, qrow, qseq);
   copy_k(p, sm, kv, 0, 0);
+}
+
+// V(m) into stage s by the V stream's warp (lane 0 issuing); where a packed sequence ends
+// inside the block (tail) onto vlanded, whose phase `parity` the warp waits for, then zeroes
+// the rows past the sequence's end and completes vfull.
+template <class P>
+__device__ __forceinline__ void copy_v(const P& p, const Smem& sm, const KvAt& kv, int m, int s, int sk, bool tail,
+                                       uint32_t parity) {
+  const int n0 = m * kBlockN;
+  const Bars bars = sm.bars();
+  if (threadIdx.x % 32 == 0)
+    tma_tile<kBlockN, 2 * kDv, 128>(sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
+                                    tail ? sm.vlanded() : bars.vfull(s), kv.h, kv.row + n0, kv.seq);
+  if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0, parity);
 }
 
 template <class P>
@@ -148,14 +172,6 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& 
     return;
   }
   if (warp > 2) return;
-  const auto copy_v = [&](int m, int s) {
-    const int n0 = m * kBlockN;
-    const bool tail = packed && n0 + kBlockN > sk;
-    if (issuer)
-      tma_tile<kBlockN, 2 * kDv, 128>(sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
-                                      tail ? sm.vlanded() : bars.vfull(s), kv.h, kv.row + n0, kv.seq);
-    if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0);
-  };
   for (int m = warp == 0 ? 1 : 0; m < n_blocks; ++m) {   // K(0): start_copies
     const int s = m % kStages;
     if (warp == 0) {
@@ -163,7 +179,7 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& 
       if (issuer) copy_k(p, sm, kv, m, s);
     } else {
       if (m >= kStages) mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
-      copy_v(m, s);
+      copy_v(p, sm, kv, m, s, sk, packed && (m + 1) * kBlockN > sk, 0);
     }
   }
 }
@@ -182,11 +198,15 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t s
   wgmma_commit();
 }
 
-// O += P V(stage), P from registers, issued and committed.
-__device__ __forceinline__ void issue_pv(float (&acc_o)[kDv / 2], const uint32_t (&pa)[kBlockN / 4], uint32_t sV) {
+// O += P V(stage), P from registers, issued and committed; O = P V where not `accumulate`
+// (a persistent CTA's first block of a tile: O zeroed in registers, the compiler moved the
+// zeros next to the WGMMA and ptxas serialised the products).
+__device__ __forceinline__ void issue_pv(float (&acc_o)[kDv / 2], const uint32_t (&pa)[kBlockN / 4], uint32_t sV,
+                                         bool accumulate = true) {
   const uint64_t dv = desc_mnmajor(sV, kBlockN * 128);
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_pv(acc_o, pa + 4 * kk, desc_advance(dv, kk * 16 * 128));
+  for (int kk = 0; kk < kBlockN / 16; ++kk)
+    wgmma_pv(acc_o, pa + 4 * kk, desc_advance(dv, kk * 16 * 128), kk > 0 || accumulate);
   wgmma_commit();
 }
 
@@ -278,7 +298,7 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
 }
 
 template <class P>
-__device__ void flash_fwd(const P& p) {
+__device__ void one_tile(const P& p) {
   const Smem sm{smem_base_1024()};
 
   const int wg = threadIdx.x / 128;
@@ -406,6 +426,364 @@ __device__ void flash_fwd(const P& p) {
   }
 
   write_rows(p, w, acc_o, l_run, m_run, r_lo, wg_row0, cw, sQg);
+}
+
+// ---- persistent CTAs (kPersistent) -----------------------------------------------------------
+//
+// One CTA an SM (the grid: the SMs, or the tiles where there are fewer), each taking tiles in
+// turn -- a tile is what one_tile's CTA does: 128 query rows of one sequence and head -- its
+// first its blockIdx.x, the next ones from the counter at tile_counter (atomicAdd, past the
+// grid's own), in the order of their linear index over the grid of tiles (tiles_x, tiles_y,
+// tiles_z: catalogue.tiles_rule, heaviest first where causal), so that the SMs that finish
+// early take more.  The next tile's Q and K(0) are copied during this tile (Q x 2 in shared
+// memory), and one consumer's epilogue runs while the other's last products do, where a CTA
+// a tile left the SM's tensor core idle from the last epilogue to the next CTA's S(0) (traced
+// at 4k tokens causal: about 3.4 blocks' time a tile).
+//   thread 0, the scheduler and K's stream: per tile j its K blocks, then the next tile, taken
+//     from the counter once tile j's last K is copied (two blocks before its end: taken as the
+//     tile started, a CTA held its next tile a whole tile long and at 16k tokens causal the SMs
+//     finished 3 % apart), published in slot (j + 1) % 2 (its work, or the end) once tile
+//     j - 1 has released the slot (qempty: its epilogue done, the other readers past it), and
+//     its Q copied into buffer (j + 1) % 2.  The last CTA to finish zeroes the counter.
+//   warp 1, V's stream: per tile its V blocks.  Warp 2 (a packed Q): the rows past a
+//     sequence's end zeroed.  The K/V ring runs on over the tiles, each tile from stage 0
+//     (TileRing).
+//   consumers: per tile, S(0) in a turn of its own, the blocks as one_tile's overlapped
+//     schedule takes them, the epilogue (O through the tile's Q buffer).  Tiles without keys
+//     (an empty key sequence) are written out (O = 0, LSE = -inf) without a turn.  Consumer 1
+//     arrives once on consumer 0's barrier before its first turn and every turn is handed
+//     over; at the end consumer 0 takes the last hand-over.  (The next tile's S(0) issued in
+//     the tile's last turn instead, with the last PV, ran 3-7 % slower: to keep its WGMMA
+//     unconditional the last turn issued an S whether or not a tile followed, and the main
+//     loop's code changed with it.)
+struct Sched {
+  uint64_t tfull[2];    // slot b published (the scheduler's arrival)
+  uint64_t qempty[2];   // slot b and Q buffer b free: each consumer warp, V's stream, warp 2 (packed Q)
+  uint64_t qfull[2];    // Q buffer b landed (its rows past a packed sequence's end zeroed)
+  uint64_t qlanded[2];  // the copy of a packed sequence's last Q tile into buffer b
+  CtaWork work[2];      // the tile in slot b; n_blocks < 0: the end
+};
+__device__ __forceinline__ uint32_t shared_addr(const void* x) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(x));
+}
+
+// The K/V ring over a persistent CTA's tiles: each tile starts at stage 0 (its block n in
+// stage n % 2), so that a block's stage, and the WGMMA descriptors of its K and V, follow from
+// n alone (with the stage counted over the CTA's blocks, ptxas kept it, and the descriptors,
+// in per-thread registers: an R2UR per WGMMA, the main loop 4 % slower).  Phases are counted
+// per stage: bit s of `phases` the parity of stage s's uses by the tiles before, of `used`
+// whether it has had any.
+struct TileRing {
+  static_assert(kStages == 2, "two stages");
+  uint32_t phases = 0, used = 0;
+  __device__ uint32_t full_parity(int n) const { return ((phases >> (n & 1)) ^ (n >> 1)) & 1u; }
+  // Whether block n's stage was filled before (its empty barrier to be waited for), and the parity.
+  __device__ bool refill(int n) const { return n >= 2 || ((used >> (n & 1)) & 1u); }
+  __device__ uint32_t empty_parity(int n) const { return full_parity(n) ^ 1u; }
+  __device__ void end_tile(int n_blocks) {
+    phases ^= (static_cast<uint32_t>(n_blocks + 1) >> 1 & 1u) | (static_cast<uint32_t>(n_blocks) >> 1 & 1u) << 1;
+    used |= n_blocks >= 2 ? 3u : static_cast<uint32_t>(n_blocks);
+  }
+};
+
+// Tile t's work (false where its rows lie past its sequence's end).
+template <class P>
+__device__ __forceinline__ bool tile_work(const P& p, int t, CtaWork& w) {
+  const uint3 grid = make_uint3(p.tiles_x, p.tiles_y, p.tiles_z);
+  const uint32_t u = t, xy = grid.x * grid.y;
+  return cta_work(p, w, make_uint3(u % grid.x, u % xy / grid.x, u / xy), grid);
+}
+
+// The tiles of a launch, thread 0's: counter[0] the tiles taken past the grid's, counter[1]
+// the CTAs finished.
+template <class P>
+struct TileQueue {
+  const P& p;
+  unsigned* counter;
+  int n_tiles;
+  __device__ explicit TileQueue(const P& p_)
+      : p(p_), counter(static_cast<unsigned*>(const_cast<void*>(p_.tile_counter))), n_tiles(p_.tile_count) {}
+  __device__ int take() const { return gridDim.x + atomicAdd(counter, 1u); }
+  // The first tile with rows from tile t on, w its work; false at the end of the tiles, where
+  // the last CTA to get there zeroes the counter (every CTA's last take is before its count).
+  __device__ bool next(int t, CtaWork& w) const {
+    for (;; t = take()) {
+      if (t >= n_tiles) {
+        __threadfence();
+        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+          __threadfence();
+          atomicExch(counter, 0u);
+          atomicExch(counter + 1, 0u);
+        }
+        return false;
+      }
+      if (tile_work(p, t, w)) return true;
+    }
+  }
+};
+
+template <class P>
+__device__ __forceinline__ KvAt kv_at(const P& p, const CtaWork& w) {
+  const bool packed = p.cu_seqlens_k != nullptr;
+  return {w.h_kv, packed ? static_cast<int>(w.seq.k_start) : 0, packed ? 0 : w.b};
+}
+
+// Tile w's Q into the buffer at dst, onto full, or onto landed where a packed sequence ends
+// inside it (warp 2 zeroes the rest, then completes full).
+template <class P>
+__device__ __forceinline__ void copy_tile_q(const P& p, uint32_t dst, uint32_t full, uint32_t landed,
+                                            const CtaWork& w) {
+  const bool packed = p.cu_seqlens_q != nullptr;
+  copy_q(p, dst, packed && w.seq.sq - w.row0 < kBlockM ? landed : full, w.h,
+         packed ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed ? 0 : w.b);
+}
+
+// Slot j % 2 := w (null: the end), published.
+__device__ __forceinline__ void publish(Sched& sh, int j, const CtaWork* w) {
+  const int b = j & 1;
+  if (w != nullptr) sh.work[b] = *w;
+  else sh.work[b].n_blocks = -1;
+  mbar_arrive(shared_addr(&sh.tfull[b]));
+}
+
+// Thread 0 after the CTA's barrier: w the tile in slot 0 (more: there is one); K(0) copied
+// already where k0 (as the CTA started).
+template <class P>
+__device__ void schedule_k(const P& p, const Smem& sm, Sched& sh, CtaWork w, bool more, bool k0) {
+  const TileQueue<P> queue(p);
+  const Bars bars = sm.bars();
+  TileRing ring;
+  for (int j = 0; more; ++j) {
+    const KvAt kv = kv_at(p, w);
+    for (int m = j == 0 && k0 ? 1 : 0; m < w.n_blocks; ++m) {
+      if (ring.refill(m)) mbar_wait(bars.kempty(m & 1), ring.empty_parity(m));
+      copy_k(p, sm, kv, m, m & 1);
+    }
+    ring.end_tile(w.n_blocks);
+    // The next tile, taken once this one's last K is copied, two blocks before its end (taken
+    // as the tile started, a CTA held its next tile for a whole tile: at 16k tokens causal the
+    // SMs finished 3 % apart).
+    more = queue.next(queue.take(), w);
+    const int b = (j + 1) & 1;
+    if (j >= 1) mbar_wait(shared_addr(&sh.qempty[b]), ((j - 1) >> 1) & 1);   // tile j - 1's slot and Q
+    publish(sh, j + 1, more ? &w : nullptr);
+    if (more && w.n_blocks > 0)
+      copy_tile_q(p, sm.q_at(b), shared_addr(&sh.qfull[b]), shared_addr(&sh.qlanded[b]), w);
+  }
+}
+
+// Warp 1: every tile's V blocks.
+template <class P>
+__device__ void stream_v(const P& p, const Smem& sm, Sched& sh) {
+  const Bars bars = sm.bars();
+  const bool packed = p.cu_seqlens_k != nullptr;
+  TileRing ring;
+  uint32_t tails = 0;   // packed tails zeroed (vlanded's phases)
+  for (int j = 0;; ++j) {
+    const int b = j & 1;
+    mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
+    const CtaWork w = sh.work[b];
+    if (w.n_blocks < 0) return;
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
+    const KvAt kv = kv_at(p, w);
+    for (int m = 0; m < w.n_blocks; ++m) {
+      if (ring.refill(m)) mbar_wait(bars.vempty(m & 1), ring.empty_parity(m));
+      const bool tail = packed && (m + 1) * kBlockN > w.seq.sk;
+      copy_v(p, sm, kv, m, m & 1, w.seq.sk, tail, tails & 1);
+      tails += tail;
+    }
+    ring.end_tile(w.n_blocks);
+  }
+}
+
+// Warp 2 where Q is packed: each tile's rows past its sequence's end zeroed.
+__device__ void zero_q_tails(const Smem& sm, Sched& sh) {
+  uint32_t landed = 0;   // bit b: the phase of qlanded[b]
+  for (int j = 0;; ++j) {
+    const int b = j & 1;
+    mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
+    const int n_blocks = sh.work[b].n_blocks, rows = sh.work[b].seq.sq - sh.work[b].row0;
+    if (n_blocks < 0) return;
+    if (n_blocks > 0 && rows < kBlockM) {
+      zero_tail_rows<kBlockM, 128, kTileQ>(sm.q_at(b), shared_addr(&sh.qlanded[b]), shared_addr(&sh.qfull[b]),
+                                           rows, (landed >> b) & 1);
+      landed ^= 1u << b;
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
+  }
+}
+
+template <class P>
+__device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
+  consumer_registers();
+  const ConsumerLane me(warpgroup_index(), 0);   // rows from the tile's first
+  const int cw = me.cw, lane = me.lane, quad_col = me.quad_col, r_off = me.r_lo;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const Turns turns{cw};
+  const Bars bars = sm.bars();
+
+  float acc_o[kDv / 2], acc_s[kBlockN / 2], m_run[2], l_run[2];
+  uint32_t pa_a[kBlockN / 4], pa_b[kBlockN / 4];
+#pragma unroll
+  for (int i = 0; i < kBlockN / 4; ++i) pa_b[i] = 0u;
+  int j = 0;                                  // the CTA's tile
+  TileRing ring;
+  int n_blocks = 0, sk = 0, diag = 0, row0 = 0;
+  uint32_t qphase = 0;                        // bit b: the phase of qfull[b]
+  bool turned = false;
+
+  const auto reset = [&] {   // the row state; O by the tile's first PV, which does not accumulate
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+  };
+  const auto q_rows = [&](int b) { return sm.q_at(b) + cw * kConsumerRows * 128; };
+  const auto wait_q = [&](int b) {
+    mbar_wait(shared_addr(&sh.qfull[b]), (qphase >> b) & 1);
+    qphase ^= 1u << b;
+  };
+  // A slot's block count, warp-uniform to the compiler (read from shared memory it is not, and
+  // ptxas serialises WGMMAs whose issue depends on a value it takes to diverge).
+  const auto blocks_at = [&](int b) { return __shfl_sync(0xffffffffu, sh.work[b].n_blocks, 0); };
+  const auto load_tile = [&](int b) {
+    n_blocks = blocks_at(b);
+    sk = sh.work[b].seq.sk;
+    diag = sh.work[b].diag;
+    row0 = sh.work[b].row0;
+  };
+  // The epilogue of the tile in slot b (O from acc_o, l_run, m_run; zeros for a tile without
+  // keys: acc_o is not zeroed, where the compiler moved the zeros into the products' registers
+  // and ptxas serialised them), then slot and Q buffer b released.
+  const auto write_out = [&](int b, bool no_keys = false) {
+    const CtaWork w = sh.work[b];
+    const int r_lo = w.row0 + r_off, wg_row0 = w.row0 + cw * kConsumerRows;
+    if (no_keys) {
+      float zeros[kDv / 2];
+#pragma unroll
+      for (int i = 0; i < kDv / 2; ++i) zeros[i] = 0.f;
+      write_rows(p, w, zeros, l_run, m_run, r_lo, wg_row0, cw, q_rows(b));
+    } else {
+      write_rows(p, w, acc_o, l_run, m_run, r_lo, wg_row0, cw, q_rows(b));
+    }
+    fence_async_smem();   // the epilogue's writes to Q's buffer before the next tile's copy into it
+    __syncwarp();
+    if (lane == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
+  };
+  // From tile j on: the tiles without keys written out; false at the end.  Else the tile's
+  // state, its Q landed, and its S(0) issued in a turn of its own and waited for.
+  const auto enter = [&]() -> bool {
+    for (;; ++j) {
+      const int b = j & 1;
+      mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
+      const int blocks = blocks_at(b);
+      if (blocks > 0) break;
+      if (blocks < 0) {
+        if (turned && cw == 0) turns.take();   // consumer 1's last hand-over
+        return false;
+      }
+      reset();
+      write_out(b, true);
+    }
+    const int b = j & 1;
+    load_tile(b);
+    reset();
+    wait_q(b);
+    if (!turned && cw == 1) bar_arrive(Turns::kBar, 256);
+    turned = true;
+    mbar_wait(bars.kfull(0), ring.full_parity(0));
+    turns.take();
+    wgmma_fence();
+    issue_qk(acc_s, q_rows(b), sm.k_at(0));
+    turns.hand_over();
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(bars.kempty(0));
+    return true;
+  };
+  // Block n of tile j (the CTA's block g): P(n) into pa while PV(n - 1) reads pa_prev; the
+  // turn issues S(n + 1), then PV(n).  False after the tile's last block, its PV waited for.
+  // (n an argument and the loop bounded by n_blocks, as one_tile's: with n counted in the
+  // lambda and the loop left only by its `false`, ptxas serialised the products.)
+  const auto block = [&](const int n, uint32_t (&pa)[kBlockN / 4], uint32_t (&pa_prev)[kBlockN / 4]) -> bool {
+    const int b = j & 1, s = n & 1, s1 = s ^ 1;
+    const bool last = n + 1 == n_blocks;
+    float alpha[2];
+    const bool moved = softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, row0 + cw * kConsumerRows,
+                               row0 + r_off, diag, quad_col, scale_log2);
+    wgmma_wait<0>();                                       // PV(n - 1) (none at n = 0)
+    keep_operands(pa_prev);
+    if (n > 0 && lane == 0) mbar_arrive(bars.vempty(s1));   // PV(n - 1)'s stage
+    if (moved && n > 0) rescale_o(acc_o, alpha);
+    mbar_wait(bars.vfull(s), ring.full_parity(n));
+    if (!last) mbar_wait(bars.kfull(s1), ring.full_parity(n + 1));
+    turns.take();
+    wgmma_fence();
+    if (!last) issue_qk(acc_s, q_rows(b), sm.k_at(s1));
+    issue_pv(acc_o, pa, sm.v_at(s), n > 0);
+    turns.hand_over();
+    if (last) {
+      wgmma_wait<0>();
+      keep_operands(pa);
+      if (lane == 0) mbar_arrive(bars.vempty(s));
+      return false;
+    }
+    wgmma_wait<1>();                                       // S(n + 1); PV(n) in flight
+    if (lane == 0) mbar_arrive(bars.kempty(s1));
+    return true;
+  };
+
+  while (enter()) {
+    for (int n = 0; n < n_blocks; n += 2) {
+      if (!block(n, pa_a, pa_b)) break;
+      if (!block(n + 1, pa_b, pa_a)) break;
+    }
+    wgmma_wait<0>();   // a no-op (the last block waited), for ptxas's view of the loop's exits
+    write_out(j & 1);
+    ring.end_tile(n_blocks);
+    ++j;
+  }
+}
+
+template <class P>
+__device__ void persistent(const P& p) {
+  const Smem sm{smem_base_1024()};
+  __shared__ Sched sh;
+  CtaWork w;          // thread 0: the tile in slot 0
+  bool more = false, k0 = false;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(shared_addr(&sh.tfull[b]), 1);
+      mbar_init(shared_addr(&sh.qempty[b]), 4 * kConsumers + 1 + (p.cu_seqlens_q != nullptr));
+      mbar_init(shared_addr(&sh.qfull[b]), 1);
+      mbar_init(shared_addr(&sh.qlanded[b]), 1);
+    }
+    mbar_init(sm.vlanded(), 1);
+    sm.bars().init();
+    more = TileQueue<P>(p).next(blockIdx.x, w);
+    publish(sh, 0, more ? &w : nullptr);
+    if (more && w.n_blocks > 0) {
+      copy_tile_q(p, sm.q_at(0), shared_addr(&sh.qfull[0]), shared_addr(&sh.qlanded[0]), w);
+      copy_k(p, sm, kv_at(p, w), 0, 0);
+      k0 = true;
+    }
+  }
+  __syncthreads();
+
+  if (threadIdx.x / 128 == 0) {
+    producer_registers();
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) schedule_k(p, sm, sh, w, more, k0);
+    else if (warp == 1) stream_v(p, sm, sh);
+    else if (warp == 2 && p.cu_seqlens_q != nullptr) zero_q_tails(sm, sh);
+    return;
+  }
+  consume_tiles(p, sm, sh);
+}
+
+template <class P>
+__device__ void flash_fwd(const P& p) {
+  if constexpr (kPersistent) persistent(p);
+  else one_tile(p);
 }
 
 }  // namespace zyfa

@@ -15,7 +15,10 @@ Per built kernel ``<name>`` it declares
 * ``ZYFA_<NAME>_*`` macros: symbol, file, sha256, arch, dtype, head dims, causal flag,
   tile, block size, dynamic and total shared bytes, kernarg size.
 * ``zyfa_<name>_grid(const struct zyfa_<name>_args *, unsigned *gx, *gy, *gz)``: the grid
-  rule evaluated on the struct's fields.
+  rule evaluated on the struct's fields.  A persistent kernel (``ZYFA_<NAME>_PERSISTENT``
+  1: one CTA an SM, taking tiles from a counter) has ``zyfa_<name>_tiles(struct ... *)``,
+  which fills its ``tiles_x``, ``tiles_y``, ``tiles_z`` fields, and its grid function takes
+  the device's SM count after the struct.
 
 plus the manifest format, package version, toolkit pins and compilers as macros, and
 ``ZYFA_KERNELS(X)``, an X-macro listing every built kernel as ``X(name, NAME)``.
@@ -61,6 +64,8 @@ extern "C" {
 static inline int64_t zyfa_cdiv_(int64_t a, int64_t b) {
   return b <= 0 ? 0 : a > 0 ? (a + b - 1) / b : a / b;
 }
+
+static inline int64_t zyfa_min_(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* A grid dimension: negative values become 0, as in the runtime's evaluation. */
 static inline unsigned int zyfa_grid_dim_(int64_t n) {
@@ -158,9 +163,16 @@ def _grid_term(name: str, term, args: set[str]) -> str:
     if isinstance(term, int):
         return f"(int64_t){term}"
     if isinstance(term, str):
+        if term == "sm_count" and "sm_count" in args:   # the persistent grid's parameter
+            return "(int64_t)sm_count"
         if term not in args:
             raise HeaderError(f"{name}: grid term {term!r} names no kernel argument")
         return f"(int64_t)a->{term}"
+    if isinstance(term, dict) and set(term) == {"min"} and term["min"]:
+        out = _grid_term(name, term["min"][0], args)
+        for t in term["min"][1:]:
+            out = f"zyfa_min_({out}, {_grid_term(name, t, args)})"
+        return out
     if isinstance(term, dict) and set(term) == {"cdiv"} and len(term["cdiv"]) == 2:
         x, y = (_grid_term(name, t, args) for t in term["cdiv"])
         return f"zyfa_cdiv_({x}, {y})"
@@ -200,18 +212,46 @@ def _kernel(entry: dict) -> list[str]:
         ("DYNAMIC_SMEM", str(int(entry["dynamic_smem"]))),
         ("SHARED_BYTES", str(int(entry["shared_bytes"]))),
         ("KERNARG_SIZE", str(int(entry["kernarg_size"]))),
+        ("PERSISTENT", "1" if "persistent" in entry else "0"),
     ]
     width = max(len(k) for k, _ in macros)
     out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
     out.append("")
     args = {a["name"] for a in entry["kernargs"]}
     g = entry["grid"]
-    terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
-    out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
+    if "persistent" in entry:
+        out += _persistent(name, entry, st, args)
+        terms = [_grid_term(name, g[axis], args | {"sm_count"}) for axis in ("x", "y", "z")]
+        out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms, "unsigned int sm_count, ")
+    else:
+        terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
+        out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
     out += _tensor_maps(name, entry)
     if "prepass" in entry:
         out += _prepass(name, entry, st, args)
     return out
+
+
+def _persistent(name: str, entry: dict, st: str, args: set) -> list[str]:
+    """A persistent kernel: its grid of tiles into the struct, and its tile counter."""
+    up, pers = name.upper(), entry["persistent"]
+    for f in ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tile_counter"):
+        if f not in args:
+            raise HeaderError(f"{name}: a persistent kernel without the argument {f!r}")
+    t = pers["tiles"]
+    terms = [_grid_term(name, t[axis], args) for axis in ("x", "y", "z")]
+    bytes_ = int(pers["counter_bytes"])
+    return [f"/* {name} is persistent: one CTA an SM (its grid function takes the device's SM count),",
+            " * each taking tiles from a counter.  Before a launch: zyfa_" + name + "_tiles(&args), and",
+            f" * args.tile_counter = ZYFA_{up}_COUNTER_BYTES bytes of device memory, zeroed once before the",
+            " * first launch that uses them; every launch leaves them zero, so launches on one stream share",
+            " * them (give launches that may run at the same time counters of their own). */",
+            f"#define ZYFA_{up}_COUNTER_BYTES {bytes_}",
+            f"/* tiles: x = {_comment(_rule(t['x']))}, y = {_comment(_rule(t['y']))}, z = {_comment(_rule(t['z']))} */",
+            f"static inline void zyfa_{name}_tiles({st} *a) {{",
+            *(f"  a->tiles_{axis} = (int32_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
+            "  a->tile_count = a->tiles_x * a->tiles_y * a->tiles_z;   /* < 2^31: split larger problems */",
+            "}", ""]
 
 
 def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
@@ -270,11 +310,12 @@ def _tensor_maps(name: str, entry: dict) -> list[str]:
     return out + [""]
 
 
-def _grid_function(fn: str, what: str, st: str, g: dict, terms: list[str]) -> list[str]:
-    """A grid rule as a C function of the argument struct, with the rule in a comment."""
+def _grid_function(fn: str, what: str, st: str, g: dict, terms: list[str], extra: str = "") -> list[str]:
+    """A grid rule as a C function of the argument struct (and ``extra`` parameters), with the
+    rule in a comment."""
     out = [f"/* {what}: x = {_comment(_rule(g['x']))}, y = {_comment(_rule(g['y']))}, "
            f"z = {_comment(_rule(g['z']))} */",
-           f"static inline void {fn}(const {st} *a, unsigned int *gx, unsigned int *gy, unsigned int *gz) {{"]
+           f"static inline void {fn}(const {st} *a, {extra}unsigned int *gx, unsigned int *gy, unsigned int *gz) {{"]
     out += [f"  *{axis} = zyfa_grid_dim_({t});" for axis, t in zip(("gx", "gy", "gz"), terms)]
     return out + ["}", ""]
 
@@ -285,6 +326,8 @@ def _rule(term) -> str:
         return f"cdiv({_rule(a)}, {_rule(b)})"
     if isinstance(term, dict) and "mul" in term:
         return " * ".join(_rule(t) for t in term["mul"])
+    if isinstance(term, dict) and "min" in term:
+        return "min(" + ", ".join(_rule(t) for t in term["min"]) + ")"
     if isinstance(term, dict) and "if_le" in term:
         a, b, then, other = term["if_le"]
         return f"({_rule(a)} <= {_rule(b)} ? {_rule(then)} : {_rule(other)})"

@@ -69,8 +69,7 @@ def _wgmma_wrappers(v: Variant) -> str:
     if v.dtype == "bf16":
         return "\n".join([
             _wgmma("wgmma_qk", f"m64n{n}k16", "bf16.bf16", n // 2, False, "1, 1, 0, 0"),
-            _wgmma("wgmma_pv", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, True, "1, 1, 1",
-                   accumulate_arg=False)])
+            _wgmma("wgmma_pv", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, True, "1, 1, 1")])
     pv_n = min(v.d_v, 128)     # one PV pass: kPvN in the body
     ones = 8 if v.d_v <= 128 else 0   # the rows of ones after V^T: l in the PV product itself
     return "\n".join([
@@ -161,7 +160,9 @@ def config(v: Variant) -> str:
     if v.vendor == "cuda":
         prod, cons = register_split(t)
         lines += [f"constexpr int kConsumerRows = {CONSUMER_ROWS};",
-                  f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg"]
+                  f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg",
+                  f"constexpr bool kPersistent = {'true' if t.persistent else 'false'};"
+                  "   // one CTA an SM, taking tiles from a counter"]
     if catalogue.has_vt_prepass(v):
         lines.append(f"constexpr int kVtBlock = {catalogue.VT_BLOCK}, kVtThreads = {catalogue.VT_THREADS};"
                      "   // the V^T pre-pass: keys and threads of a CTA")

@@ -16,6 +16,7 @@ from zyfa_runtime import driver as drivers
 from zyfa_runtime.catalogue import Variant, vt_columns, vt_prepass_symbol
 from zyfa_runtime.errors import CodeObjectError
 from zyfa_runtime.driver.fake import unpack_tensor_map
+from zyfa_runtime import launch as launch_mod
 from zyfa_runtime.launch import unpack_args
 from zyfa_runtime.memory import host_dtype
 
@@ -52,10 +53,13 @@ def test_dense_call_launches_the_right_kernel_with_the_manifest_layout(fake):
     entry = entry_of(variant)
     assert launch.symbol == variant.symbol
     tile = variant.tile
-    # causal, and the keys and values of the sequence's heads fit in L2: heads first
-    assert launch.grid == (6, -(-100 // tile.block_m), 2) and launch.block == (tile.threads, 1, 1)
-    assert launch.shared == entry["dynamic_smem"] == fake.max_dynamic_shared[variant.symbol]
     args = unpack_args(entry, launch.args)
+    # persistent: causal, and the keys and values of the sequence's heads fit in L2, so tiles
+    # heads first; one CTA a tile where there are fewer tiles than SMs
+    tiles = (6, -(-100 // tile.block_m), 2)
+    assert (args["tiles_x"], args["tiles_y"], args["tiles_z"], args["tile_count"]) == (*tiles, np.prod(tiles))
+    assert launch.grid == (np.prod(tiles), 1, 1) and launch.block == (tile.threads, 1, 1)
+    assert launch.shared == entry["dynamic_smem"] == fake.max_dynamic_shared[variant.symbol]
     assert args["q"] == q.ctypes.data and args["k"] == k.ctypes.data and args["v"] == v.ctypes.data
     assert args["o"] == out.ctypes.data and args["lse"] == lse.ptr
     assert (args["q_stride_b"], args["q_stride_s"], args["q_stride_h"]) == (100 * 6 * 128, 6 * 128, 128)
@@ -86,7 +90,9 @@ def test_varlen_call_passes_offsets_and_packed_lse_layout(fake):
     (launch,) = fake.launches
     variant = Variant("sm_90a", "bf16", 128, 128, False)
     args = unpack_args(entry_of(variant), launch.args)
-    assert launch.grid == (-(-65 // variant.tile.block_m), 4, 3)   # query blocks of max_seqlen_q
+    tiles = (-(-65 // variant.tile.block_m), 4, 3)                # query blocks of max_seqlen_q
+    assert (args["tiles_x"], args["tiles_y"], args["tiles_z"], args["tile_count"]) == (*tiles, 12)
+    assert launch.grid == (12, 1, 1)
     assert args["cu_seqlens_q"] == cu_q.ctypes.data and args["cu_seqlens_k"] == cu_k.ctypes.data
     assert (args["batch"], args["seqlen_q"], args["seqlen_k"]) == (3, 65, 70)
     assert args["q_stride_b"] == 0 and args["q_stride_s"] == 4 * 128
@@ -219,7 +225,7 @@ def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
 
 
 def test_a_grid_larger_than_the_device_takes_is_refused_before_any_launch(fake, monkeypatch):
-    q, k, v = arrays((1, 300, 2, 128), (1, 300, 2, 128), (1, 300, 2, 128))
+    q, k, v = arrays((1, 300, 2, 256), (1, 300, 2, 256), (1, 300, 2, 256))
     flash_attn_func(q, k, v, causal=True)          # heads first: (2 heads, 3 row blocks, 1)
     assert fake.launches[-1].grid == (2, 3, 1)
     n = len(fake.launches)
@@ -230,6 +236,33 @@ def test_a_grid_larger_than_the_device_takes_is_refused_before_any_launch(fake, 
     with pytest.raises(ValueError, match="launch grid of \\(2, 3, 1\\)"):
         flash_attn_func(q8, k8, v8)                  # the FP8 pre-pass is not launched either
     assert len(fake.launches) == n
+    # a persistent kernel's tiles are no launch grid: (2, 3, 1) tiles, 6 CTAs
+    q, k, v = arrays((1, 300, 2, 128), (1, 300, 2, 128), (1, 300, 2, 128))
+    flash_attn_func(q, k, v, causal=True)
+    assert fake.launches[-1].grid == (6, 1, 1)
+
+
+def test_persistent_kernels_take_a_cta_an_sm_and_a_zeroed_tile_counter_per_stream(fake, monkeypatch):
+    """sm_90a BF16 d128 is persistent: one CTA an SM (the device's count, fewer where there
+    are fewer tiles), the tiles' grid and count in its arguments, and tile_counter pointing at
+    zeroed bytes kept per stream (the kernel leaves them zero); more tiles than a 32-bit int
+    are refused before anything is launched."""
+    entry = entry_of(Variant("sm_90a", "bf16", 128, 128, False))
+    assert entry["persistent"]["counter_bytes"] == 8
+    q, k, v = arrays((3, 1000, 64, 128), (3, 1000, 64, 128), (3, 1000, 64, 128))
+    flash_attn_func(q, k, v)
+    args = unpack_args(entry, fake.launches[-1].args)
+    assert (args["tiles_x"], args["tiles_y"], args["tiles_z"], args["tile_count"]) == (8, 64, 3, 8 * 64 * 3)
+    assert fake.launches[-1].grid == (fake.attribute(0, "multiprocessor_count"), 1, 1) == (132, 1, 1)
+    counter = args["tile_counter"]
+    assert counter != 0 and ctypes.string_at(counter, 8) == bytes(8)
+    flash_attn_func(q[:1, :100], k[:1], v[:1])
+    assert unpack_args(entry, fake.launches[-1].args)["tile_counter"] == counter   # the same stream's
+    assert fake.launches[-1].grid == (64, 1, 1)                                     # 64 tiles
+    flash_attn_func(q[:1, :100], k[:1], v[:1], stream=7)
+    assert unpack_args(entry, fake.launches[-1].args)["tile_counter"] not in (0, counter)
+    monkeypatch.setattr(launch_mod, "MAX_TILES", 8 * 64 * 3 - 1)
+    refused_before_any_launch(fake, "tiles of 128 query rows", q, k, v)
 
 
 def test_a_pre_pass_grid_larger_than_the_device_takes_is_refused_before_either_launch(fake, monkeypatch):

@@ -14,8 +14,9 @@ import pytest
 from generator.c_header import HeaderError, write_header
 from zyfa_runtime import __version__
 from build import prepass_entry
-from zyfa_runtime.catalogue import (TOOLKIT, all_variants, buildable, eval_grid, grid_rule,
-                                    has_vt_prepass, kernarg_size, kernargs, tensor_maps, vt_columns)
+from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, TOOLKIT, all_variants, buildable, eval_grid,
+                                    grid_rule, has_vt_prepass, kernarg_size, kernargs, tensor_maps, tiles_rule,
+                                    vt_columns)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "c"
@@ -43,6 +44,8 @@ def catalogue_manifest() -> dict:
             "grid": grid_rule(v), "registers": {}, "scratch_bytes": 0,
             **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
             **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
+            **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
+               if v.tile.persistent else {}),
         })
     return {"format": 1, "package_version": __version__, "toolkits": dict(TOOLKIT),
             "compilers": {"sm_90a": {"name": "nvcc", "version": "V13.0 \"quoted\" \\ back"}},
@@ -105,7 +108,13 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
         for arg in e["kernargs"]:
             if arg["type"] in ("i32", "i64"):
                 lines.append(f"    a.{arg['name']} = {values[arg['name']]};")
-        lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
+        if "persistent" in e:   # the tiles into the struct, then the grid for a device of SMS SMs
+            lines.append(f"    zyfa_{n}_tiles(&a);")
+            lines.append(f'    printf("tiles {n} %d %d %d %d\\n", (int)a.tiles_x, (int)a.tiles_y, (int)a.tiles_z, '
+                         f"(int)a.tile_count);")
+            lines.append(f"    zyfa_{n}_grid(&a, {SMS}u, &gx, &gy, &gz);")
+        else:
+            lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
         lines.append(f'    printf("grid {n} %u %u %u\\n", gx, gy, gz);')
         if "prepass" in e:
             lines.append(f"    zyfa_{n}_prepass_grid(&a, &gx, &gy, &gz);")
@@ -117,6 +126,9 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
 
+
+#: The SM count the persistent kernels' grid functions are given (fewer than some problems' tiles).
+SMS = 37
 
 #: (batch, seqlen_k, total_k or -1 for a dense batch) for the V^T workspace rule.
 VT_CASES = ((1, 1, -1), (3, 128, -1), (2, 129, -1), (4, 300, 777), (5, 0, 0), (1, 5000, 5000))
@@ -166,7 +178,7 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
             run([compiler, "-x", lang, f"-std={std}", "-Wall", "-Werror", "-I", inc, src, "-o", exe])
             outputs.append(run([exe]).stdout)
         assert outputs[0] == outputs[1]   # C and C++ agree
-        got_fields, got_size, got_grid, got_pregrid, got_vt = {}, {}, {}, {}, {}
+        got_fields, got_size, got_grid, got_pregrid, got_vt, got_tiles = {}, {}, {}, {}, {}, {}
         for line in outputs[0].splitlines():
             kind, name, *rest = line.split()
             if kind == "size":
@@ -177,6 +189,8 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 got_vt.setdefault(name, []).append(int(rest[3]))
             elif kind == "pregrid":
                 got_pregrid[name] = tuple(int(x) for x in rest)
+            elif kind == "tiles":
+                got_tiles[name] = tuple(int(x) for x in rest)
             else:
                 got_grid[name] = tuple(int(x) for x in rest)
         built = [e for e in m["kernels"] if e["built"]]
@@ -196,7 +210,15 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
             if e["kernarg_size"] > pos:
                 holes.append((pos, e["kernarg_size"] - pos))
             assert [(off, size) for _, off, size in got_fields[n][len(args):]] == holes, n
-            want = eval_grid(e["grid"], values)
+            if "persistent" in e:   # the tiles and their count, then one CTA an SM or a tile
+                tiles = eval_grid(e["persistent"]["tiles"], values)
+                count = tiles[0] * tiles[1] * tiles[2]
+                assert got_tiles[n] == (*tiles, count), n
+                want = eval_grid(e["grid"], {**values, "tile_count": count, "sm_count": SMS})
+                assert want == (min(count, SMS), 1, 1)
+            else:
+                assert n not in got_tiles
+                want = eval_grid(e["grid"], values)
             assert got_grid[n] == want, n
             if "prepass" in e:   # the pre-pass's grid and workspace rule, as the runtime's
                 assert got_pregrid[n] == eval_grid(e["prepass"]["grid"], values), n
@@ -234,7 +256,8 @@ def test_header_carries_the_manifest_values():
         up = e["name"].upper()
         for key, val in (("SYMBOL", f'"{e["symbol"]}"'), ("FILE", f'"{e["file"]}"'),
                          ("BLOCK_SIZE", e["block_size"]), ("DYNAMIC_SMEM", e["dynamic_smem"]),
-                         ("SHARED_BYTES", e["shared_bytes"]), ("KERNARG_SIZE", e["kernarg_size"])):
+                         ("SHARED_BYTES", e["shared_bytes"]), ("KERNARG_SIZE", e["kernarg_size"]),
+                         ("PERSISTENT", int("persistent" in e))):
             assert re.search(rf"^#define ZYFA_{up}_{key} +{re.escape(str(val))}$", h, re.M), (e["name"], key)
     for e in m["kernels"]:
         if not e["built"]:

@@ -6,8 +6,8 @@ import numpy as np
 
 from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants, buildable,
                                     eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
-                                    kernargs, kv_bytes_per_key, tensor_maps, vt_column0, vt_columns,
-                                    vt_prepass_grid_rule, SM90_HEADS_FIRST_BYTES)
+                                    kernargs, kv_bytes_per_key, tensor_maps, tiles_rule, vt_column0,
+                                    vt_columns, vt_prepass_grid_rule, SM90_HEADS_FIRST_BYTES, SM90_MAX_SMEM)
 
 
 def test_catalogue_is_the_full_product():
@@ -94,7 +94,9 @@ def test_vt_workspace_holds_every_sequence_s_blocks_apart(seed):
 @pytest.mark.parametrize("v", [Variant("sm_90a", "bf16", 128, 128, False), Variant("gfx950", "bf16", 128, 128, True),
                                Variant("gfx950", "fp8_e4m3", 128, 128, False)], ids=lambda v: v.name)
 def test_grid_rule_covers_every_query_row(v):
-    rule = grid_rule(v)
+    """The tiles (a CTA's each, or a persistent CTA's in turn) cover every query row."""
+    rule = tiles_rule(v)
+    assert (grid_rule(v) == rule) == (not v.tile.persistent)
     bm = v.tile.block_m
     for sq in (1, bm - 1, bm, bm + 1, 1000):
         x, y, z = eval_grid(rule, {"seqlen_q": sq, "seqlen_k": 1 << 20, "hq": 7, "hkv": 7, "batch": 3})
@@ -106,7 +108,8 @@ def test_grid_rule_covers_every_query_row(v):
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a" and v.causal], ids=lambda v: v.name)
 def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
-    """Heads first, (hq, blocks, sequences), where the keys and values of a sequence's
+    """The tiles (the grid, or a persistent kernel's tiles in the order of their linear index)
+    heads first, (hq, blocks, sequences), where the keys and values of a sequence's
     key/value heads take at most SM90_HEADS_FIRST_BYTES; else sequences first, (sequences,
     blocks, hq), where those of one head's sequences do; else each head in turn, (blocks, hq,
     sequences)."""
@@ -116,13 +119,33 @@ def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
                                (2, 16, 16, 8192, 8192), (64, 32, 32, 32768, 32768), (3, 5, 1, 300, 70000),
                                (3, 4, 4, 1, 1)):
         blocks = -(-sq // bm)
-        grid = eval_grid(grid_rule(v), {"seqlen_q": sq, "seqlen_k": sk, "hq": hq, "hkv": hkv, "batch": b})
+        grid = eval_grid(tiles_rule(v), {"seqlen_q": sq, "seqlen_k": sk, "hq": hq, "hkv": hkv, "batch": b})
         if hkv * sk * per_key <= SM90_HEADS_FIRST_BYTES:
             assert grid == (hq, blocks, b)
         elif b * sk * per_key <= SM90_HEADS_FIRST_BYTES:
             assert grid == (b, blocks, hq)
         else:
             assert grid == (blocks, hq, b)
+
+
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a"], ids=lambda v: v.name)
+def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
+    """BF16 d128 is persistent (two Q tiles fit beside the K/V ring): its grid is one CTA an SM,
+    or a tile, where there are fewer; its arguments carry the tiles' grid, their count and the
+    counter.  Every sm_90a argument list ends on 8 bytes: cuLaunchKernel takes a buffer of the
+    cubin's parameter size, and kernarg_size rounds up to 8."""
+    assert v.tile.persistent == (v.dtype == "bf16" and (v.d_qk, v.d_v) == (128, 128))
+    names = [a.name for a in kernargs(v)]
+    persistent_args = ["tiles_x", "tiles_y", "tiles_z", "tile_count", "tile_counter"]
+    assert all(n in names for n in persistent_args) == v.tile.persistent
+    assert not any(n in names for n in persistent_args) or v.tile.persistent
+    args = kernargs(v)
+    assert kernarg_size(args) == max(a.offset + a.size for a in args)
+    if v.tile.persistent:
+        for tiles, sms in ((5, 132), (132, 132), (4096, 132), (4096, 78)):
+            assert eval_grid(grid_rule(v), {"tile_count": tiles, "sm_count": sms}) == (min(tiles, sms), 1, 1)
+        smem = 2 * v.tile.block_m * 2 * v.d_qk + 2 * v.tile.block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
+        assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
 
 
 def _kernel_reading(grid, hq, batch):

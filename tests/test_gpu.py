@@ -115,9 +115,10 @@ def test_a_packed_sequence_is_blind_to_the_next_ones_queries_keys_and_values(v):
 @pytest.mark.parametrize("order,batch,kv_mib", [("heads first", 2, 8), ("sequences first", 2, 20),
                                                 ("each head in turn", 40, 20)])
 def test_causal_launch_orders_cover_every_block_once(dtype, order, batch, kv_mib):
-    """Causal sm_90a kernels take their CTAs heads first, sequences first or each head in turn,
+    """Causal sm_90a kernels take their tiles heads first, sequences first or each head in turn,
     by the manifest's grid rule (the keys and values of a sequence's heads, or of one head's
-    sequences, within 16 MiB); the kernel reads the order from the grid's shape.  Each order
+    sequences, within 16 MiB; a persistent kernel's tiles rule); the kernel reads the order from
+    the grid's shape (a persistent kernel's tiles_x, tiles_y, tiles_z).  Each order
     here, 40 heads: every element of O written, and sampled (sequence, head) pairs, the first
     and last among them, equal to the fp64 reference of their own inputs."""
     torch = pytest.importorskip("torch")
@@ -129,7 +130,8 @@ def test_causal_launch_orders_cover_every_block_once(dtype, order, batch, kv_mib
     v = Variant("sm_90a", dtype, 128, 128, True)
     heads = 40
     s = (kv_mib << 20) // (heads * kv_bytes_per_key(v))       # 40 heads' K and V: kv_mib MiB
-    grid = eval_grid(kernel_table(DRIVER).entry(v)["grid"],
+    entry = kernel_table(DRIVER).entry(v)
+    grid = eval_grid(entry["persistent"]["tiles"] if "persistent" in entry else entry["grid"],   # tiles in order
                      {"seqlen_q": s, "seqlen_k": s, "hq": heads, "hkv": heads, "batch": batch})
     blocks = -(-s // v.tile.block_m)
     assert grid == {"heads first": (heads, blocks, batch), "sequences first": (batch, blocks, heads),
@@ -409,10 +411,62 @@ def test_several_gpus_driven_from_one_process():
     assert loaded == set(range(n))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(causal):
+    """The persistent kernels (sm_90a BF16 d128: one CTA an SM, tiles from a counter): a
+    packed batch of 640 tiles (10 sequences x 8 heads x 8 row blocks of the longest), of odd
+    and even block counts, tails, sequences with no rows, and one with rows but no keys (O 0,
+    LSE -inf).  O poisoned before each of three launches, two on one stream (its counter left
+    zero by the first) and one on another; each equal, bit for bit, to the first, and every
+    sequence and head within the bf16 bound of the fp64 reference, the LSE within 1e-3."""
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import flash_attn_varlen_func
+    from zyfa_runtime.api import kernel_table
+    v = Variant(ARCH, "bf16", 128, 128, causal)
+    if "persistent" not in (kernel_table(DRIVER).entry(v) or {}):
+        pytest.skip(f"{v.name} is not persistent")
+    sq = [0, 1, 127, 128, 129, 300, 0, 1000, 64, 50]
+    sk = [0, 1, 127, 200, 129, 300, 5, 1000, 64, 0]
+    hq, hkv = 8, 2
+    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    q, k, vv = (torch.randn(sum(n), h, 128, device="cuda", generator=g).bfloat16()
+                for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(n)]), dtype=torch.int32, device="cuda")
+                  for n in (sq, sk))
+    runs = []
+    other = torch.cuda.Stream()
+    for stream in (None, None, other.cuda_stream):
+        out = torch.full((sum(sq), hq, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+        _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(sq),
+                                        max_seqlen_k=max(sk), causal=causal, out=out, return_lse=True,
+                                        stream=stream)
+        torch.cuda.synchronize()
+        runs.append((out.view(torch.int16).cpu().numpy(), lse.numpy()))
+    for o, l in runs[1:]:
+        assert np.array_equal(o, runs[0][0]) and np.array_equal(l.view(np.uint32), runs[0][1].view(np.uint32))
+    o = runs[0][0].view(np.uint16).astype(np.uint32) << 16
+    o = o.view(np.float32).astype(np.float64)
+    ref, ref_lse = reference.attention(*(x.double().cpu().numpy() for x in (q, k, vv)), causal=causal,
+                                       cu_seqlens_q=cu_q.cpu().numpy(), cu_seqlens_k=cu_k.cpu().numpy(),
+                                       return_lse=True)
+    assert not np.isnan(o).any() and not np.isnan(runs[0][1]).any()
+    starts = np.concatenate([[0], np.cumsum(sq)])
+    for i, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
+        if sk[i] == 0:
+            assert (o[a:b] == 0).all() and np.isneginf(runs[0][1][:, a:b]).all(), i
+            continue
+        for h in range(hq):
+            err = reference.relative_error(o[a:b, h], ref[a:b, h]) if b > a else 0.0
+            assert err < 8e-3, (i, h, err)
+    live = np.isfinite(ref_lse)
+    assert np.abs(runs[0][1][live] - ref_lse[live]).max() < 1e-3
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
 def test_same_inputs_give_bit_identical_outputs_over_1000_launches(dtype):
-    """Determinism: no atomics or order-dependent reductions; every launch writes the same
-    bits (causal, GQA, ragged lengths, LSE too)."""
+    """Determinism: no order-dependent reductions (a persistent kernel's counter picks which
+    CTA computes a tile, not how); every launch writes the same bits (causal, GQA, ragged
+    lengths, LSE too)."""
     from zyfa_runtime import flash_attn_func
     from zyfa_runtime.memory import DeviceArray
     from zyfa_runtime.selfcheck import _descales, _quantise

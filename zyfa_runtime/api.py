@@ -162,6 +162,15 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
     for arg, spec in kernel.entry.get("tensor_maps", {}).items():
         values[arg] = _tensor_map(driver, problem, values, spec)
+    sm_count = None
+    if "persistent" in kernel.entry:
+        # One CTA an SM taking tiles from a counter: the grid of tiles, and the counter.
+        tiles = _launch.persistent_tiles(kernel, values)
+        values.update(tiles_x=tiles[0], tiles_y=tiles[1], tiles_z=tiles[2], tile_count=tiles[0] * tiles[1] * tiles[2])
+        counter_bytes = kernel.entry["persistent"]["counter_bytes"]
+        values["tile_counter"] = workspace.counter(driver, device, stream, counter_bytes)
+        extents["tile_counter"] = (values["tile_counter"], values["tile_counter"] + counter_bytes)
+        sm_count = driver.attribute(device, "multiprocessor_count")
     hold = contextlib.nullcontext()
     if "prepass" in kernel.entry:
         # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
@@ -174,7 +183,7 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
             values["vt"] = vt
             extents["vt"] = (vt, vt + vt_bytes)
         with driver.tensor_extents(extents):
-            _launch.launch(driver, kernel, values, stream)
+            _launch.launch(driver, kernel, values, stream, sm_count)
     return out_arr, lse_arr
 
 

@@ -128,6 +128,7 @@ class Tile:
     threads: int        # threads per workgroup / CTA
     dynamic_smem: int   # dynamic shared memory bytes (CUDA); 0 where LDS is static (HIP)
     stages: int = 1     # K/V tiles in flight in shared memory (sm_90a's copy ring)
+    persistent: bool = False   # sm_90a: one CTA an SM taking tiles from a counter (persistent_rule)
 
 
 def sm90_body(v: Variant) -> str:
@@ -154,11 +155,15 @@ def tile_for(v: Variant) -> Tile:
         # O, S and P fit in 160 registers; more warps beside the exp2s), else two; Q, then
         # two stages each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for alignment.
         # 128-key blocks, 64 at d256 (a 128-key S does not fit beside O there).
+        # Persistent at d128 (the softmax overlapping the warpgroup's own PV, and room for a
+        # second Q tile: the next tile's, copied during this one): Q x 2 first.
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
         block_m = SM90_CONSUMER_ROWS * consumers
-        smem = block_m * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
-        return Tile(block_m=block_m, block_n=block_n, threads=128 * (1 + consumers), dynamic_smem=smem, stages=2)
+        persistent = (v.d_qk, v.d_v) == (128, 128)
+        smem = (1 + persistent) * block_m * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
+        return Tile(block_m=block_m, block_n=block_n, threads=128 * (1 + consumers), dynamic_smem=smem, stages=2,
+                    persistent=persistent)
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and consumer warpgroups of 64 query rows, 128-key
         # blocks (the sm_90a recipe's): three consumers where their registers fit in 160
@@ -236,6 +241,8 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         args += [("descale_q", "ptr"), ("descale_k", "ptr"), ("descale_v", "ptr")]
     if has_vt_prepass(v):
         args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
+    if v.tile.persistent:
+        args += [("tile_counter", "ptr")]   # PERSISTENT_COUNTER_BYTES of a workspace, zero between launches
     for t in ("q", "k", "v", "o"):
         args += [(f"{t}_stride_b", "i64"), (f"{t}_stride_s", "i64"), (f"{t}_stride_h", "i64")]
     if has_vt_prepass(v):
@@ -250,6 +257,9 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         ("seqlen_k", "i32"),
         ("softmax_scale", "f32"),
     ]
+    if v.tile.persistent:
+        # tiles_rule evaluated, and the product of the three (the tiles, < 2^31)
+        args += [("tiles_x", "i32"), ("tiles_y", "i32"), ("tiles_z", "i32"), ("tile_count", "i32")]
     return args
 
 
@@ -354,10 +364,26 @@ def kv_bytes_per_key(v: Variant) -> int:
 
 
 def grid_rule(v: Variant) -> dict:
-    """x: query blocks; y: query heads; z: sequences.  Values name kernel arguments.  Causal
-    sm_90a kernels: (hq, blocks, sequences) where the keys and values of a sequence's key/value
-    heads take at most SM90_HEADS_FIRST_BYTES, else (sequences, blocks, hq) where those of one
-    head's sequences do (the kernel reads the order from the grid's shape)."""
+    """x: query blocks; y: query heads; z: sequences.  Values name kernel arguments (and
+    ``sm_count``, the device's multiprocessors).  Causal sm_90a kernels: (hq, blocks, sequences)
+    where the keys and values of a sequence's key/value heads take at most
+    SM90_HEADS_FIRST_BYTES, else (sequences, blocks, hq) where those of one head's sequences do
+    (the kernel reads the order from the grid's shape).  Persistent kernels: one CTA an SM, or
+    one a tile where there are fewer tiles (``tiles_rule``)."""
+    if v.tile.persistent:
+        return {"x": {"min": ["tile_count", "sm_count"]}, "y": 1, "z": 1}
+    return tiles_rule(v)
+
+
+#: Bytes of a persistent kernel's ``tile_counter``: the next tile's counter and the CTAs that
+#: have finished (the last one zeroes both for the next launch), zero before the first launch.
+PERSISTENT_COUNTER_BYTES = 8
+
+
+def tiles_rule(v: Variant) -> dict:
+    """The tiles of a launch as a grid (x, y, z) in the order they are to start (a CTA a tile:
+    the grid itself; persistent: ``grid_rule``'s x and y and z of the kernel's arguments
+    ``tiles_x``, ``tiles_y``, ``tiles_z``, the tiles taken in the order of their linear index)."""
     blocks = {"cdiv": ["seqlen_q", v.tile.block_m]}
     if v.vendor == "cuda" and v.causal:
         heads = [{"mul": ["hkv", "seqlen_k", kv_bytes_per_key(v)]}, SM90_HEADS_FIRST_BYTES]
@@ -384,6 +410,8 @@ def eval_grid(rule: dict, values: dict) -> tuple[int, int, int]:
             for t in term["mul"]:
                 out *= ev(t)
             return out
+        if isinstance(term, dict) and set(term) == {"min"} and term["min"]:
+            return min(ev(t) for t in term["min"])
         if isinstance(term, dict) and set(term) == {"if_le"} and len(term["if_le"]) == 4:
             a, b, then, other = term["if_le"]
             return ev(then) if ev(a) <= ev(b) else ev(other)

@@ -40,10 +40,12 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
     return packer.pack(*(0 if values[n] is None and n in pointers else values[n] for n in names))
 
 
-def launch(driver, kernel: Kernel, values: dict, stream: int) -> tuple[int, int, int]:
+def launch(driver, kernel: Kernel, values: dict, stream: int, sm_count: int | None = None) -> tuple[int, int, int]:
     """Launch ``kernel`` with ``values`` on ``stream`` (its pre-pass first, with the same
-    argument buffer, where it has one); returns the kernel's grid."""
-    grid = _grid(driver, kernel, kernel.entry["grid"], values)
+    argument buffer, where it has one); returns the kernel's grid.  ``sm_count``: the
+    device's multiprocessors, for the grid of a persistent kernel."""
+    grid = _grid(driver, kernel, kernel.entry["grid"],
+                 values if sm_count is None else {**values, "sm_count": int(sm_count)})
     if 0 in grid:
         return grid  # nothing to do (e.g. zero query rows)
     pre_grid = None   # evaluated (and refused where too large) before either launch
@@ -66,6 +68,23 @@ def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: in
 def _launch_prepass(driver, kernel: Kernel, grid: tuple[int, int, int], args: bytes, stream: int) -> None:
     if 0 not in grid:
         driver.launch(kernel.prepass, grid, (kernel.entry["prepass"]["block_size"], 1, 1), 0, stream, args)
+
+
+#: The tiles of a persistent kernel are numbered by a 32-bit int in the kernel.
+MAX_TILES = 2**31 - 1
+
+
+def persistent_tiles(kernel: Kernel, values: dict) -> tuple[int, int, int]:
+    """The grid of tiles of a persistent kernel (its manifest's ``persistent.tiles`` rule: the
+    values of its arguments ``tiles_x``, ``tiles_y``, ``tiles_z``, whose product is
+    ``tile_count``), refused (ValueError) where the tiles overflow the kernel's int.  They are
+    not a launch grid: the device's grid limits do not apply to them."""
+    tiles = eval_grid(kernel.entry["persistent"]["tiles"], values)
+    if tiles[0] * tiles[1] * tiles[2] > MAX_TILES:
+        raise ValueError(f"{kernel.variant.name}: this problem has {tiles[0] * tiles[1] * tiles[2]} tiles of "
+                         f"{kernel.entry['tile']['block_m']} query rows, more than {MAX_TILES}; split the "
+                         f"batch or the sequence")
+    return tiles
 
 
 def _grid(driver, kernel: Kernel, rule: dict, values: dict) -> tuple[int, int, int]:

@@ -1,6 +1,7 @@
-"""Device scratch memory a launch needs beside its tensors: the V^T that the sm_90a FP8
-pre-pass writes (catalogue.has_vt_prepass), one buffer per (backend, device, stream), kept
-between calls and grown on demand.
+"""Device scratch memory a launch needs beside its tensors, per (backend, device, stream): the
+V^T that the sm_90a FP8 pre-pass writes (catalogue.has_vt_prepass), a buffer kept between
+calls and grown on demand; and the tile counter of a persistent kernel (``counter``), zeroed
+once when it is allocated and left zero by every launch that uses it.
 
 Launches on one stream run in order, so one buffer serves every call on that stream; calls on
 different streams get different buffers.  A buffer is held (its lock taken) from the moment a
@@ -22,6 +23,7 @@ _lock = threading.Lock()
 _buffers: dict[tuple[str, int, int], DeviceArray] = {}
 _retired: list[DeviceArray] = []
 _holds: dict[tuple[str, int, int], threading.Lock] = {}
+_counters: dict[tuple[str, int, int], DeviceArray] = {}
 
 
 @contextlib.contextmanager
@@ -42,6 +44,24 @@ def hold(driver, device: int, stream: int, nbytes: int) -> Iterator[int]:
         yield buf.ptr
 
 
+def counter(driver, device: int, stream: int, nbytes: int) -> int:
+    """The address of ``nbytes`` of zeros for a persistent kernel's tile counter on ``stream``.
+    The kernel leaves them zero when it ends (its last CTA zeroes them), so launches on one
+    stream, which run in order, share them; they are zeroed once, synchronously, before the
+    first launch that uses them."""
+    key = (driver.name, int(device), int(stream))
+    with _lock:
+        buf = _counters.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            new = DeviceArray(driver, device, (max(int(nbytes), 1),), "uint8")
+            driver.memset_d8(new.ptr, 0, new.nbytes)
+            driver.synchronize(device)
+            if buf is not None:
+                _retired.append(buf)
+            _counters[key] = buf = new
+        return buf.ptr
+
+
 def release() -> None:
     """Synchronise the devices that have workspaces and free them all (the next call allocates
     anew).  Call it only when no launch that used a workspace is still to run (a CUDA graph
@@ -53,8 +73,9 @@ def release() -> None:
         lk.acquire()
     try:
         with _lock:
-            bufs = list(_buffers.values()) + _retired
+            bufs = list(_buffers.values()) + list(_counters.values()) + _retired
             _buffers.clear()
+            _counters.clear()
             _retired.clear()
         for driver, device in {(b.driver, b.device) for b in bufs}:
             driver.synchronize(device)
@@ -68,4 +89,4 @@ def held_bytes() -> int:
     """Bytes of workspace allocated (retired buffers included), over every backend, device and
     stream."""
     with _lock:
-        return sum(b.nbytes for b in list(_buffers.values()) + _retired)
+        return sum(b.nbytes for b in list(_buffers.values()) + list(_counters.values()) + _retired)

@@ -54,6 +54,8 @@ typedef CAT3(zyfa_, ZYFA_EXAMPLE_KERNEL, _args) kernel_args;
 #define K_BLOCK_SIZE KMACRO(BLOCK_SIZE)
 #define K_DYNAMIC_SMEM KMACRO(DYNAMIC_SMEM)
 #define K_TENSOR_MAPS KMACRO(TENSOR_MAPS)
+#define K_PERSISTENT KMACRO(PERSISTENT)
+#define kernel_tiles CAT3(zyfa_, ZYFA_EXAMPLE_KERNEL, _tiles)
 
 /* ---- the driver API, CUDA or HIP ---------------------------------------------------- */
 
@@ -286,6 +288,9 @@ int main(int argc, char **argv) {
   drv_module module;
   drv_function function;
   drv_ptr dq, dk, dvv, dout, dlse;
+#if K_PERSISTENT
+  drv_ptr dcounter;
+#endif
 
   if (argc != 2 && argc != 7) {
     fprintf(stderr, "usage: %s CODE_OBJECT [batch seqlen_q seqlen_k hq hkv]\n"
@@ -425,7 +430,23 @@ int main(int argc, char **argv) {
   K_TENSOR_MAPS(ENCODE_MAP)
 #undef ENCODE_MAP
 #endif
+#if K_PERSISTENT
+  /* a persistent kernel: one CTA an SM, taking tiles from a counter (zeroed once; every launch
+     leaves it zero) */
+  {
+    CUdevice dev;
+    int sms = 0;
+    kernel_tiles(&a);
+    CHECK(cuMemAlloc(&dcounter, KMACRO(COUNTER_BYTES)));
+    CHECK(cuMemsetD8(dcounter, 0, KMACRO(COUNTER_BYTES)));
+    a.tile_counter = DRV_ADDR(dcounter);
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    kernel_grid(&a, (unsigned)sms, &gx, &gy, &gz);
+  }
+#else
   kernel_grid(&a, &gx, &gy, &gz);
+#endif
 
   extra[0] = DRV_PARAM_BUFFER_POINTER;
   extra[1] = &a;
@@ -448,6 +469,9 @@ int main(int argc, char **argv) {
   CHECK(cuMemcpyDtoH(ho_buf, dout, 2 * n_o));
   CHECK(cuMemcpyDtoH(hlse, dlse, 4 * n_lse));
   CHECK(cuMemFree(dq)); CHECK(cuMemFree(dk)); CHECK(cuMemFree(dvv)); CHECK(cuMemFree(dout)); CHECK(cuMemFree(dlse));
+#if K_PERSISTENT
+  CHECK(cuMemFree(dcounter));
+#endif
   CHECK(cuModuleUnload(module));
   {
     CUdevice dev;
