@@ -700,8 +700,8 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     if (lane == 0) mbar_arrive(bars.kempty(0));
     return true;
   };
-  // Block n of tile j (the CTA's block g): P(n) into pa while PV(n - 1) reads pa_prev; the
-  // turn issues S(n + 1), then PV(n).  False after the tile's last block, its PV waited for.
+  // Block n of tile j (its K and V in stage n % 2): P(n) into pa while PV(n - 1) reads
+  // pa_prev; the turn issues S(n + 1), then PV(n).  False after the tile's last block, its PV waited for.
   // (n an argument and the loop bounded by n_blocks, as one_tile's: with n counted in the
   // lambda and the loop left only by its `false`, ptxas serialised the products.)
   const auto block = [&](const int n, uint32_t (&pa)[kBlockN / 4], uint32_t (&pa_prev)[kBlockN / 4]) -> bool {

@@ -17,8 +17,9 @@ Per built kernel ``<name>`` it declares
 * ``zyfa_<name>_grid(const struct zyfa_<name>_args *, unsigned *gx, *gy, *gz)``: the grid
   rule evaluated on the struct's fields.  A persistent kernel (``ZYFA_<NAME>_PERSISTENT``
   1: one CTA an SM, taking tiles from a counter) has ``zyfa_<name>_tiles(struct ... *)``,
-  which fills its ``tiles_x``, ``tiles_y``, ``tiles_z`` fields, and its grid function takes
-  the device's SM count after the struct.
+  which fills its ``tiles_x``, ``tiles_y``, ``tiles_z`` and ``tile_count`` fields (or returns
+  -1 where the tiles overflow the kernel's int), and its grid function takes the device's SM
+  count after the struct.
 
 plus the manifest format, package version, toolkit pins and compilers as macros, and
 ``ZYFA_KERNELS(X)``, an X-macro listing every built kernel as ``X(name, NAME)``.
@@ -247,10 +248,17 @@ def _persistent(name: str, entry: dict, st: str, args: set) -> list[str]:
             " * first launch that uses them; every launch leaves them zero, so launches on one stream share",
             " * them (give launches that may run at the same time counters of their own). */",
             f"#define ZYFA_{up}_COUNTER_BYTES {bytes_}",
-            f"/* tiles: x = {_comment(_rule(t['x']))}, y = {_comment(_rule(t['y']))}, z = {_comment(_rule(t['z']))} */",
-            f"static inline void zyfa_{name}_tiles({st} *a) {{",
-            *(f"  a->tiles_{axis} = (int32_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
-            "  a->tile_count = a->tiles_x * a->tiles_y * a->tiles_z;   /* < 2^31: split larger problems */",
+            f"/* tiles: x = {_comment(_rule(t['x']))}, y = {_comment(_rule(t['y']))}, z = {_comment(_rule(t['z']))};",
+            " * tile_count their product.  Returns 0, or -1 (the struct unchanged) where the tiles are more",
+            " * than the kernel counts (2^31 - 1): split the batch or the sequence. */",
+            f"static inline int zyfa_{name}_tiles({st} *a) {{",
+            *(f"  const int64_t t{axis} = (int64_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
+            "  if (tx > 0 && ty > 0 && tz > 0 && (tx > INT32_MAX / ty || tx * ty > INT32_MAX / tz)) return -1;",
+            "  a->tiles_x = (int32_t)tx;",
+            "  a->tiles_y = (int32_t)ty;",
+            "  a->tiles_z = (int32_t)tz;",
+            "  a->tile_count = (int32_t)(tx * ty * tz);",
+            "  return 0;",
             "}", ""]
 
 

@@ -109,7 +109,7 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
             if arg["type"] in ("i32", "i64"):
                 lines.append(f"    a.{arg['name']} = {values[arg['name']]};")
         if "persistent" in e:   # the tiles into the struct, then the grid for a device of SMS SMs
-            lines.append(f"    zyfa_{n}_tiles(&a);")
+            lines.append(f'    if (zyfa_{n}_tiles(&a) != 0) printf("toomany {n}\\n");')
             lines.append(f'    printf("tiles {n} %d %d %d %d\\n", (int)a.tiles_x, (int)a.tiles_y, (int)a.tiles_z, '
                          f"(int)a.tile_count);")
             lines.append(f"    zyfa_{n}_grid(&a, {SMS}u, &gx, &gy, &gz);")
@@ -227,6 +227,33 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 assert n not in got_pregrid and n not in got_vt
         if which == "gappy":
             assert pad_fields(header, "gappy") == [("pad_0", 4), ("pad_1", 4), ("pad_2", 16)]
+
+
+@needs_cc
+def test_persistent_tiles_refuse_more_than_the_kernel_counts(tmp_path):
+    """zyfa_<name>_tiles fills the tile fields from the manifest's rule and returns 0, or -1 and
+    leaves them where the tiles overflow the kernel's 32-bit count (as the runtime refuses)."""
+    m = catalogue_manifest()
+    (e,) = [e for e in m["kernels"] if "persistent" in e and not e["variant"]["causal"]]
+    n, inc = e["name"], header_dir(tmp_path, m)
+    src = tmp_path / "tiles.c"
+    src.write_text("\n".join([
+        "#include <stdio.h>", "#include <string.h>", '#include "zyfa_kernels.h"', "int main(void) {",
+        f"  zyfa_{n}_args a; memset(&a, 0, sizeof a);",
+        "  int r;",
+        "  a.seqlen_q = 1000; a.hq = 8; a.batch = 2;",
+        f"  r = zyfa_{n}_tiles(&a);",
+        '  printf("%d %d %d %d %d\\n", r, a.tiles_x, a.tiles_y, a.tiles_z, a.tile_count);',
+        "  a.seqlen_q = 1 << 30; a.hq = 64; a.batch = 64;",
+        f"  r = zyfa_{n}_tiles(&a);",
+        '  printf("%d %d %d %d %d\\n", r, a.tiles_x, a.tiles_y, a.tiles_z, a.tile_count);',
+        "  return 0;", "}", ""]))
+    exe = tmp_path / "tiles"
+    run([CC, "-std=c11", "-Wall", "-Werror", "-I", inc, src, "-o", exe])
+    bm = e["tile"]["block_m"]
+    fits, over = run([exe]).stdout.splitlines()
+    assert fits.split() == ["0", str(-(-1000 // bm)), "8", "2", str(-(-1000 // bm) * 16)]
+    assert over.split() == ["-1", str(-(-1000 // bm)), "8", "2", str(-(-1000 // bm) * 16)]
 
 
 def test_header_is_deterministic_and_independent_of_key_order():

@@ -128,7 +128,7 @@ class Tile:
     threads: int        # threads per workgroup / CTA
     dynamic_smem: int   # dynamic shared memory bytes (CUDA); 0 where LDS is static (HIP)
     stages: int = 1     # K/V tiles in flight in shared memory (sm_90a's copy ring)
-    persistent: bool = False   # sm_90a: one CTA an SM taking tiles from a counter (persistent_rule)
+    persistent: bool = False   # sm_90a: one CTA an SM taking tiles from a counter (grid_rule, tiles_rule)
 
 
 def sm90_body(v: Variant) -> str:
@@ -381,9 +381,10 @@ PERSISTENT_COUNTER_BYTES = 8
 
 
 def tiles_rule(v: Variant) -> dict:
-    """The tiles of a launch as a grid (x, y, z) in the order they are to start (a CTA a tile:
-    the grid itself; persistent: ``grid_rule``'s x and y and z of the kernel's arguments
-    ``tiles_x``, ``tiles_y``, ``tiles_z``, the tiles taken in the order of their linear index)."""
+    """The tiles of a launch (a tile: ``block_m`` query rows of one sequence and head) as a grid
+    (x, y, z) whose linear index orders them: a CTA a tile, it is the launch grid
+    (``grid_rule``); a persistent kernel gets it as its arguments ``tiles_x``, ``tiles_y``,
+    ``tiles_z`` and takes the tiles in that order."""
     blocks = {"cdiv": ["seqlen_q", v.tile.block_m]}
     if v.vendor == "cuda" and v.causal:
         heads = [{"mul": ["hkv", "seqlen_k", kv_bytes_per_key(v)]}, SM90_HEADS_FIRST_BYTES]

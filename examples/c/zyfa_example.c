@@ -436,7 +436,10 @@ int main(int argc, char **argv) {
   {
     CUdevice dev;
     int sms = 0;
-    kernel_tiles(&a);
+    if (kernel_tiles(&a) != 0) {
+      fprintf(stderr, "too many tiles for one launch: split the batch or the sequence\n");
+      return 2;
+    }
     CHECK(cuMemAlloc(&dcounter, KMACRO(COUNTER_BYTES)));
     CHECK(cuMemsetD8(dcounter, 0, KMACRO(COUNTER_BYTES)));
     a.tile_counter = DRV_ADDR(dcounter);
