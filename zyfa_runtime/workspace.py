@@ -8,7 +8,9 @@ different streams get different buffers.  A buffer is held (its lock taken) from
 call is handed its address until the call's launches are queued.  An address once handed out
 stays valid until ``release()``: growing a buffer allocates a larger one and keeps the old one
 (kernels still queued, or a CUDA graph captured earlier, may use it), so growth never has to
-synchronise the device.
+synchronise the device.  A CUDA graph that captured a launch keeps its workspace and counter
+addresses: replays of it must not overlap one another (or launches on the stream it was
+captured from), as launches on one stream never do.
 """
 
 from __future__ import annotations
