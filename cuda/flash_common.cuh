@@ -227,14 +227,6 @@ __device__ __forceinline__ void keep_operands(const uint32_t (&r)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" :: "r"(r[i]));
 }
-// An empty asm that "reads and writes" accumulators before a turn's wgmma.fence: what defines
-// them stays before the fence (else ptxas has to add one after it, and where that is on a
-// divergent path it serialises the products).
-template <int kN>
-__device__ __forceinline__ void fence_accumulators(float (&r)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
 __device__ __forceinline__ void fence_async_smem() {   // generic smem writes -> WGMMA reads
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
