@@ -165,8 +165,7 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     sm_count = None
     if "persistent" in kernel.entry:
         # One CTA an SM taking tiles from a counter: the grid of tiles, and the counter.
-        tiles = _launch.persistent_tiles(kernel, values)
-        values.update(tiles_x=tiles[0], tiles_y=tiles[1], tiles_z=tiles[2], tile_count=tiles[0] * tiles[1] * tiles[2])
+        values.update(_launch.persistent_tiles(kernel, values))
         counter_bytes = kernel.entry["persistent"]["counter_bytes"]
         values["tile_counter"] = workspace.counter(driver, device, stream, counter_bytes)
         extents["tile_counter"] = (values["tile_counter"], values["tile_counter"] + counter_bytes)

@@ -74,17 +74,17 @@ def _launch_prepass(driver, kernel: Kernel, grid: tuple[int, int, int], args: by
 MAX_TILES = 2**31 - 1
 
 
-def persistent_tiles(kernel: Kernel, values: dict) -> tuple[int, int, int]:
-    """The grid of tiles of a persistent kernel (its manifest's ``persistent.tiles`` rule: the
-    values of its arguments ``tiles_x``, ``tiles_y``, ``tiles_z``, whose product is
-    ``tile_count``), refused (ValueError) where the tiles overflow the kernel's int.  They are
-    not a launch grid: the device's grid limits do not apply to them."""
-    tiles = eval_grid(kernel.entry["persistent"]["tiles"], values)
-    if tiles[0] * tiles[1] * tiles[2] > MAX_TILES:
-        raise ValueError(f"{kernel.variant.name}: this problem has {tiles[0] * tiles[1] * tiles[2]} tiles of "
+def persistent_tiles(kernel: Kernel, values: dict) -> dict:
+    """A persistent kernel's tile arguments: ``tiles_x``, ``tiles_y``, ``tiles_z`` (its
+    manifest's ``persistent.tiles`` rule) and ``tile_count``, their product; refused
+    (ValueError) where the tiles overflow the kernel's int.  They are not a launch grid: the
+    device's grid limits do not apply to them."""
+    x, y, z = eval_grid(kernel.entry["persistent"]["tiles"], values)
+    if x * y * z > MAX_TILES:
+        raise ValueError(f"{kernel.variant.name}: this problem has {x * y * z} tiles of "
                          f"{kernel.entry['tile']['block_m']} query rows, more than {MAX_TILES}; split the "
                          f"batch or the sequence")
-    return tiles
+    return {"tiles_x": x, "tiles_y": y, "tiles_z": z, "tile_count": x * y * z}
 
 
 def _grid(driver, kernel: Kernel, rule: dict, values: dict) -> tuple[int, int, int]:
