@@ -276,6 +276,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                "@!done bra zyfa_wait;\n}\n" :: "r"(bar), "r"(parity) : "memory");
 }
+// Whether the phases of parity parity0 of bar0 and parity1 of bar1 have both completed, without
+// waiting: asked well before the waits it spares (mbar_wait_unless), so that the answer is back
+// by the time a branch reads it, where a wait's round trip through its barrier stalls the warp
+// at the point of use.  One register carries the answer.
+__device__ __forceinline__ bool mbar_test2(uint32_t bar0, uint32_t parity0, uint32_t bar1, uint32_t parity1) {
+  uint32_t done;
+  asm volatile("{\n.reg .pred p, q;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+               "mbarrier.test_wait.parity.shared::cta.b64 q, [%3], %4;\nand.pred p, p, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(bar0), "r"(parity0), "r"(bar1), "r"(parity1) : "memory");
+  return done != 0;
+}
+// mbar_wait unless an earlier mbar_test2 found the phase completed.
+__device__ __forceinline__ void mbar_wait_unless(bool done, uint32_t bar, uint32_t parity) {
+  if (!done) mbar_wait(bar, parity);
+}
 // One arrival that also expects `bytes` of asynchronous copies to complete the phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");

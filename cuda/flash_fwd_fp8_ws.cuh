@@ -97,6 +97,12 @@ static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart +
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
 // registers do not hold the block accumulator and S(n + 1) in flight together.
 constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
+// Where V^T(n) and K(n + 1) are tested for as block n starts (mbar_test2) rather than waited for
+// where the products need them: d256 (its turns wait for both; +1.8-2.9 % non-causal, causal
+// -0.4-+3.6 %) and d64 non-causal (+1.7 / +1.8 %).  Elsewhere it lost: d128 and d192/128 causal
+// -3.7-5.1 %, the three consumers at d_v = 128 (a register more spilled there) -0.4-2.7 %, d64
+// causal -0.5 / -2.0 % (bench/results/2026-12-01_h200_early_tests_a338baa).
+constexpr bool kTestEarly = kPasses > 1 || (kConsumers > 2 && !kSerialS && !kCausal);
 static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two consumers, which take all of the CTA's blocks");
 
 // The shared-memory map: every tile at a constant offset from q.
@@ -338,6 +344,8 @@ __device__ void flash_fwd(const P& p) {
     for (; n < n_two; ++n, k1 = next_stage<kStages>(k1)) {
       const int t = n % kVtStages;            // V^T stage of block n
       const bool last = n + 1 == n_mine;
+      const bool landed =
+          kTestEarly && mbar_test2(bars.vfull(t), Bars::vfull_parity(n), bars.kfull(k1), Bars::kfull_parity(n + 1));
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
@@ -347,7 +355,7 @@ __device__ void flash_fwd(const P& p) {
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
       float acc_b[kAccB], acc_lb[4];
-      mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
+      mbar_wait_unless(landed, bars.vfull(t), Bars::vfull_parity(n));
       if constexpr (kPasses > 1) {
         // d_v = 256: the registers hold one block accumulator and no S beside O, so each pass
         // of PV(n) and then S(n + 1) is a turn of its own: the other consumer's product runs
@@ -367,7 +375,7 @@ __device__ void flash_fwd(const P& p) {
           n = n_blocks;
           break;
         }
-        mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+        mbar_wait_unless(landed, bars.kfull(k1), Bars::kfull_parity(n + 1));
         turns.take();
         wgmma_fence();
         issue_qk(acc_s, sQg, sm.k_at(k1));
@@ -392,7 +400,7 @@ __device__ void flash_fwd(const P& p) {
         next_s(acc_s, sQg, sm, bars, n, k1);
         continue;
       }
-      mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+      mbar_wait_unless(landed, bars.kfull(k1), Bars::kfull_parity(n + 1));
       issue_qk(acc_s, sQg, sm.k_at(k1));
       turns.hand_over();
 
