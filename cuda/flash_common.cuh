@@ -287,6 +287,14 @@ __device__ __forceinline__ bool mbar_test2(uint32_t bar0, uint32_t parity0, uint
                : "=r"(done) : "r"(bar0), "r"(parity0), "r"(bar1), "r"(parity1) : "memory");
   return done != 0;
 }
+// Wait until both phases have completed: the two round trips through the barriers overlap.
+__device__ __forceinline__ void mbar_wait2(uint32_t bar0, uint32_t parity0, uint32_t bar1, uint32_t parity1) {
+  asm volatile("{\n.reg .pred p, q;\nzyfa_wait2:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 q, [%2], %3;\n"
+               "and.pred p, p, q;\n@!p bra zyfa_wait2;\n}\n"
+               :: "r"(bar0), "r"(parity0), "r"(bar1), "r"(parity1) : "memory");
+}
 // mbar_wait unless an earlier mbar_test2 found the phase completed.
 __device__ __forceinline__ void mbar_wait_unless(bool done, uint32_t bar, uint32_t parity) {
   if (!done) mbar_wait(bar, parity);
