@@ -356,7 +356,7 @@ __device__ void one_tile(const P& p) {
       const auto block = [&](int n, uint32_t (&pa)[kBlockN / 4], uint32_t (&pa_prev)[kBlockN / 4]) -> bool {
         const int s = n % kStages, s1 = (n + 1) % kStages;
         const bool last = n + 1 == n_blocks;
-        // V^T(n) and K(n + 1), asked for now and waited for below only where they had not
+        // V(n) and K(n + 1), asked for now and waited for below only where they had not
         // landed (d192/128 non-causal +4.7 %; as in the persistent kernel, consume_tiles).
         const bool landed = mbar_test2(bars.vfull(s), Bars::vfull_parity(n), bars.kfull(s1), Bars::kfull_parity(n + 1));
         float alpha[2];
@@ -715,7 +715,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   const auto block = [&](const int n, uint32_t (&pa)[kBlockN / 4], uint32_t (&pa_prev)[kBlockN / 4]) -> bool {
     const int b = j & 1, s = n & 1, s1 = s ^ 1;
     const bool last = n + 1 == n_blocks;
-    // V^T(n) and K(n + 1) tested for as the block starts: the two waits before the turn, each a
+    // V(n) and K(n + 1) tested for as the block starts: the two waits before the turn, each a
     // round trip through its barrier after the softmax, are then only where a copy is late
     // (32k non-causal +2.9 / +3.8 %, the other d128 shapes -0.4-+1.2 %).
     const bool landed = mbar_test2(bars.vfull(s), ring.full_parity(n), bars.kfull(s1), ring.full_parity(n + 1));
