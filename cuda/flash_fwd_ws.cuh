@@ -66,7 +66,7 @@ constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
 constexpr int kBarBytes = 128;
 constexpr bool kOverlap = kDv <= 128 && kConsumers == 2;   // the softmax overlaps the warpgroup's own PV
-constexpr bool kThreeWaits = kConsumers > 2;   // K(n + 1) waited for with V(n) (one_tile, below)
+constexpr bool kKWithV = kConsumers > 2;   // three consumers wait for K(n + 1) with V(n) (one_tile)
 using Bars = KvBarriers<kStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(Bars::kBytes + 24 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded, qlanded)");
 constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's Q copied during this one
@@ -410,7 +410,7 @@ __device__ void one_tile(const P& p) {
         // Three consumers (d64, no turns): K(n + 1) waited for with V(n), the two round trips
         // overlapping, rather than between the products (+3.0 / +3.3 %; d256's turns lost 4-5 %
         // so, and FP8's 1.5-2.8 % causal: 2026-12-01_h200_early_tests_a338baa/ab_wait2).
-        if (!kThreeWaits || n + 1 == n_mine) mbar_wait(bars.vfull(s), bars.vfull_parity(n));
+        if (!kKWithV || n + 1 == n_mine) mbar_wait(bars.vfull(s), bars.vfull_parity(n));
         else mbar_wait2(bars.vfull(s), bars.vfull_parity(n), bars.kfull(s1), bars.kfull_parity(n + 1));
         turns.take();
         wgmma_fence();
@@ -421,7 +421,7 @@ __device__ void one_tile(const P& p) {
           if (lane == 0) mbar_arrive(bars.vempty(s));
           break;
         }
-        if (!kThreeWaits) mbar_wait(bars.kfull(s1), bars.kfull_parity(n + 1));
+        if (!kKWithV) mbar_wait(bars.kfull(s1), bars.kfull_parity(n + 1));
         issue_qk(acc_s, sQg, sm.k_at(s1));
         turns.hand_over();
         wgmma_wait<1>();
