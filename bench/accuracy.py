@@ -42,7 +42,7 @@ from zyfa_runtime.fp8_models import sequence_forward  # noqa: E402
 #: ("lean64": Lean P, integer block max, rounded sum) and its ablations.
 STUDY = [
     "aiter", "fa3", "fa3/rounded",
-    "gfx950", "sm_90a", "sm_90a/fold",
+    "gfx950", "sm_90a", "sm_90a/quad", "sm_90a/fold",
     "lean64", "lean64/exact", "lean64/unrounded", "lean64/shift1", "lean64/running",
     "lean64/quad-bfp32", "lean128/bfp32c",
 ]

@@ -4,10 +4,12 @@
 // * The layouts: Q and K in 64-byte K-blocks with the 64B swizzle, V^T with the 128B swizzle
 //   and its keys in P's order, and the pre-pass that writes V^T to global memory.
 // * The P arithmetic of fp8_models.RECIPES["sm_90a"]: the block's frame (its exact fp32 max,
-//   the skip of negligible blocks) and the Lean byte with the quadratic correction, in half
-//   precision two scores at a time (byte_form "quad_h2", kByteH2: per score 1 FFMA + 2 HFMA2
-//   + 1/2 F2FP + 1/2 LOP3 + 1/4 PRMT) or in fp32 (byte_form "quad_fold": 4 FFMA + 1 LOP3 + 1/2
-//   I2IP), whichever the recipe names.
+//   the skip of negligible blocks) and the Lean byte, centred (the recipe's code_offset in
+//   w's constant kWBias) and formed in half precision two scores at a time (byte_form
+//   "lean_h2": per score 1 FFMA + 1/2 F2FP + 1/2 HFMA2 + 1/4 PRMT).  The body also builds the
+//   byte with the quadratic mantissa correction, the recipe before (kByteQuad: "quad_h2", 1
+//   FFMA + 2 HFMA2 + 1/2 F2FP + 1/2 LOP3 + 1/4 PRMT, which cost the kernels 9-23 %; or in
+//   fp32, "quad_fold": 4 FFMA + 1 LOP3 + 1/2 I2IP), whichever the recipe names.
 //
 // P in WGMMA-operand order.  The S accumulator gives a thread, per row and 32 keys, the keys
 // {2t, 2t+1, 2t+8, 2t+9} and the same + 16 (t = lane % 4); the e4m3 A fragment wants the
@@ -42,7 +44,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr double kLog2eD = 1.4426950408889634;
 constexpr float kSkip = 64.f;               // blocks this far below the running max are skipped
 constexpr float kBigT = 262144.f;           // |T| from here on may round a code past 120.5: clamp
-constexpr float kFold0 = 16.f + kCode0 / 8.f;   // w of the block max (31): y / 8 + 16 at y = c0
+constexpr float kFold0 = 16.f + kCode0 / 8.f;   // 31: w of the block max (y / 8 + 16 at y = c0), the diagonal terms'
+// kWBias (generated): fp32(16 + (c0 - delta) / 8), the main bytes' w of the block max, less the
+// recipe's centring offset delta where the byte is the plain Lean one (31 for the quad forms).
 constexpr float kFoldZMax = (kCode0 - kFoldC) / 8.f;   // z whose code is c0 (exact: -62.625)
 constexpr int kTileOnes = 8 * 128;
 
@@ -155,6 +159,7 @@ ZYFA_WGMMA_WRAPPERS
 // one whose block max lies kSkip below its running max M is skipped the same way.  Returns
 // whether |T| >= kBigT somewhere (w may then round so far past 31 that a code passes 120.5:
 // the clamped path; below it the block max's w is within 2^-5 of 31, its code 120).
+template <bool kTwo>
 __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float c, float (&frame)[2],
                                             float (&m_run)[2], float (&bias)[2], float (&factor)[2]) {
   float mx[2];
@@ -165,7 +170,7 @@ __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float
     const float t = __fmul_rn(mx[hr], c);                     // T: the block's reference max
     const bool none = mx[hr] == -INFINITY;                    // no key of this block: P = 0
     const bool live = !none && !(t < m_run[hr] - kSkip);      // else negligible: P = 0
-    bias[hr] = live ? __fsub_rn(kFold0, t) : (none ? 0.f : -INFINITY);   // fp32(31 - T)
+    bias[hr] = live ? __fsub_rn(kTwo ? kFold0 : kWBias, t) : (none ? 0.f : -INFINITY);   // fp32(K - T)
     factor[hr] = live ? exp2f(frame[hr] - t) : 1.f;           // 0 for the first: F = -inf
     big |= live && fabsf(t) >= kBigT;
     frame[hr] = live ? t : frame[hr];
@@ -196,9 +201,12 @@ __device__ __forceinline__ int lean_quad_bits(float s, float c, float bias) {
   return __float_as_int(r);
 }
 
-// The Lean byte of two scores in half precision, the arithmetic of e4m3.quad_h2_codes on the
+// The Lean byte of two scores in half precision, the arithmetic of e4m3.lean_h2_codes on the
 // fp32 w of each (one rounding per step, f16 subnormals kept):
 //   W = f16x2(w_hi, w_lo)        1/2 F2FP  y / 8 + 16 to 1/64: 4 bits of binade, 6 of x
+//   code = sat(W 2^-21 - 2^-17)  1/2 HFMA2 rint(8W - 128) as the bits of an f16 subnormal, the
+//                                          negative codes (and -inf, NaN) saturated to 0
+// or with kByteQuad (e4m3.quad_h2_codes) the quadratic correction between them, z for W:
 //   F = 1 + x / 16               1/2 LOP3  W's low 6 mantissa bits under 1.0's exponent
 //   t1 = F A - A = A x / 16      1/2 HFMA2
 //   t2 = F B - 17 B / 16         1/2 HFMA2 = B (x - 1) / 16 (17 B / 16 is an f16: B = 75/8)
@@ -207,13 +215,18 @@ __device__ __forceinline__ int lean_quad_bits(float s, float c, float bias) {
 //                                          negative codes (and -inf, NaN) saturated to 0
 // Returns the two codes in the low bytes of the two halves (bits above them zero).
 template <bool kClamp>
-__device__ __forceinline__ uint32_t lean_quad_h2(float w_lo, float w_hi) {
-  uint32_t big_w, f, t1, t2, z, code;
+__device__ __forceinline__ uint32_t lean_h2(float w_lo, float w_hi) {
+  uint32_t big_w, z, code;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(big_w) : "f"(w_hi), "f"(w_lo));
-  asm("lop3.b32 %0, %1, 0x003F003F, %2, 0xEA;\n" : "=r"(f) : "r"(big_w), "r"(0x3C003C00u));
-  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(t1) : "r"(f), "r"(kH2A), "r"(kH2NegA));
-  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(t2) : "r"(f), "r"(kH2B), "r"(kH2NegB17));
-  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(z) : "r"(t1), "r"(t2), "r"(big_w));
+  if constexpr (kByteQuad) {
+    uint32_t f, t1, t2;
+    asm("lop3.b32 %0, %1, 0x003F003F, %2, 0xEA;\n" : "=r"(f) : "r"(big_w), "r"(0x3C003C00u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(t1) : "r"(f), "r"(kH2A), "r"(kH2NegA));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(t2) : "r"(f), "r"(kH2B), "r"(kH2NegB17));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(z) : "r"(t1), "r"(t2), "r"(big_w));
+  } else {
+    z = big_w;
+  }
   if constexpr (kClamp) asm("min.f16x2 %0, %1, %2;\n" : "=r"(z) : "r"(z), "r"(kH2ZMax));
   asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(code) : "r"(z), "r"(0x00080008u), "r"(0x80808080u));  // 2^-21, -2^-17
   return code;
@@ -239,8 +252,8 @@ __device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float 
       const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
       const float b = bias[r & 1];
       if constexpr (kByteH2) {
-        const uint32_t lo = lean_quad_h2<kClamp>(__fmaf_rn(s[j], c, b), __fmaf_rn(s[j + 1], c, b));
-        const uint32_t hi = lean_quad_h2<kClamp>(__fmaf_rn(s[j + 4], c, b), __fmaf_rn(s[j + 5], c, b));
+        const uint32_t lo = lean_h2<kClamp>(__fmaf_rn(s[j], c, b), __fmaf_rn(s[j + 1], c, b));
+        const uint32_t hi = lean_h2<kClamp>(__fmaf_rn(s[j + 4], c, b), __fmaf_rn(s[j + 5], c, b));
         pa[4 * k + r] = __byte_perm(lo, hi, 0x6420);
       } else {
         pa[4 * k + r] = pack4(lean_quad_bits<kClamp>(s[j], c, b), lean_quad_bits<kClamp>(s[j + 1], c, b),

@@ -3,7 +3,7 @@
 //
 // The P arithmetic is fp8_models.RECIPES["sm_90a"] (cuda/flash_fp8_lean.cuh), so the model
 // predicts every P byte from the fp32 scores: 128-key blocks, the block's own exact fp32 max,
-// the Lean byte with the quadratic mantissa correction (no MUFU per element), the output
+// the centred Lean byte (one FFMA a score, then F2FP and HFMA2 a pair: no MUFU), the output
 // divided by the sum of the rounded P that was multiplied (a WGMMA against a tile of ones).
 // Each block's O_b, l_b are accumulated from zero in the tensor core and merged in fp32, O =
 // O 2^(F - T) + O_b (Hopper's FP8 WGMMA accumulates with fewer bits than fp32, so a running O
@@ -196,7 +196,7 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&
   const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
   if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
   float bias[2];
-  const bool big = block_frame(acc_s, c, frame, m_run, bias, factor);
+  const bool big = block_frame<kTwo>(acc_s, c, frame, m_run, bias, factor);
   if constexpr (kTwo) {
     if (__any_sync(0xffffffffu, big)) hi_lo_p<true>(pa, pl, acc_s, c, bias);
     else hi_lo_p<false>(pa, pl, acc_s, c, bias);

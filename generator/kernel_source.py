@@ -85,17 +85,19 @@ def body_key(v: Variant) -> str:
 
 def _recipe_constants(v: Variant) -> list[str]:
     """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit.
-    The body implements the "lean_quad" byte in two forms (``kByteH2`` picks one): "quad_h2"
-    (the correction in f16x2, the target's) and "quad_fold" (fp32, kept for ablations)."""
+    The body implements three byte forms: "lean_h2" (the plain Lean byte held to 1/8 code in
+    f16, the target's), "quad_h2" (with the quadratic correction in f16x2) and "quad_fold"
+    (the correction in fp32); ``kByteH2`` and ``kByteQuad`` pick one."""
     r = fp8_models.RECIPES["sm_90a"]
-    if (r.block_keys, r.p_rounding, r.max_kind, r.sum_of, r.code_offset) != \
-            (v.tile.block_n, "lean_quad", "block_fp32", "rounded", 0.0) or \
-            r.byte_form not in ("quad_fold", "quad_h2") or \
+    forms = {"lean_h2": "lean", "quad_h2": "lean_quad", "quad_fold": "lean_quad"}
+    if (r.block_keys, r.max_kind, r.sum_of, r.lse_offset) != (v.tile.block_n, "block_fp32", "rounded", 0.0) or \
+            forms.get(r.byte_form) != r.p_rounding or \
             (r.diagonal == "hi_lo" and r.diagonal_rows != CONSUMER_ROWS):
-        raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean_quad bytes in the quad_h2 or "
-                         f"quad_fold form, the exact fp32 block max and rounded sums over "
-                         f"{v.tile.block_n}-key blocks, and two-term diagonals per consumer "
-                         f"warpgroup's {CONSUMER_ROWS} rows, not {r}")
+        raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean bytes in the lean_h2 form or "
+                         f"lean_quad bytes in the quad_h2 or quad_fold form, the exact fp32 block max "
+                         f"and rounded sums over {v.tile.block_n}-key blocks with no LSE offset, and "
+                         f"two-term diagonals per consumer warpgroup's {CONSUMER_ROWS} rows, not {r}")
+    w_bias = np.float32(16.0 + (r.c0 - r.code_offset) / 8.0)   # fp8_models: fp32(16 + (c0 - delta)/8)
 
     def f16x2(x) -> str:       # an f16 constant in both halves of a b32, as its bits
         bits = int(np.float16(x).view(np.uint16))
@@ -103,8 +105,11 @@ def _recipe_constants(v: Variant) -> list[str]:
 
     return [f"constexpr float kCode0 = {float(r.c0)!r}f;       // e4m3 code of p_shift",
             f"constexpr float kLog2Shift = {math.log2(r.p_shift)!r}f;",
-            f"constexpr bool kByteH2 = {'true' if r.byte_form == 'quad_h2' else 'false'};"
+            f"constexpr bool kByteH2 = {'true' if r.byte_form.endswith('_h2') else 'false'};"
             f"   // byte_form {r.byte_form!r}",
+            f"constexpr bool kByteQuad = {'true' if r.p_rounding == 'lean_quad' else 'false'};"
+            f"   // p_rounding {r.p_rounding!r}",
+            f"constexpr float kWBias = {float(w_bias).hex()}f;   // fp32(16 + (c0 - code_offset) / 8)",
             f"constexpr int kFoldC = {e4m3.QUAD_FOLD_C};             // e4m3.QUAD_FOLD_C",
             f"constexpr float kFoldA1 = {float(e4m3.QUAD_FOLD_A1).hex()}f;   // e4m3.QUAD_FOLD_A1",
             f"constexpr float kFoldA0 = {float(e4m3.QUAD_FOLD_A0).hex()}f;   // e4m3.QUAD_FOLD_A0",

@@ -63,8 +63,12 @@ def test_recipe_constants_are_the_models():
     assert f"kFoldC = {e4m3.QUAD_FOLD_C};" in cfg
     r = fp8_models.RECIPES["sm_90a"]
     assert f"kCode0 = {float(r.c0)!r}f" in cfg and r.block_keys == v.tile.block_n
-    # the half-precision form's constants, both halves of each b32 the model's f16 bits
-    assert "kByteH2 = true;" in cfg
+    # the plain Lean byte in half precision, its w constant with the centring offset, in fp32
+    # as the model rounds it
+    assert "kByteH2 = true;" in cfg and "kByteQuad = false;" in cfg
+    w_bias = float.fromhex(re.search(r"kWBias = (\S+)f;", cfg).group(1))
+    assert w_bias == float(np.float32(16 + (r.c0 - e4m3.LEAN_CENTRE) / 8)) and 30.9 < w_bias < 31
+    # the correction's constants (for the quad forms), both halves of each b32 the model's f16 bits
     for name, value in (("kH2A", e4m3.QUAD_H2_A), ("kH2NegA", -e4m3.QUAD_H2_A), ("kH2B", e4m3.QUAD_H2_B),
                         ("kH2NegB17", -e4m3.QUAD_H2_B17), ("kH2ZMax", np.float16((r.c0 + 128) / 8))):
         word = int(re.search(rf"{name} = 0x([0-9A-F]{{8}})u;", cfg).group(1), 16)
@@ -85,18 +89,22 @@ def test_the_diagonal_terms_reach_the_kernel_where_the_recipe_takes_them(dv, cau
     assert float.fromhex(re.search(r"kExpWMax = (\S+)f;", cfg).group(1)) == float.fromhex("0x1.fffffep4")
 
 
-def test_the_folded_form_is_still_built_where_the_recipe_names_it(monkeypatch):
-    monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", fp8_models.RECIPES["sm_90a/fold"])
-    assert "kByteH2 = false;" in ks.config(Variant("sm_90a", "fp8_e4m3", 128, 128, False))
+@pytest.mark.parametrize("name,h2", [("sm_90a/quad", "true"), ("sm_90a/fold", "false")])
+def test_the_quadratic_forms_are_still_built_where_the_recipe_names_them(monkeypatch, name, h2):
+    monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", fp8_models.RECIPES[name])
+    cfg = ks.config(Variant("sm_90a", "fp8_e4m3", 128, 128, False))
+    assert f"kByteH2 = {h2};" in cfg and "kByteQuad = true;" in cfg
+    assert float.fromhex(re.search(r"kWBias = (\S+)f;", cfg).group(1)) == 31.0
 
 
-@pytest.mark.parametrize("change", [dict(byte_form="fma"), dict(p_rounding="lean", byte_form="fma"),
-                                    dict(block_keys=64)])
+@pytest.mark.parametrize("change", [dict(byte_form="fma"), dict(p_rounding="lean_quad", byte_form="fma"),
+                                    dict(block_keys=64),
+                                    dict(code_offset=0.0)])   # uncentred Lean sums need an LSE offset
 def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch, change):
     v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
     other = fp8_models.RECIPES["sm_90a"].replace(**change)
     monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", other)
-    with pytest.raises(ValueError, match="implements lean_quad bytes in the quad_h2 or quad_fold form"):
+    with pytest.raises(ValueError, match="the FP8 WGMMA body implements lean bytes in the lean_h2 form"):
         ks.config(v)
 
 

@@ -315,6 +315,23 @@ def quad_h2_codes(w, *, max_code: int = 120) -> np.ndarray:
     return np.clip(code, 0, max_code).astype(np.uint8)
 
 
+def lean_h2_codes(w, *, max_code: int = 120) -> np.ndarray:
+    """The "lean" byte as sm_90a forms it, two scores an instruction, for ``w = y/8 + 16``
+    (float32, the kernel's value), clamped to ``[0, max_code]``.
+
+    ``W = f16(w)`` holds ``y`` to 1/8 code (an overflow is -inf: the code is 0); the code is
+    ``rint(8 W - 128)`` (ties to even), the bits of the f16 subnormal ``sat(W 2^-21 -
+    2^-17)``, saturated below at 0 (NaN gives 0, as ``.sat`` does).  Against the fp32
+    ``rint(y)`` of :func:`p_codes` the code moves only where ``y`` lies within 1/16 code of a
+    rounding boundary (the first rounding then lands on the tie).
+    """
+    with np.errstate(over="ignore"):
+        big_w = np.asarray(w, dtype=np.float32).astype(np.float16)
+    r = fma_f16(big_w, np.float16(2.0 ** -21), np.float16(-2.0 ** -17)).astype(np.float64)
+    code = np.nan_to_num(r, nan=0.0, neginf=0.0, posinf=1.0) * 2.0 ** 24   # exact integers
+    return np.clip(code, 0, max_code).astype(np.uint8)
+
+
 def lean_p_codes(u, *, variant: str) -> np.ndarray:
     """The P byte for ``u = t - m <= 0`` (log2 units) with P shifted by 2^8 (code 120 =
     256.0 stands for 2^0): :func:`p_codes` of ``y = fp32(8u + 120)``, as a kernel holds it.

@@ -78,7 +78,7 @@ __all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "log2_scale",
 
 MAX_KINDS = ("running_fp32", "running_integer", "block_integer", "block_fp32")
 SUMS = ("rounded", "unrounded")
-BYTE_FORMS = ("fma", "pk_u8", "quad_fold", "quad_h2")
+BYTE_FORMS = ("fma", "pk_u8", "quad_fold", "quad_h2", "lean_h2")
 _LOG2E = 1.4426950408889634
 
 
@@ -108,7 +108,11 @@ class Recipe:
                     the "lean_quad" byte in 4 FMA-pipe instructions instead of 6.  Or
                     "quad_h2", sm_90a's: the same ``w`` and ``e4m3.quad_h2_codes(w)``, the
                     correction in half precision, two scores an instruction.  Both need
-                    "lean_quad" and "block_fp32".
+                    "lean_quad" and "block_fp32".  Or "lean_h2", sm_90a's: ``w = fp32(S c
+                    + fp32(fp32(16 + (c0 - delta)/8) - m_b))`` (the constant rounded once,
+                    then the subtraction: the kernel's two fp32 steps) and
+                    ``e4m3.lean_h2_codes(w)``, the "lean" byte held to 1/8 code in f16 and
+                    rounded onto the f16 subnormals; needs "lean" and "block_fp32".
     ``diagonal``    "same", or "hi_lo": with a causal mask, the key blocks that the diagonal
                     of a row's group of ``diagonal_rows`` rows cuts (the group's first row
                     does not see the block's last key: the blocks a kernel masks for those
@@ -153,6 +157,8 @@ class Recipe:
                 (self.p_rounding, self.max_kind) != ("lean_quad", "block_fp32"):
             raise ValueError(f"byte_form {self.byte_form!r} is defined for lean_quad bytes with a "
                              "block_fp32 max")
+        if self.byte_form == "lean_h2" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
+            raise ValueError("byte_form 'lean_h2' is defined for lean bytes with a block_fp32 max")
         if self.diagonal not in ("same", "hi_lo"):
             raise ValueError(f"diagonal must be 'same' or 'hi_lo', got {self.diagonal!r}")
         if self.diagonal == "hi_lo" and self.max_kind != "block_fp32":
@@ -227,12 +233,15 @@ def _recipes() -> dict[str, Recipe]:
         # The targets (see the docstring).
         "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
                          "pk_u8"),
-        "sm_90a": Recipe("sm_90a", 128, "lean_quad", "block_fp32", "rounded", 256.0, 0.0, "quad_h2",
-                         "hi_lo"),
+        "sm_90a": Recipe("sm_90a", 128, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
+                         "lean_h2", "hi_lo"),
+        # sm_90a's recipe until the kernels showed the quadratic correction's cost.
+        "sm_90a/quad": Recipe("sm_90a/quad", 128, "lean_quad", "block_fp32", "rounded", 256.0, 0.0,
+                              "quad_h2", "hi_lo"),
     }
-    r["sm_90a/fold"] = r["sm_90a"].replace(name="sm_90a/fold", byte_form="quad_fold")
     r["sm_90a/one"] = r["sm_90a"].replace(name="sm_90a/one", diagonal="same")
-    r["sm_90a/fma"] = r["sm_90a"].replace(name="sm_90a/fma", byte_form="fma")
+    r["sm_90a/fold"] = r["sm_90a/quad"].replace(name="sm_90a/fold", byte_form="quad_fold")
+    r["sm_90a/fma"] = r["sm_90a/quad"].replace(name="sm_90a/fma", byte_form="fma")
     changes = {
         "exact": dict(p_rounding="exact"),
         "lean_quad": dict(p_rounding="lean_quad"),
@@ -333,18 +342,23 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             big = np.maximum.accumulate(ref, axis=2)
         ref, big = ref.astype(np.float64), big.astype(np.float64)
         live = np.isfinite(ref)
-        # fp32(16 + c0/8 - m_b): the constant of w = y/8 + 16, the quad forms' and the
-        # diagonal terms' argument (0 where the block has no reference: its scores are -inf).
-        w_bias = _fp32(np.where(live, 16.0 + c0 / 8.0 - np.where(live, ref, 0.0), 0.0))[..., None]
+        # fp32(fp32(16 + c0/8) - m_b): the constant of w = y/8 + 16, the quad and lean_h2
+        # forms' argument (0 where the block has no reference: its scores are -inf); the
+        # diagonal terms' has no centring offset (they carry no Lean bias to cancel).
+        def w_bias_at(code0):
+            k16 = np.float64(_fp32(16.0 + code0 / 8.0))
+            return _fp32(np.where(live, k16 - np.where(live, ref, 0.0), 0.0))[..., None]
+        w_bias = w_bias_at(c0)
         if recipe.byte_form == "pk_u8":
             kc = np.float32(c0)
             with np.errstate(invalid="ignore"):
                 u = np.nextafter(e4m3.fma_f32(sb.max(axis=3), c8, -kc), np.float32(np.inf))
                 y = e4m3.fma_f32(sb, c8, -u[..., None])
             codes = np.clip(np.rint(np.nan_to_num(y, nan=0.0, neginf=0.0)), 0, 255).astype(np.uint8)
-        elif recipe.byte_form in ("quad_fold", "quad_h2"):
+        elif recipe.byte_form in ("quad_fold", "quad_h2", "lean_h2"):
             w = e4m3.fma_f32(sb, c, w_bias)
-            byte = e4m3.quad_fold_codes if recipe.byte_form == "quad_fold" else e4m3.quad_h2_codes
+            byte = {"quad_fold": e4m3.quad_fold_codes, "quad_h2": e4m3.quad_h2_codes,
+                    "lean_h2": e4m3.lean_h2_codes}[recipe.byte_form]
             codes = byte(w, max_code=recipe.c0)
             y = _fp32((w.astype(np.float64) - 16.0) * 8.0)        # for an "unrounded" sum
         else:
@@ -359,7 +373,8 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             g0 = (np.arange(r0, r1) // g) * g
             cut = (np.arange(nb)[None, :] * n + n - 1) > (g0 + off)[:, None]        # (R, nb)
             sel = np.broadcast_to(cut[None, :, :, None], pd.shape)
-            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c, np.broadcast_to(w_bias, sb.shape)[sel]))
+            w_diag = w_bias_at(recipe.c0)
+            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c, np.broadcast_to(w_diag, sb.shape)[sel]))
             codes[sel] = hi
             pd[sel] = e4m3.decode(hi) + e4m3.decode(lo)
             if trace:
