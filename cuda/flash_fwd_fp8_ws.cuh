@@ -88,7 +88,7 @@ constexpr bool kOnesInVt = kPasses == 1;
 constexpr int kTileVt = (kDv + (kOnesInVt ? 8 : 0)) * kBlockN;   // V^T (and its ones)
 constexpr int kTileOnesApart = kOnesInVt ? 0 : kTileOnes;
 constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's accumulators
-constexpr int kBarBytes = 128;
+constexpr int kBarBytes = (32 * kStages + 16 + 127) / 128 * 128;   // catalogue.tile_for's, in 128-byte units
 using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(kStages >= 2 && Bars::kBytes + 16 <= kBarBytes, "the mbarriers' bytes (and qfull, qlanded)");
 static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==

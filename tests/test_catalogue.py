@@ -148,6 +148,23 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
         assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
 
 
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a" and v.dtype != "bf16"],
+                         ids=lambda v: v.name)
+def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
+    """FP8: four K/V^T stages where they fit at d_qk >= 128 (d128, d192/128), three at d64
+    (where a fourth did not gain) and at d256 (where four do not fit); the layout Q | K x
+    stages | (V^T, ones) x stages | mbarriers (four a stage, two more, in 128-byte units) |
+    1 KiB of alignment within the 227 KiB a CTA may have."""
+    stages = v.tile.stages
+    assert stages == (3 if v.d_qk == 64 or v.d_v == 256 else 4)
+    ones = 8 * 128 * (stages if v.d_v <= 128 else 1)
+    barriers = 128 if stages <= 3 else 256
+    smem = v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + 1024
+    assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
+    if v.d_v == 256:     # a fourth stage would not fit
+        assert smem + 128 * (v.d_qk + v.d_v) > SM90_MAX_SMEM
+
+
 def _kernel_reading(grid, hq, batch):
     """cta_work's reading of a causal grid (flash_common.cuh), as a map from the CTA index
     to (row block, head, sequence)."""

@@ -170,16 +170,19 @@ def tile_for(v: Variant) -> Tile:
         # (more warps to hide the softmax's latencies, and each K/V block serves 192 rows):
         # at d64, and at d_v = 128 non-causal, where S(n + 1) then waits for the block's merge
         # (causal, the diagonal blocks' second P does not fit beside O, S and the block
-        # accumulator); else two.  Q, a ring of three stages of K and V^T (from the pre-pass;
-        # two where three do not fit), each V^T followed by 8 x 128 bytes of ones (one tile of
-        # ones apart at d256, whose PV goes in two passes), 128 bytes of mbarriers, +1 KiB for
-        # alignment (d256: 226 KiB of the 227 a CTA may have).
+        # accumulator); else two.  Q, a ring of four stages of K and V^T (from the pre-pass;
+        # three at d64, where a fourth measured -1.4 / +0.6 %, and where four do not fit: d256,
+        # 226 KiB of the 227 a CTA may have), each V^T followed by 8 x 128 bytes of ones (one
+        # tile of ones apart at d256, whose PV goes in two passes), the mbarriers in 128-byte
+        # units, +1 KiB for alignment.
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         def smem(stages):
             ones_tiles = stages if v.d_v <= 128 else 1
+            barriers = -(-(32 * stages + 16) // 128) * 128    # four a stage, qfull and qlanded
             return (SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * stages * (v.d_qk + v.d_v)
-                    + ones_tiles * 8 * 128 + 128 + 1024)
-        stages = 3 if smem(3) <= SM90_MAX_SMEM else 2
+                    + ones_tiles * 8 * 128 + barriers + 1024)
+        deepest = 4 if v.d_qk >= 128 else 3
+        stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
                     dynamic_smem=smem(stages), stages=stages)
     if v.built_from == "asm-generator":
