@@ -311,3 +311,28 @@ def test_hi_lo_codes_carry_p_to_a_twentieth_of_one_bytes_error():
     h, l = e4m3.hi_lo_codes(np.float32([31.0, -np.inf, 15.0]))
     np.testing.assert_array_equal(h, [120, 0, 0])
     np.testing.assert_array_equal(l, [0, 0, 0])
+
+
+def test_lean_h2_is_the_lean_byte_but_near_ties():
+    """sm_90a's byte: y held to 1/8 code in f16, then rint onto the f16 subnormals.  It is the
+    fp32 "lean" byte rint(y) but where y lay within 1/16 code of a tie (one code off, about
+    1/8 of those ties' neighbourhoods), so its error of P is "lean"'s to within a few %."""
+    y = dense_y(-40, 120)
+    w = ((y.astype(np.float64) / 8) + 16).astype(np.float32)
+    h2, lean = e4m3.lean_h2_codes(w), e4m3.p_codes(y, variant="lean")
+    diff = h2.astype(int) - lean.astype(int)
+    assert set(np.unique(diff)) <= {-1, 0, 1} and 0.01 < np.mean(diff != 0) < 0.1
+    near_tie = np.abs(y - np.floor(y) - 0.5) <= 1 / 16 + 1e-4     # and w's own fp32 rounding
+    assert not (diff != 0)[~near_tie].any()
+    big = y > 8
+    rh, rl = (e4m3.decode(c[big]) / T(y[big]) - 1 for c in (h2, lean))
+    assert 0.97 < np.sqrt(np.mean(rh ** 2)) / np.sqrt(np.mean(rl ** 2)) < 1.03
+
+
+def test_lean_h2_edges():
+    """The centred block max (y = 119.54, w = 30.943) is code 120; w below 16, a w past f16's
+    range (-inf), -inf and NaN give 0; +inf the max code."""
+    top = np.float32(16 + (120 - e4m3.LEAN_CENTRE) / 8)
+    w = np.float32([top, 31.0, 16.0, 15.999, 8.5, -1e30, -np.inf, np.nan, np.inf])
+    np.testing.assert_array_equal(e4m3.lean_h2_codes(w), [120, 120, 0, 0, 0, 0, 0, 0, 120])
+    assert e4m3.lean_h2_codes(np.float32([31.9]), max_code=255)[0] == 127

@@ -103,10 +103,10 @@ class Recipe:
                     makes ``y <= K`` for every score of the block whatever its magnitude, so
                     no byte exceeds ``c0`` (and none can be the e4m3 NaN); ``y`` differs
                     from "fma"'s by the placement of one fp32 rounding.  Needs "lean" and
-                    "block_fp32".  Or "quad_fold", sm_90a's: ``w = fp32(S c + fp32(16 +
-                    (c0 - delta)/8 - m_b))`` (one FMA) and ``e4m3.quad_fold_codes(w)``,
+                    "block_fp32".  Or "quad_fold" (sm_90a/fold's): ``w`` as for "lean_h2"
+                    below (one FMA) and ``e4m3.quad_fold_codes(w)``,
                     the "lean_quad" byte in 4 FMA-pipe instructions instead of 6.  Or
-                    "quad_h2", sm_90a's: the same ``w`` and ``e4m3.quad_h2_codes(w)``, the
+                    "quad_h2" (sm_90a/quad's): the same ``w`` and ``e4m3.quad_h2_codes(w)``, the
                     correction in half precision, two scores an instruction.  Both need
                     "lean_quad" and "block_fp32".  Or "lean_h2", sm_90a's: ``w = fp32(S c
                     + fp32(fp32(16 + (c0 - delta)/8) - m_b))`` (the constant rounded once,
@@ -120,8 +120,9 @@ class Recipe:
                     relative instead of one byte's 2^-5, RMS), both multiplied with V and
                     both in the rounded sum.  These are the keys nearest each query, where
                     a model's attention is most local and a row near the start of a sequence
-                    has all its keys.  ``w = fp32(S c + fp32(16 + c0/8 - m_b))`` as in
-                    the quad forms; needs "block_fp32".  Only where ``d_v <=
+                    has all its keys.  ``w = fp32(S c + fp32(16 + c0/8 - m_b))``, with no
+                    centring offset (the two terms carry no Lean bias to cancel); needs
+                    "block_fp32".  Only where ``d_v <=
                     diagonal_dv`` (``diagonal_at``): sm_90a's d_v = 256 consumer holds no
                     second P beside its 256-wide O and block accumulator.
     Sweep a study with ``recipe.replace(field=value, ...)``.
@@ -206,16 +207,19 @@ def _recipes() -> dict[str, Recipe]:
 
     The targets were chosen by the accuracy study (``bench/accuracy.py``, results and
     reasons in ``docs/numerics.md``): per target, the most accurate recipe whose P costs
-    fit under the target's matrix-pipe budget per KV tile.
+    fit under the target's matrix-pipe budget per KV tile, or, where the kernel turned out
+    to be bound by instruction issue (sm_90a), what its measured speed bought.
 
     * "gfx950": Lean P with the block's exact fp32 max and the centring offset, rounded
       sum, 64-key blocks: 2 VALU slots per P element plus the O rescale (d / 2N).
-    * "sm_90a": Lean P with the quadratic mantissa correction, exact fp32 block max,
-      rounded sum, 128-key blocks: no MUFU at all; the correction in half precision, two
-      scores an instruction, 2.5 FMA-pipe + 1.25 other instructions per element
-      ("sm_90a/fold": the same byte in fp32, 4 + 1.5; "sm_90a/fma": the FMA form, 6 + 1.5);
-      causal, at d_v <= 128, the blocks the diagonal of each 64-row group cuts take P in two
-      e4m3 terms (``diagonal="hi_lo"``; "sm_90a/one" is the recipe without them).
+    * "sm_90a": the same Lean P (centred, exact fp32 block max, rounded sum) over 128-key
+      blocks, the byte held to 1/8 code in half precision, two scores an instruction: 1.5
+      FMA-pipe + 0.75 other instructions per element, no MUFU; causal, at d_v <= 128, the
+      blocks the diagonal of each 64-row group cuts take P in two e4m3 terms
+      (``diagonal="hi_lo"``; "sm_90a/one" is the recipe without them).  "sm_90a/quad", the
+      recipe until the kernels measured its cost: the quadratic mantissa correction in half
+      precision, 2.5 + 1.25 ("sm_90a/fold": the same byte in fp32, 4 + 1.5; "sm_90a/fma": the
+      FMA form, 6 + 1.5), about 0.85x the error for 9-23 % of the kernels' time.
 
     Kernels take their P arithmetic from these two entries.  "lean64" / "lean128" are the
     first design (Lean P, integer block max, rounded sum) from which the ablations are
