@@ -307,13 +307,20 @@ __device__ __forceinline__ void hi_lo_pair(float x0, float x1, uint32_t& hi, uin
 }
 
 // P of a diagonal block in A-fragment order (as lean_p): pa the first terms, pl the second.
+// The block's 16-key groups from `seen` on (warp-uniform) are masked for every row of the warp:
+// their terms are 0, and they are written so without the arithmetic.
 template <bool kClamp>
 __device__ __forceinline__ void hi_lo_p(uint32_t (&pa)[kBlockN / 8], uint32_t (&pl)[kBlockN / 8],
-                                        const float (&s)[kBlockN / 2], float c, const float (&bias)[2]) {
+                                        const float (&s)[kBlockN / 2], float c, const float (&bias)[2],
+                                        int seen) {
 #pragma unroll
   for (int k = 0; k < kBlockN / 32; ++k) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
+      if (2 * k + (r >> 1) >= seen) {        // group (r >> 1) of keys 32k ..
+        pa[4 * k + r] = pl[4 * k + r] = 0u;
+        continue;
+      }
       const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
       const float b = bias[r & 1];
       uint32_t h01, l01, h45, l45;

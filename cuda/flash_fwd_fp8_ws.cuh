@@ -198,8 +198,13 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&
   float bias[2];
   const bool big = block_frame<kTwo>(acc_s, c, frame, m_run, bias, factor);
   if constexpr (kTwo) {
-    if (__any_sync(0xffffffffu, big)) hi_lo_p<true>(pa, pl, acc_s, c, bias);
-    else hi_lo_p<false>(pa, pl, acc_s, c, bias);
+    // The 16-key groups the warp's last row sees (the diagonal, the sequence's end): the rest
+    // of a diagonal block is masked for all 16 of its rows.
+    const int warp_last = r_lo - (threadIdx.x % 32) / 4 + 15;
+    const int keys = min(sk, warp_last + diag + 1) - n0;
+    const int seen = __shfl_sync(0xffffffffu, keys <= 0 ? 0 : (keys + 15) / 16, 0);
+    if (__any_sync(0xffffffffu, big)) hi_lo_p<true>(pa, pl, acc_s, c, bias, seen);
+    else hi_lo_p<false>(pa, pl, acc_s, c, bias, seen);
   } else {
     if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c, bias);
     else lean_p<false>(pa, acc_s, c, bias);
