@@ -32,6 +32,8 @@ are common to all and counted elsewhere):
                  the subnormal product's bits are ``rint(y)`` as an integer) + 1/2
                  ``I2IP.U8.S32.SAT`` (clamps and packs two) = 2 FMA-pipe + 0.5 ALU-pipe
                  instructions (the FMUL folds into the FFMA when 8c is a power of two).
+                 The sm_90a kernels hold y to 1/8 code in f16 instead (:func:`lean_h2_codes`:
+                 FFMA + 1/2 F2FP + 1/2 HFMA2 + 1/4 PRMT, two scores an instruction).
 ``"lean_quad"``  ``w = fp32(y/8 + 16)``, ``x = w - floor(w)`` (exact: the position inside
                  the binade), ``h = fp32(x*x - x)``, ``z = fp32(h * K + y)`` (FMAs, one
                  rounding each), ``code = clamp(rint(z), 0, c0)``: the linear mantissa
