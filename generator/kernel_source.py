@@ -89,15 +89,14 @@ def _recipe_constants(v: Variant) -> list[str]:
     f16, the target's), "quad_h2" (with the quadratic correction in f16x2) and "quad_fold"
     (the correction in fp32); ``kByteH2`` and ``kByteQuad`` pick one."""
     r = fp8_models.RECIPES["sm_90a"]
-    forms = {"lean_h2": "lean", "quad_h2": "lean_quad", "quad_fold": "lean_quad"}
+    # (the Recipe itself ties each of these forms to its rounding and the exact block max)
     if (r.block_keys, r.max_kind, r.sum_of, r.lse_offset) != (v.tile.block_n, "block_fp32", "rounded", 0.0) or \
-            forms.get(r.byte_form) != r.p_rounding or \
+            r.byte_form not in ("lean_h2", "quad_h2", "quad_fold") or \
             (r.diagonal == "hi_lo" and r.diagonal_rows != CONSUMER_ROWS):
         raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean bytes in the lean_h2 form or "
                          f"lean_quad bytes in the quad_h2 or quad_fold form, the exact fp32 block max "
                          f"and rounded sums over {v.tile.block_n}-key blocks with no LSE offset, and "
                          f"two-term diagonals per consumer warpgroup's {CONSUMER_ROWS} rows, not {r}")
-    w_bias = np.float32(16.0 + (r.c0 - r.code_offset) / 8.0)   # fp8_models: fp32(16 + (c0 - delta)/8)
 
     def f16x2(x) -> str:       # an f16 constant in both halves of a b32, as its bits
         bits = int(np.float16(x).view(np.uint16))
@@ -109,7 +108,7 @@ def _recipe_constants(v: Variant) -> list[str]:
             f"   // byte_form {r.byte_form!r}",
             f"constexpr bool kByteQuad = {'true' if r.p_rounding == 'lean_quad' else 'false'};"
             f"   // p_rounding {r.p_rounding!r}",
-            f"constexpr float kWBias = {float(w_bias).hex()}f;   // fp32(16 + (c0 - code_offset) / 8)",
+            f"constexpr float kWBias = {float(r.w_constant).hex()}f;   // Recipe.w_constant: fp32(16 + (c0 - code_offset) / 8)",
             f"constexpr int kFoldC = {e4m3.QUAD_FOLD_C};             // e4m3.QUAD_FOLD_C",
             f"constexpr float kFoldA1 = {float(e4m3.QUAD_FOLD_A1).hex()}f;   // e4m3.QUAD_FOLD_A1",
             f"constexpr float kFoldA0 = {float(e4m3.QUAD_FOLD_A0).hex()}f;   // e4m3.QUAD_FOLD_A0",

@@ -306,12 +306,23 @@ def quad_h2_codes(w, *, max_code: int = 120) -> np.ndarray:
     stays at 0).  The code is ``rint(8 z - 128)``, the bits of an f16 subnormal, saturated
     below at 0 (NaN gives 0, as ``.sat`` does).
     """
-    with np.errstate(over="ignore"):
-        big_w = np.asarray(w, dtype=np.float32).astype(np.float16)
+    big_w = _f16_w(w)
     f = ((big_w.view(np.uint16) & np.uint16(0x3F)) | np.uint16(0x3C00)).view(np.float16)
     t1 = fma_f16(f, QUAD_H2_A, -QUAD_H2_A)
     t2 = fma_f16(f, QUAD_H2_B, -QUAD_H2_B17)
-    z = fma_f16(t1, t2, big_w)
+    return _subnormal_code(fma_f16(t1, t2, big_w), max_code)
+
+
+def _f16_w(w) -> np.ndarray:
+    """``W = f16(w)`` of the kernel's fp32 ``w`` (F2FP; an overflow is -inf)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(w, dtype=np.float32).astype(np.float16)
+
+
+def _subnormal_code(z, max_code: int) -> np.ndarray:
+    """The code ``rint(8z - 128)`` (ties to even) as the bits of the f16 subnormal ``sat(z
+    2^-21 - 2^-17)`` (one HFMA2.SAT), negative codes, -inf and NaN saturated to 0, clamped to
+    ``[0, max_code]``."""
     r = fma_f16(z, np.float16(2.0 ** -21), np.float16(-2.0 ** -17)).astype(np.float64)
     code = np.nan_to_num(r, nan=0.0, neginf=0.0, posinf=1.0) * 2.0 ** 24   # exact integers
     return np.clip(code, 0, max_code).astype(np.uint8)
@@ -327,11 +338,7 @@ def lean_h2_codes(w, *, max_code: int = 120) -> np.ndarray:
     ``rint(y)`` of :func:`p_codes` the code moves only where ``y`` lies within 1/16 code of a
     rounding boundary (the first rounding then lands on the tie).
     """
-    with np.errstate(over="ignore"):
-        big_w = np.asarray(w, dtype=np.float32).astype(np.float16)
-    r = fma_f16(big_w, np.float16(2.0 ** -21), np.float16(-2.0 ** -17)).astype(np.float64)
-    code = np.nan_to_num(r, nan=0.0, neginf=0.0, posinf=1.0) * 2.0 ** 24   # exact integers
-    return np.clip(code, 0, max_code).astype(np.uint8)
+    return _subnormal_code(_f16_w(w), max_code)
 
 
 def lean_p_codes(u, *, variant: str) -> np.ndarray:

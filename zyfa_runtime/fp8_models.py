@@ -195,6 +195,13 @@ class Recipe:
         lean_sum = self.p_rounding == "lean" and self.sum_of == "rounded"
         return self.code_offset / 8 - (e4m3.LEAN_CENTRE / 8 if lean_sum else 0.0)
 
+    @property
+    def w_constant(self) -> np.float32:
+        """``fp32(16 + (c0 - delta)/8)``: the ``w`` of a block's maximum in the quad and
+        lean_h2 forms (``w = fp32(S c + fp32(w_constant - m_b))``), which a kernel holds as
+        a constant; the two-term diagonal's is that of ``c0`` alone (no centring)."""
+        return _fp32(16.0 + (self.c0 - self.code_offset) / 8.0)
+
     def replace(self, **changes) -> "Recipe":
         """A copy with ``changes``; unless ``name`` is given it is derived from them."""
         if "name" not in changes:
@@ -349,10 +356,9 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
         # fp32(fp32(16 + c0/8) - m_b): the constant of w = y/8 + 16, the quad and lean_h2
         # forms' argument (0 where the block has no reference: its scores are -inf); the
         # diagonal terms' has no centring offset (they carry no Lean bias to cancel).
-        def w_bias_at(code0):
-            k16 = np.float64(_fp32(16.0 + code0 / 8.0))
-            return _fp32(np.where(live, k16 - np.where(live, ref, 0.0), 0.0))[..., None]
-        w_bias = w_bias_at(c0)
+        def w_bias_at(k16):
+            return _fp32(np.where(live, np.float64(k16) - np.where(live, ref, 0.0), 0.0))[..., None]
+        w_bias = w_bias_at(recipe.w_constant)
         if recipe.byte_form == "pk_u8":
             kc = np.float32(c0)
             with np.errstate(invalid="ignore"):
@@ -377,7 +383,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             g0 = (np.arange(r0, r1) // g) * g
             cut = (np.arange(nb)[None, :] * n + n - 1) > (g0 + off)[:, None]        # (R, nb)
             sel = np.broadcast_to(cut[None, :, :, None], pd.shape)
-            w_diag = w_bias_at(recipe.c0)
+            w_diag = w_bias_at(_fp32(16.0 + recipe.c0 / 8.0))     # no centring offset
             hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c, np.broadcast_to(w_diag, sb.shape)[sel]))
             codes[sel] = hi
             pd[sel] = e4m3.decode(hi) + e4m3.decode(lo)
