@@ -289,21 +289,34 @@ __device__ __forceinline__ float exp2_x(float s, float c, float bias) {
   p = __fmaf_rn(p, f, kExp2);
   p = __fmaf_rn(p, f, kExp1);
   p = __fmaf_rn(p, f, kExp0);
-  const uint32_t x = __float_as_uint(p) + ((__float_as_uint(w) & 0x780000u) << 4);
+  // floor(w) - 16 into the exponent: masked first, then one shift-add (LEA); with the shift
+  // first ptxas spends three instructions (shift, mask, add).
+  uint32_t x;
+  asm("{\n.reg .b32 t;\nand.b32 t, %1, 0x780000;\nshl.b32 t, t, 4;\nadd.u32 %0, %2, t;\n}\n"
+      : "=r"(x) : "r"(__float_as_uint(w)), "r"(__float_as_uint(p)));
   return w >= 16.f ? __uint_as_float(x) : 0.f;
 }
 
-// Two scores' x -> their hi and lo codes (e4m3.hi_lo_codes), two bytes each, x0's the low one.
-__device__ __forceinline__ void hi_lo_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  uint32_t x16, hb;
-  unsigned short h, l;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(x16) : "f"(x1), "f"(x0));
-  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(h) : "r"(x16));
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(hb) : "h"(h));
-  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(x16) : "r"(x16), "r"(hb));
-  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(l) : "r"(x16));
-  hi = h;
-  lo = l;
+// Four scores' x (keys in A-fragment order: x0, x1 then x4, x5) -> their hi and lo codes
+// (e4m3.hi_lo_codes), one byte each, x0's the lowest: per pair F2FP to f16x2, the hi pair, back
+// to f16x2, the exact difference, the lo pair.  One asm block, so that the two 16-bit pairs go
+// into one register as they are made (as separate statements, each was zero-extended to 32
+// bits and the two joined by a PRMT: six instructions more per four scores).
+__device__ __forceinline__ void hi_lo_quad(float x0, float x1, float x4, float x5, uint32_t& hi, uint32_t& lo) {
+  asm("{\n.reg .b32 x01, x45, b01, b45;\n.reg .b16 h01, h45, l01, l45;\n"
+      "cvt.rn.f16x2.f32 x01, %3, %2;\n"
+      "cvt.rn.f16x2.f32 x45, %5, %4;\n"
+      "cvt.rn.satfinite.e4m3x2.f16x2 h01, x01;\n"
+      "cvt.rn.satfinite.e4m3x2.f16x2 h45, x45;\n"
+      "cvt.rn.f16x2.e4m3x2 b01, h01;\n"
+      "cvt.rn.f16x2.e4m3x2 b45, h45;\n"
+      "sub.rn.f16x2 x01, x01, b01;\n"
+      "sub.rn.f16x2 x45, x45, b45;\n"
+      "cvt.rn.satfinite.e4m3x2.f16x2 l01, x01;\n"
+      "cvt.rn.satfinite.e4m3x2.f16x2 l45, x45;\n"
+      "mov.b32 %0, {h01, h45};\n"
+      "mov.b32 %1, {l01, l45};\n}\n"
+      : "=r"(hi), "=r"(lo) : "f"(x0), "f"(x1), "f"(x4), "f"(x5));
 }
 
 // P of a diagonal block in A-fragment order (as lean_p): pa the first terms, pl the second.
@@ -323,11 +336,8 @@ __device__ __forceinline__ void hi_lo_p(uint32_t (&pa)[kBlockN / 8], uint32_t (&
       }
       const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
       const float b = bias[r & 1];
-      uint32_t h01, l01, h45, l45;
-      hi_lo_pair(exp2_x<kClamp>(s[j], c, b), exp2_x<kClamp>(s[j + 1], c, b), h01, l01);
-      hi_lo_pair(exp2_x<kClamp>(s[j + 4], c, b), exp2_x<kClamp>(s[j + 5], c, b), h45, l45);
-      pa[4 * k + r] = __byte_perm(h01, h45, 0x5410);
-      pl[4 * k + r] = __byte_perm(l01, l45, 0x5410);
+      hi_lo_quad(exp2_x<kClamp>(s[j], c, b), exp2_x<kClamp>(s[j + 1], c, b), exp2_x<kClamp>(s[j + 4], c, b),
+                 exp2_x<kClamp>(s[j + 5], c, b), pa[4 * k + r], pl[4 * k + r]);
     }
   }
 }
