@@ -289,8 +289,8 @@ __device__ __forceinline__ float exp2_x(float s, float c, float bias) {
   p = __fmaf_rn(p, f, kExp2);
   p = __fmaf_rn(p, f, kExp1);
   p = __fmaf_rn(p, f, kExp0);
-  // floor(w) - 16 into the exponent: masked first, then one shift-add (LEA); with the shift
-  // first ptxas spends three instructions (shift, mask, add).
+  // floor(w) - 16 into the exponent: masked first, then shifted and added (ptxas: LOP3 and one
+  // IMAD); written with the shift first, ptxas spent three instructions (shift, mask, add).
   uint32_t x;
   asm("{\n.reg .b32 t;\nand.b32 t, %1, 0x780000;\nshl.b32 t, t, 4;\nadd.u32 %0, %2, t;\n}\n"
       : "=r"(x) : "r"(__float_as_uint(w)), "r"(__float_as_uint(p)));
