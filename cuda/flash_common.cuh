@@ -428,6 +428,15 @@ __device__ __forceinline__ uint32_t smem_base_1024() {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   return (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023) & ~1023u;
 }
+// The dynamic shared memory where a layout takes all of it, with no slack to align it: on sm_90a
+// it starts 1024-aligned (the CTA's shared window after its 1 KiB reserved for the system), which
+// this asserts: a kernel never runs on a misaligned layout (it would overrun its window).
+__device__ __forceinline__ uint32_t smem_base_exact() {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  if (base & 1023u) __trap();
+  return base;
+}
 
 // The thread's warpgroup, shuffled from lane 0 so that the compiler knows it warp-uniform:
 // what derives from it (the warpgroup's WGMMA descriptors, its named barriers) then lives in

@@ -81,18 +81,27 @@ constexpr int kTileQ = kBlockM * kDqk;      // bytes
 constexpr int kTileK = kBlockN * kDqk;
 constexpr int kPvN = kDv < 128 ? kDv : 128;  // N of one PV pass
 constexpr int kPasses = kDv / kPvN;
-// One PV pass (d_v <= 128): each V^T stage is followed by 8 rows of ones, and PV is one product
-// of N = d_v + 8 whose last 8 columns are the rounded row sum P 1.  Two passes (d256): one
-// tile of ones beside V^T and a product of its own (N = 8) with the first pass.
-constexpr bool kOnesInVt = kPasses == 1;
-constexpr int kTileVt = (kDv + (kOnesInVt ? 8 : 0)) * kBlockN;   // V^T (and its ones)
-constexpr int kTileOnesApart = kOnesInVt ? 0 : kTileOnes;
-constexpr int kAccB = kPvN / 2 + (kOnesInVt ? 4 : 0);            // a PV pass's accumulators
-constexpr int kBarBytes = (32 * kStages + 16 + 127) / 128 * 128;   // catalogue.tile_for's, in 128-byte units
+// Each V^T stage is followed by 8 rows of ones, and PV's last pass is one product of N = kPvN
+// + 8 whose last 8 columns are the rounded row sum P 1 (wgmma_pv, into kAccB registers); d256's
+// first pass is N = 128 (wgmma_pv_bare, into an array of its own: the two passes in one array
+// of 68 had ptxas serialise the products, and the sum with the first pass, the ones between the
+// passes' rows, spilled 768 bytes).  Until the ones followed every stage at d256 too, it had one
+// tile of ones apart and a product of its own (N = 8) a k-step.
+constexpr int kTileVt = (kDv + 8) * kBlockN;   // V^T and its ones
+constexpr int kAccB = kPvN / 2 + 4;            // the last PV pass's accumulators (l_b in the last 4)
+// d256's three stages and their ones take all 227 KiB a CTA may have: the mbarriers live in
+// rows 2..7 of stage 0's ones (the columns 2..7 of PV's sum, which no one reads: the rounded
+// row sum is in column 0, the quad's first lane, from row 0 of the ones; row 1 is ones too, so
+// that that lane's registers of both its columns hold it), and the layout starts where the
+// dynamic shared memory does, 1024-aligned (checked: smem_base_exact) without the 1 KiB of slack.
+constexpr bool kBarsInOnes = kPasses > 1;
+constexpr int kOnesRows = kBarsInOnes ? 2 : 8;   // rows of stage 0's ones that are ones
+constexpr int kBarBytes = kBarsInOnes ? 0 : (32 * kStages + 16 + 127) / 128 * 128;   // catalogue.tile_for's
+constexpr int kSlack = kBarsInOnes ? 0 : 1024;
 using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
-static_assert(kStages >= 2 && Bars::kBytes + 16 <= kBarBytes, "the mbarriers' bytes (and qfull, qlanded)");
-static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileOnesApart + kBarBytes + 1024 ==
-                  kDynamicSmem,
+static_assert(kStages >= 2 && Bars::kBytes + 16 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
+              "the mbarriers' bytes (and qfull, qlanded)");
+static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
               "smem layout must match the catalogue");
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
 // registers do not hold the block accumulator and S(n + 1) in flight together.
@@ -103,21 +112,21 @@ constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
 // -3.7-5.1 %, the three consumers at d_v = 128 (a register more spilled there) -0.4-2.7 %, d64
 // causal -0.5 / -2.0 % (bench/results/2026-12-01_h200_early_tests_a338baa).
 constexpr bool kTestEarly = kPasses > 1 || (kConsumers > 2 && !kSerialS && !kCausal);
+static_assert(kPasses <= 2, "d_v = 256: two passes of 128 columns");
 static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two consumers, which take all of the CTA's blocks");
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
-  static constexpr uint32_t kK = kTileQ, kVt = kK + kStages * kTileK,
-                            kOnes = kVt + kVtStages * kTileVt, kBars = kOnes + kTileOnesApart;
+  static constexpr uint32_t kK = kTileQ, kVt = kK + kStages * kTileK, kOnes = kDv * kBlockN,
+                            kBars = kBarsInOnes ? kVt + kOnes + kOnesRows * 128 : kVt + kVtStages * kTileVt;
   uint32_t q;
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
-  __device__ uint32_t ones() const { return q + kOnes; }   // kOnesInVt: none apart
-  // The bytes of ones: after each V^T stage's kDv rows, or the tile apart.
-  __device__ uint32_t ones_at(int i) const {
-    return kOnesInVt ? vt_at(i / (kTileOnes / 4)) + kDv * kBlockN + 4 * (i % (kTileOnes / 4)) : ones() + 4 * i;
-  }
-  static constexpr int kOnesWords = (kOnesInVt ? kVtStages : 1) * kTileOnes / 4;
+  // Word i of the ones in the V^T stages (kTileOnes / 4 words a stage), and whether it is one
+  // (not where kBarsInOnes puts the mbarriers: stage 0's rows from kOnesRows on).
+  __device__ uint32_t ones_at(int i) const { return vt_at(i / (kTileOnes / 4)) + kOnes + 4 * (i % (kTileOnes / 4)); }
+  static __device__ bool is_ones(int i) { return !kBarsInOnes || i >= kTileOnes / 4 || i < kOnesRows * 32; }
+  static constexpr int kOnesWords = kVtStages * kTileOnes / 4;
   __device__ Bars bars() const { return {q + kBars}; }
   __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }         // Q landed (its tail zeroed)
   __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 8; }   // a packed tail's Q copy
@@ -211,39 +220,37 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&
   }
 }
 
-// O_b = P V^T(stage) for dv columns kPvN pass .. + kPvN, and with pass 0 l_b = P 1, from zero;
-// issued and committed.  kOnesInVt: one product per k-step, l_b in acc_b's last 4 registers
-// (columns kPvN .. kPvN + 7: the rows of ones after V^T); else l_b by a product of its own.
-// With `onto`, onto what the accumulators hold (a diagonal block's second term of P).
-__device__ __forceinline__ void issue_pv(float (&acc_b)[kAccB], float (&acc_lb)[4],
-                                         const uint32_t (&pa)[kBlockN / 8], uint32_t sVt, uint32_t sOnes, int pass,
-                                         bool onto = false) {
-  const uint64_t dv = desc_128b(sVt), d1 = desc_128b(sOnes);
+// O_b = P V^T(stage) for dv columns kPvN pass .. + kPvN, from zero, issued and committed; the
+// last pass also l_b = P 1 in acc_b's last 4 registers (its columns kPvN .. kPvN + 7: the rows
+// of ones after the stage's V^T).  With `onto`, onto what the accumulators hold (a diagonal
+// block's second term of P).
+// The last pass's accumulators are kAccB (with l_b), d256's first pass's kPvN / 2.
+template <int kN>
+__device__ __forceinline__ void issue_pv(float (&acc_b)[kN], const uint32_t (&pa)[kBlockN / 8], uint32_t sVt,
+                                         int pass, bool onto = false) {
+  const uint64_t dv = desc_128b(sVt);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 32; ++kk) {
-    wgmma_pv(acc_b, pa + 4 * kk, desc_advance(dv, pass * kPvN * 128 + kk * 32), onto || kk > 0);
-    if (!kOnesInVt && pass == 0) wgmma_sum(acc_lb, pa + 4 * kk, desc_advance(d1, kk * 32), onto || kk > 0);
+    const uint64_t d = desc_advance(dv, pass * kPvN * 128 + kk * 32);
+    if constexpr (kN == kAccB) wgmma_pv(acc_b, pa + 4 * kk, d, onto || kk > 0);
+    else wgmma_pv_bare(acc_b, pa + 4 * kk, d, onto || kk > 0);
   }
   wgmma_commit();
 }
 
-// O = O 2^(F - T) + O_b for the pass's columns, and with pass 0 l likewise (factor = 2^(F - T)
-// per row half).
-__device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4], const float (&acc_b)[kAccB],
-                                      const float (&acc_lb)[4], const float (&factor)[2], int pass) {
+// O = O 2^(F - T) + O_b for the pass's columns, and with the last pass l likewise (factor =
+// 2^(F - T) per row half).
+template <int kN>
+__device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4], const float (&acc_b)[kN],
+                                      const float (&factor)[2], int pass) {
 #pragma unroll
   for (int i = 0; i < kPvN / 2; ++i) {
     float& o = acc_o[pass * kPvN / 2 + i];
     o = __fmaf_rn(o, factor[(i >> 1) & 1], acc_b[i]);
   }
-  if (pass == 0) {
+  if constexpr (kN == kAccB) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float lb;
-      if constexpr (kOnesInVt) lb = acc_b[kAccB - 4 + i];
-      else lb = acc_lb[i];
-      acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], lb);
-    }
+    for (int i = 0; i < 4; ++i) acc_l[i] = __fmaf_rn(acc_l[i], factor[i >> 1], acc_b[kAccB - 4 + i]);
   }
 }
 
@@ -251,18 +258,18 @@ __device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4]
 // of pa and that of pl onto it, their wait and the merge; V^T released.  `final`: the CTA's
 // last turn.  Returns `last` (the warpgroup's last block).
 __device__ __forceinline__ bool diagonal_pv(float (&acc_o)[kDv / 2], float (&acc_l)[4], float (&acc_b)[kAccB],
-                                            float (&acc_lb)[4], const uint32_t (&pa)[kBlockN / 8],
+                                            const uint32_t (&pa)[kBlockN / 8],
                                             const uint32_t (&pl)[kBlockN / 8], const float (&factor)[2],
                                             const Smem& sm, const Bars& bars, const Turns& turns, int t, bool last,
                                             bool final) {
   static_assert(!kDiagHiLo || kPasses == 1, "two-term diagonals where PV is one pass (d_v <= 128)");
   turns.take();
   wgmma_fence();
-  issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
-  issue_pv(acc_b, acc_lb, pl, sm.vt_at(t), sm.ones(), 0, true);
+  issue_pv(acc_b, pa, sm.vt_at(t), 0);
+  issue_pv(acc_b, pl, sm.vt_at(t), 0, true);
   turns.hand_over(final);
   wgmma_wait<0>();
-  merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+  merge(acc_o, acc_l, acc_b, factor, 0);
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.vempty(t));
   return last;
 }
@@ -280,7 +287,7 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
 
 template <class P>
 __device__ void flash_fwd(const P& p) {
-  const Smem sm{smem_base_1024()};
+  const Smem sm{kSlack ? smem_base_1024() : smem_base_exact()};
 
   const int wg = warpgroup_index();
   CtaWork w;
@@ -303,7 +310,8 @@ __device__ void flash_fwd(const P& p) {
       copy_block(p, sm, 0, gvt, 0, w.h_kv, krow0, kbatch);
     }
   }
-  for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads) sts32(sm.ones_at(i), 0x38383838u);
+  for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads)
+    if (Smem::is_ones(i)) sts32(sm.ones_at(i), 0x38383838u);
   fence_async_smem();
   __syncthreads();
 
@@ -359,22 +367,27 @@ __device__ void flash_fwd(const P& p) {
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
-      float acc_b[kAccB], acc_lb[4];
+      float acc_b[kAccB];
       mbar_wait_unless(landed, bars.vfull(t), Bars::vfull_parity(n));
       if constexpr (kPasses > 1) {
         // d_v = 256: the registers hold one block accumulator and no S beside O, so each pass
         // of PV(n) and then S(n + 1) is a turn of its own: the other consumer's product runs
         // while this one waits for its pass and merges it.
-#pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
-          turns.take();
-          wgmma_fence();
-          issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), pass);
-          if (last && pass + 1 == kPasses) turns.hand_over_last();
-          else turns.hand_over();
-          wgmma_wait<0>();
-          merge(acc_o, acc_l, acc_b, acc_lb, factor, pass);
-        }
+        // (The first pass into an array of its own: see kAccB.)
+        float acc_c[kPvN / 2];
+        turns.take();
+        wgmma_fence();
+        issue_pv(acc_c, pa, sm.vt_at(t), 0);
+        turns.hand_over();
+        wgmma_wait<0>();
+        merge(acc_o, acc_l, acc_c, factor, 0);
+        turns.take();
+        wgmma_fence();
+        issue_pv(acc_b, pa, sm.vt_at(t), 1);
+        if (last) turns.hand_over_last();
+        else turns.hand_over();
+        wgmma_wait<0>();
+        merge(acc_o, acc_l, acc_b, factor, 1);
         if (lane == 0) mbar_arrive(bars.vempty(t));
         if (last) {
           n = n_blocks;
@@ -391,13 +404,13 @@ __device__ void flash_fwd(const P& p) {
       }
       turns.take();
       wgmma_fence();
-      issue_pv(acc_b, acc_lb, pa, sm.vt_at(t), sm.ones(), 0);
+      issue_pv(acc_b, pa, sm.vt_at(t), 0);
       if (kSerialS || last) {
         // ---- merge(n); then (kSerialS) S(n + 1) outside the turns ----------------------------
         turns.hand_over(last && n_mine == n_blocks);
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(t));
-        merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+        merge(acc_o, acc_l, acc_b, factor, 0);
         if (last) {
           n = n_mine;
           break;
@@ -412,7 +425,7 @@ __device__ void flash_fwd(const P& p) {
       // ---- merge(n), then S(n + 1) ----------------------------------------------------------
       wgmma_wait<1>();
       if (lane == 0) mbar_arrive(bars.vempty(t));
-      merge(acc_o, acc_l, acc_b, acc_lb, factor, 0);
+      merge(acc_o, acc_l, acc_b, factor, 0);
       wgmma_wait<0>();
       if (lane == 0) mbar_arrive(bars.kempty(k1));
     }
@@ -423,10 +436,10 @@ __device__ void flash_fwd(const P& p) {
         uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
         float factor[2];
         softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
-        float acc_b[kAccB], acc_lb[4];
+        float acc_b[kAccB];
         const int t = n % kVtStages;
         mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
-        if (diagonal_pv(acc_o, acc_l, acc_b, acc_lb, pa, pl, factor, sm, bars, turns, t, n + 1 == n_mine,
+        if (diagonal_pv(acc_o, acc_l, acc_b, pa, pl, factor, sm, bars, turns, t, n + 1 == n_mine,
                         n + 1 == n_blocks)) break;
         next_s(acc_s, sQg, sm, bars, n, k1);   // the registers do not hold pl beside S(n + 1) in flight
       }
@@ -434,6 +447,10 @@ __device__ void flash_fwd(const P& p) {
 
     // The CTA's blocks past the warpgroup's rows: turns without products.
     for (int m = n_mine; m < n_blocks; ++m) idle_turn(bars, turns, m, m + 1 == n_blocks);
+  }
+  if constexpr (kBarsInOnes) {   // l: the quad's first lane's (column 0 of the sum; see kBarsInOnes)
+#pragma unroll
+    for (int i = 0; i < 4; i += 2) acc_l[i] = __shfl_sync(0xffffffffu, acc_l[i], lane & ~3);
   }
   write_rows(p, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
 }

@@ -33,9 +33,10 @@ FP8_COMMON = ROOT / "cuda" / "flash_fp8_lean.cuh"
 
 
 def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail: str,
-           accumulate_arg: bool = True) -> str:
+           accumulate_arg: bool = True, n_array: int | None = None) -> str:
     """One WGMMA wrapper: ``name(d, a, b_desc[, accumulate])`` over ``n_acc`` f32 accumulators
-    (one PTX register operand each, which C++ cannot spell generically).  A is a descriptor
+    (one PTX register operand each, which C++ cannot spell generically), the first of the
+    ``n_array`` (default ``n_acc``) that ``d`` holds.  A is a descriptor
     or, with ``a_in_regs``, four b32 registers; ``accumulate`` (scale-d: D = A B + D, else
     D = A B) is an argument, or always on without ``accumulate_arg``; ``tail`` holds the
     immediates after the scale-d predicate (scales, transposes)."""
@@ -50,7 +51,7 @@ def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail:
         ins = '"l"(da), "l"(db), ' + acc
     if accumulate_arg:
         sig += ", bool accumulate"
-    return (f'__device__ __forceinline__ void {name}(float (&d)[{n_acc}], {sig}) {{\n'
+    return (f'__device__ __forceinline__ void {name}(float (&d)[{n_array or n_acc}], {sig}) {{\n'
             f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"\n'
             f'               "wgmma.mma_async.sync.aligned.{shape}.f32.{types} {{{ops(n_acc)}}}, '
             f'{a_ops}, p, {tail};\\n}}\\n"\n'
@@ -61,21 +62,21 @@ def _wgmma(name: str, shape: str, types: str, n_acc: int, a_in_regs: bool, tail:
 def _wgmma_wrappers(v: Variant) -> str:
     """The WGMMA instructions of the sm_90a bodies.  BF16 (flash_fwd_ws.cuh): ``wgmma_qk``
     (k16, no transposes) and ``wgmma_pv`` (P in registers, V MN-major: tnspB).  FP8
-    (flash_fp8_lean.cuh): k32 e4m3, both K-major, PV in passes of
-    N <= 128, plus ``wgmma_sum`` (N = 8, against the tile of ones: the rounded row sum).  Where
-    PV is one pass (d_v <= 128), V^T's stage is followed by 8 rows of ones and the PV product is
-    N = d_v + 8: the rounded row sum comes out of its last 8 columns (wgmma_sum is unused)."""
+    (flash_fp8_lean.cuh): k32 e4m3, both K-major, PV in passes of N <= 128.  Each V^T stage
+    is followed by 8 rows of ones, and PV's last pass is N = its columns + 8 (``wgmma_pv``):
+    the rounded row sum comes out of its last 8 columns.  At d_v = 256 the first pass is
+    ``wgmma_pv_bare`` (N = 128)."""
     n = v.tile.block_n
     if v.dtype == "bf16":
         return "\n".join([
             _wgmma("wgmma_qk", f"m64n{n}k16", "bf16.bf16", n // 2, False, "1, 1, 0, 0"),
             _wgmma("wgmma_pv", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, True, "1, 1, 1")])
     pv_n = min(v.d_v, 128)     # one PV pass: kPvN in the body
-    ones = 8 if v.d_v <= 128 else 0   # the rows of ones after V^T: l in the PV product itself
+    ones = 8                   # the rows of ones after each V^T stage: l in the last pass itself
     return "\n".join([
         _wgmma("wgmma_qk", f"m64n{n}k32", "e4m3.e4m3", n // 2, False, "1, 1"),
         _wgmma("wgmma_pv", f"m64n{pv_n + ones}k32", "e4m3.e4m3", (pv_n + ones) // 2, True, "1, 1"),
-        _wgmma("wgmma_sum", "m64n8k32", "e4m3.e4m3", 4, True, "1, 1")])
+        _wgmma("wgmma_pv_bare", f"m64n{pv_n}k32", "e4m3.e4m3", pv_n // 2, True, "1, 1")])
 
 
 def body_key(v: Variant) -> str:

@@ -154,15 +154,16 @@ def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
     """FP8: four K/V^T stages where they fit at d_qk >= 128 (d128, d192/128), three at d64
     (where a fourth did not gain) and at d256 (where four do not fit); the layout Q | K x
     stages | (V^T, ones) x stages | mbarriers (four a stage, two more, in 128-byte units) |
-    1 KiB of alignment within the 227 KiB a CTA may have."""
+    1 KiB of alignment within the 227 KiB a CTA may have; at d256, whose three stages with
+    their ones take all of it, the mbarriers inside stage 0's ones and no slack."""
     stages = v.tile.stages
     assert stages == (3 if v.d_qk == 64 or v.d_v == 256 else 4)
-    ones = 8 * 128 * (stages if v.d_v <= 128 else 1)
-    barriers = 128 if stages <= 3 else 256
-    smem = v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + 1024
+    ones = 8 * 128 * stages
+    barriers, slack = (0, 0) if v.d_v == 256 else (128 if stages <= 3 else 256, 1024)
+    smem = v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + slack
     assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
-    if v.d_v == 256:     # a fourth stage would not fit
-        assert smem + 128 * (v.d_qk + v.d_v) > SM90_MAX_SMEM
+    if v.d_v == 256:     # exactly all of it; a fourth stage would not fit
+        assert smem == SM90_MAX_SMEM and smem + 128 * (v.d_qk + v.d_v) > SM90_MAX_SMEM
 
 
 def _kernel_reading(grid, hq, batch):

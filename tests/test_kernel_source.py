@@ -25,7 +25,7 @@ def test_each_variant_gets_its_body(v):
         assert (v.tile.block_m, v.tile.threads) == (64 * consumers, 128 * (1 + consumers))
         assert "lean_quad_bits" not in src
     else:                     # flash_fwd_fp8_ws.cuh: the same shape, Lean P (flash_fp8_lean.cuh),
-        assert ks.body_key(v) == "fp8-ws" and "setmaxnreg" in src and "wgmma_sum" in src
+        assert ks.body_key(v) == "fp8-ws" and "setmaxnreg" in src and "wgmma_pv_bare" in src
         # three consumer warpgroups (192 rows) at d64, and at d_v = 128 non-causal
         consumers = 3 if v.d_qk == 64 or (v.d_v == 128 and not v.causal) else 2
         assert (v.tile.block_m, v.tile.threads) == (64 * consumers, 128 * (1 + consumers))
@@ -37,16 +37,15 @@ def test_fp8_wgmma_shapes_follow_the_tile_and_head_dims(v):
     src = ks.emit(v)
     n = v.tile.block_n
     assert f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{" in src
-    # PV in passes of N <= 128; where one pass does (d_v <= 128) it is N = d_v + 8 against V^T
-    # and the 8 rows of ones after it (the rounded row sum in its last 8 columns), else the
-    # row sum is a product of its own against the tile of ones
+    # PV in passes of N <= 128, the last one N = its columns + 8 against V^T and the 8 rows of
+    # ones after each stage (the rounded row sum in its last 8 columns); d256's first pass N = 128
     pv = re.search(r"void wgmma_pv\(float \(&d\)\[(\d+)\]", src)
-    if v.d_v <= 128:
-        assert f"m64n{v.d_v + 8}k32.f32.e4m3.e4m3" in src and int(pv.group(1)) == (v.d_v + 8) // 2
-        assert "kOnesInVt = kPasses == 1" in src and "wgmma_sum(acc_lb" in src   # d256's, unused here
-    else:
-        assert "m64n128k32.f32.e4m3.e4m3" in src and int(pv.group(1)) == 64
-        assert "m64n8k32.f32.e4m3.e4m3" in src
+    bare = re.search(r"void wgmma_pv_bare\(float \(&d\)\[(\d+)\]", src)
+    pv_n = min(v.d_v, 128)
+    assert f"m64n{pv_n + 8}k32.f32.e4m3.e4m3" in src and int(pv.group(1)) == (pv_n + 8) // 2
+    assert f"m64n{pv_n}k32.f32.e4m3.e4m3" in src and int(bare.group(1)) == pv_n // 2
+    assert "m64n8k32" not in src and "wgmma_sum" not in src
+    assert "constexpr int kTileVt = (kDv + 8) * kBlockN;" in src
     # one PTX operand per accumulator: N/2 of S, the scale-d predicate after the operands
     qk = re.search(r"void wgmma_qk\(float \(&d\)\[(\d+)\]", src)
     assert int(qk.group(1)) == n // 2

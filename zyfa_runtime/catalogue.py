@@ -172,15 +172,16 @@ def tile_for(v: Variant) -> Tile:
         # (causal, the diagonal blocks' second P does not fit beside O, S and the block
         # accumulator); else two.  Q, a ring of four stages of K and V^T (from the pre-pass;
         # three at d64, where a fourth measured -1.4 / +0.6 %, and where four do not fit: d256,
-        # 226 KiB of the 227 a CTA may have), each V^T followed by 8 x 128 bytes of ones (one
-        # tile of ones apart at d256, whose PV goes in two passes), the mbarriers in 128-byte
-        # units, +1 KiB for alignment.
+        # all 227 KiB a CTA may have), each V^T followed by 8 x 128 bytes of ones, the
+        # mbarriers in 128-byte units, +1 KiB for alignment; at d256, whose three stages fill
+        # the 227 KiB, the mbarriers in rows of stage 0's ones that PV's sum does not read and
+        # no slack (the kernel's smem_base_exact: the dynamic shared memory starts aligned).
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         def smem(stages):
-            ones_tiles = stages if v.d_v <= 128 else 1
-            barriers = -(-(32 * stages + 16) // 128) * 128    # four a stage, qfull and qlanded
+            inside = v.d_v > 128
+            barriers = 0 if inside else -(-(32 * stages + 16) // 128) * 128   # four a stage, qfull and qlanded
             return (SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * stages * (v.d_qk + v.d_v)
-                    + ones_tiles * 8 * 128 + barriers + 1024)
+                    + stages * 8 * 128 + barriers + (0 if inside else 1024))
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
