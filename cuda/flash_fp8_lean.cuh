@@ -23,8 +23,9 @@
 //            (the 64B swizzle: 512 bytes between 8-row groups, a k32 step is +32 bytes)
 //   V^T:     Dv rows of 128 key bytes, 128B swizzle (1024 bytes between 8-row groups): one bulk
 //            copy of a block of the pre-pass's V^T, which is stored the same way
-//   ones:    8 rows of 128 bytes 0x38 (1.0): after each V^T stage's rows where PV is one pass
-//            (d_v <= 128: N = d_v + 8), else one tile apart
+//   ones:    8 rows of 128 bytes 0x38 (1.0) after each V^T stage's rows: PV's last pass is
+//            N = its columns + 8 (d_v + 8, or 136 at d256, where rows 2..7 of stage 0's hold
+//            the mbarriers and the sum is read from column 0)
 //
 // V^T in global memory (the pre-pass, transpose_v): per key/value head vt_stride_h bytes, a
 // block of 128 key columns after another, each as a V^T stage holds it (Dv rows of 128 bytes
@@ -360,7 +361,7 @@ __device__ __forceinline__ float log2_scale(const P& p) {
 //
 // O / l * dv as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its Q
 // rows at sQg), and LSE = ln 2 (F + log2(l / 256)) for the two rows r_lo, r_lo + 8 a thread
-// holds (every column of acc_l holds the sum).  The CTA's work is derived again
+// holds (acc_l's first column holds the sum: the body broadcast it where only that one does).  The CTA's work is derived again
 // (cta_index_again), so that none of it stays in registers through the consumer's loop.
 template <class P>
 __device__ __forceinline__ void write_rows(const P& p, const float (&acc_o)[kDv / 2], const float (&acc_l)[4],

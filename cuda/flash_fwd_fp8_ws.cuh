@@ -36,7 +36,8 @@
 //   for three), per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
 //     turn             (named barriers: two consumers alternate; three issue when ready)  issue PV(n) with the
-//                      row sum (N = d_v + 8: V^T's stage ends in 8 rows of ones), then S(n + 1)
+//                      row sum (N = d_v + 8: V^T's stage ends in 8 rows of ones; d256: the
+//                      second pass's N = 136), then S(n + 1)
 //                      = Q K(n + 1)^T; hand the turn over
 //     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
 //     wait S(n + 1)    release K(n + 1)
@@ -53,15 +54,15 @@
 //
 // Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block
 // n) and acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256)
-// acc_o 128, one of acc_b or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
+// acc_o 128, one of acc_b 68 (the second pass; the first is 64) or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
 // registers the CTA is launched with; three consumers have 128 x 32 + 384 x 160 = 65,536 =
 // 512 x 128: at d64 acc_o 32, acc_b 36 and acc_s 64 in flight together; at d_v = 128 acc_o 64
 // with acc_b 68 or acc_s 64, P 16 (S(n + 1) waits for the merge; causal, the diagonal's second
 // P does not fit beside them, so causal d_v = 128 keeps two consumers).
 //
 // Shared memory (1024-byte aligned tiles): Q | K x kStages | (V^T, 8 rows of ones) x kStages |
-// mbarriers (kStages = Tile.stages: 3; at d256, whose PV goes in two passes, the ones are one
-// tile after the V^T).
+// mbarriers (kStages = Tile.stages; at d256, three stages in all 227 KiB, the mbarriers in
+// stage 0's ones: kBarsInOnes).
 // Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows).
 
 #include <cuda_bf16.h>
