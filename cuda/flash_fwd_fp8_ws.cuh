@@ -54,9 +54,9 @@
 //
 // Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block
 // n) and acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256)
-// acc_o 128, one of acc_b 68 (the second pass; the first is 64) or acc_s 64.  128 x 40 + 256 x 232 = 64,512 = 384 x 168, the
-// registers the CTA is launched with; three consumers have 128 x 32 + 384 x 160 = 65,536 =
-// 512 x 128: at d64 acc_o 32, acc_b 36 and acc_s 64 in flight together; at d_v = 128 acc_o 64
+// acc_o 128, one of acc_b 68 (the second pass; the first is 64) or acc_s 64.  128 x 40 + 256
+// x 232 = 64,512 = 384 x 168, the registers the CTA is launched with; three consumers have 128
+// x 32 + 384 x 160 = 65,536 = 512 x 128: at d64 acc_o 32, acc_b 36 and acc_s 64 in flight together; at d_v = 128 acc_o 64
 // with acc_b 68 or acc_s 64, P 16 (S(n + 1) waits for the merge; causal, the diagonal's second
 // P does not fit beside them, so causal d_v = 128 keeps two consumers).
 //
@@ -125,7 +125,9 @@ struct Smem {
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
   // Word i of the ones in the V^T stages (kTileOnes / 4 words a stage), and whether it is one
   // (not where kBarsInOnes puts the mbarriers: stage 0's rows from kOnesRows on).
-  __device__ uint32_t ones_at(int i) const { return vt_at(i / (kTileOnes / 4)) + kOnes + 4 * (i % (kTileOnes / 4)); }
+  __device__ uint32_t ones_at(int i) const {
+    return vt_at(i / (kTileOnes / 4)) + kOnes + 4 * (i % (kTileOnes / 4));
+  }
   static __device__ bool is_ones(int i) { return !kBarsInOnes || i >= kTileOnes / 4 || i < kOnesRows * 32; }
   static constexpr int kOnesWords = kVtStages * kTileOnes / 4;
   __device__ Bars bars() const { return {q + kBars}; }
@@ -255,6 +257,21 @@ __device__ __forceinline__ void merge(float (&acc_o)[kDv / 2], float (&acc_l)[4]
   }
 }
 
+// One PV pass of d256 as a turn of its own: issued, the turn handed over (`last`: the
+// warpgroup's last turn), waited for and merged.
+template <int kN>
+__device__ __forceinline__ void pv_pass_turn(float (&acc_o)[kDv / 2], float (&acc_l)[4], float (&acc)[kN],
+                                             const uint32_t (&pa)[kBlockN / 8], const float (&factor)[2],
+                                             uint32_t sVt, const Turns& turns, int pass, bool last) {
+  turns.take();
+  wgmma_fence();
+  issue_pv(acc, pa, sVt, pass);
+  if (last) turns.hand_over_last();
+  else turns.hand_over();
+  wgmma_wait<0>();
+  merge(acc_o, acc_l, acc, factor, pass);
+}
+
 // PV(n) of a diagonal block (d_v <= 128: one pass), P in two terms: a turn holding the product
 // of pa and that of pl onto it, their wait and the merge; V^T released.  `final`: the CTA's
 // last turn.  Returns `last` (the warpgroup's last block).
@@ -376,19 +393,8 @@ __device__ void flash_fwd(const P& p) {
         // while this one waits for its pass and merges it.
         // (The first pass into an array of its own: see kAccB.)
         float acc_c[kPvN / 2];
-        turns.take();
-        wgmma_fence();
-        issue_pv(acc_c, pa, sm.vt_at(t), 0);
-        turns.hand_over();
-        wgmma_wait<0>();
-        merge(acc_o, acc_l, acc_c, factor, 0);
-        turns.take();
-        wgmma_fence();
-        issue_pv(acc_b, pa, sm.vt_at(t), 1);
-        if (last) turns.hand_over_last();
-        else turns.hand_over();
-        wgmma_wait<0>();
-        merge(acc_o, acc_l, acc_b, factor, 1);
+        pv_pass_turn(acc_o, acc_l, acc_c, pa, factor, sm.vt_at(t), turns, 0, false);
+        pv_pass_turn(acc_o, acc_l, acc_b, pa, factor, sm.vt_at(t), turns, 1, last);
         if (lane == 0) mbar_arrive(bars.vempty(t));
         if (last) {
           n = n_blocks;
