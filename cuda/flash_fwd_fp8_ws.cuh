@@ -52,13 +52,13 @@
 //   two) go through a loop of their own: P in two e4m3 terms (hi_lo_p, the recipe's "hi_lo"
 //   diagonal), both products in the block's turn, then S(n + 1) after their wait.
 //
-// Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block
-// n) and acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256)
-// acc_o 128, one of acc_b 68 (the second pass; the first is 64) or acc_s 64.  128 x 40 + 256
-// x 232 = 64,512 = 384 x 168, the registers the CTA is launched with; three consumers have 128
-// x 32 + 384 x 160 = 65,536 = 512 x 128: at d64 acc_o 32, acc_b 36 and acc_s 64 in flight together; at d_v = 128 acc_o 64
-// with acc_b 68 or acc_s 64, P 16 (S(n + 1) waits for the merge; causal, the diagonal's second
-// P does not fit beside them, so causal d_v = 128 keeps two consumers).
+// Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block n) and
+// acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256) acc_o
+// 128, one of acc_b 68 (the second pass; the first is 64) or acc_s 64.  128 x 40 + 256 x 232 =
+// 64,512 = 384 x 168, the registers the CTA is launched with; three consumers have 128 x 32 + 384 x
+// 160 = 65,536 = 512 x 128: at d64 acc_o 32, acc_b 36 and acc_s 64 in flight together; at d_v = 128
+// acc_o 64 with acc_b 68 or acc_s 64, P 16 (S(n + 1) waits for the merge; causal, the diagonal's
+// second P does not fit beside them, so causal d_v = 128 keeps two consumers).
 //
 // Shared memory (1024-byte aligned tiles): Q | K x kStages | (V^T, 8 rows of ones) x kStages |
 // mbarriers (kStages = Tile.stages; at d256, three stages in all 227 KiB, the mbarriers in
