@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The first device run: `check` of the build under test (the repository's prebuilt/), an
 # alternating A/B of the two builds in NAME directories (ab.sh), then the FP8 GPU tests.
+# lab/ held ab.sh and ab_summary.py (../2026-12-01_h200_ones_vt_4c76b29/) beside the builds.
 # SITE: where the wheels the image lacks (cffi, pycparser, platformdirs) were installed.
 set -u
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
