@@ -16,12 +16,18 @@ no real inputs and are reported missing):
 * ``zyfa_fp8``    -- the same on per-tensor e4m3 codes (descale = amax / 448)
 * ``sdpa_cudnn``  -- torch SDPA forced to SDPBackend.CUDNN_ATTENTION (bf16)
 * ``sdpa_flash``  -- torch SDPA forced to SDPBackend.FLASH_ATTENTION (bf16)
+* ``cudnn_fe_bf16``, ``cudnn_fe_fp8`` -- the cuDNN frontend's SDPA graphs (``bench/cudnn_frontend.py``;
+  the ``nvidia-cudnn-frontend`` wheel): bf16, and the FP8 graph on the same e4m3 codes and
+  descales, whose output is e4m3 on Hopper (its error is taken on that output dequantised)
 * ``triton_fp8``  -- a compact FA2-style Triton FP8 forward written here (online softmax
   in exp2, P scaled by 2^8 and cast to e4m3 for the PV dot, fp32 accumulation, bf16 out,
   per-tensor descales; d_qk == d_v only).  V is laid out [B, Hkv, D, Sk] once, outside
   the timed region, so that the PV dot reads a K-major operand.
 
 An implementation that fails or is unavailable is reported as missing, with the reason.
+Each point's bar is the fastest peer measured in the run or carried into it from a measured
+H200 run (``ANCHORS``, ``bar``); the report gives zyfa against it, and zyfa's FP8 error against
+the most accurate FP8 peer with bf16 output.
 
 Timing: CUDA events around each call, warm-up >= 50 ms, then enough calls for >= 200 ms
 (``--sustained``: >= 10 s); the median per call is reported.  FLOPs are
@@ -53,6 +59,7 @@ import platform
 import re
 import sys
 import threading
+from dataclasses import dataclass
 import time
 import traceback
 from pathlib import Path
@@ -72,34 +79,69 @@ SHAPES = [
     (2, 16, 16, 8192, 256, 256),
     (1, 16, 16, 16384, 192, 128),
 ]
-IMPLS = ["zyfa_bf16", "zyfa_fp8", "sdpa_cudnn", "sdpa_flash", "triton_fp8"]
-FP8_IMPLS = {"zyfa_fp8", "triton_fp8"}
+IMPLS = ["zyfa_bf16", "zyfa_fp8", "sdpa_cudnn", "sdpa_flash", "cudnn_fe_bf16", "cudnn_fe_fp8", "triton_fp8"]
+FP8_IMPLS = {"zyfa_fp8", "cudnn_fe_fp8", "triton_fp8"}
 E4M3_MAX = 448.0
 REF_ROWS = 128          # first and last REF_ROWS query rows
 POWER_MIN_WINDOW_S = 2.0   # shortest timed window whose W and TFLOP/J are reported
 REF_HEADS = 2           # query heads of the reference slice (--ref-heads)
 
-#: The bar: the fastest peers measured on an H200 like ours, on Gaussian inputs, TFLOP/s
-#: (non-causal, causal), with the cuDNN BF16 figure (torch SDPA, cuDNN 9.19) of the same run,
-#: through which they are bridged into any later run: bar x (this run's sdpa_cudnn / anchor's).
-#: FP8: cuDNN frontend with e4m3 output, or FlashAttention-3 built from source (BF16 output),
-#: or Triton FP8 where faster; BF16: FlashAttention-3 or cuDNN.  Neither FA3 nor the cuDNN FP8
-#: graph ships with zyfa or runs in this harness, hence the bridge.
+#: The bar: the fastest peers of this shape, measured in this run or carried into it.  A peer
+#: this harness cannot run is an ``Anchor``: its figure from a measured run on an H200 like ours
+#: (Gaussian inputs, the card at its 700 W cap), scaled by the ratio of a harness implementation
+#: measured both there and here (the first of its ``bridges`` this run has).  Two runs of
+#: 2026-11-30 on one H200:
+#:   * the peers run: torch SDPA (cuDNN 9.19), the cuDNN frontend's FP8 graph (e4m3 output: cuDNN
+#:     refuses bf16 output from FP8 inputs on Hopper) and a Triton FP8 kernel (a stronger one
+#:     than ``triton_fp8`` here, reading a V^T prepared outside its timing);
+#:   * the FlashAttention-3 run: FA3 built from its source for sm_90a (FP8 in, bf16 out), with
+#:     the cuDNN frontend's FP8 graph timed in the same pass, through which its FP8 figures are
+#:     bridged (its best pass of two runs); its BF16 figures go through the peers run's SDPA.
+#: Neither FA3 nor the Triton kernel of the peers run ships with zyfa, hence the anchors.
+
+
+@dataclass(frozen=True)
+class Anchor:
+    peer: str
+    dtype: str                 # "fp8" or "bf16": the bar it joins
+    tflops: float
+    bridges: tuple             # ((impl, that impl's TFLOP/s in the anchor's run), ...), preferred first
+    impl: str | None = None    # the implementation here that measures this same peer, if any
+
+
+def _anchors(sdpa, cudnn_fp8, triton, fa3_fp8=None, fa3_bf16=None):
+    """One point's anchors.  sdpa, cudnn_fp8, triton: the peers run's torch SDPA cuDNN, cuDNN
+    frontend FP8 and Triton FP8 figures; fa3_fp8: (FA3 FP8, the cuDNN frontend FP8 of its pass);
+    fa3_bf16: FA3 BF16."""
+    via_sdpa = (("sdpa_cudnn", sdpa),)
+    out = [Anchor("cuDNN FP8", "fp8", cudnn_fp8, via_sdpa, impl="cudnn_fe_fp8"),
+           Anchor("Triton FP8", "fp8", triton, via_sdpa)]
+    if fa3_fp8:
+        out.append(Anchor("FA3 FP8", "fp8", fa3_fp8[0], (("cudnn_fe_fp8", fa3_fp8[1]),) + via_sdpa))
+    if fa3_bf16:
+        out.append(Anchor("FA3", "bf16", fa3_bf16, via_sdpa))
+    return tuple(out)
+
+
+#: (B, Hq, Hkv, S, d_qk, d_v) -> {causal: anchors}
 ANCHORS = {
-    # shape: (anchor sdpa_cudnn, best FP8 (peer, value), best BF16 (peer, value)) per causal
-    (1, 32, 8, 16384, 128, 128): {False: (613, ("cuDNN FP8", 933), ("FA3", 663)),
-                                  True: (573, ("FA3 FP8", 905), ("FA3", 658))},
-    (1, 32, 32, 32768, 128, 128): {False: (619, ("cuDNN FP8", 947), ("FA3", 675)),
-                                   True: (591, ("FA3 FP8", 923), ("FA3", 653))},
-    (4, 32, 32, 4096, 128, 128): {False: (597, ("cuDNN FP8", 895), ("FA3", 629)),
-                                  True: (521, ("FA3 FP8", 777), ("FA3", 585))},
-    (8, 16, 16, 4096, 64, 64): {False: (446, ("FA3 FP8", 607), ("FA3", 478)),
-                                True: (404, ("FA3 FP8", 531), ("FA3", 424))},
-    (2, 16, 16, 8192, 256, 256): {False: (651, ("FA3 FP8", 1118), ("FA3", 697)),
-                                  True: (601, ("FA3 FP8", 1063), ("FA3", 663))},
-    (1, 16, 16, 16384, 192, 128): {False: (617, ("Triton FP8", 707), ("cuDNN", 617)),
-                                   True: (564, ("Triton FP8", 694), ("cuDNN", 564))},
+    (1, 32, 8, 16384, 128, 128): {False: _anchors(613, 933, 718, (916.2, 924.8), 663),
+                                  True: _anchors(573, 882, 722, (905.3, 874.4), 658)},
+    (1, 32, 32, 32768, 128, 128): {False: _anchors(619, 947, 723, (928.4, 932.5), 675),
+                                   True: _anchors(591, 914, 737, (923.1, 909.2), 653)},
+    (4, 32, 32, 4096, 128, 128): {False: _anchors(597, 895, 675, (855.9, 894.3), 629),
+                                  True: _anchors(521, 661, 619, (776.5, 685.7), 585)},
+    (8, 16, 16, 4096, 64, 64): {False: _anchors(446, 542, 463, (606.8, 540.0), 478),
+                                True: _anchors(404, 418, 419, (531.2, 426.2), 424)},
+    (2, 16, 16, 8192, 256, 256): {False: _anchors(651, 919, 777, (1117.6, 927.3), 697),
+                                  True: _anchors(601, 911, 794, (1063.0, 926.3), 663)},
+    (1, 16, 16, 16384, 192, 128): {False: _anchors(617, 621, 707),
+                                   True: _anchors(564, 643, 694)},
 }
+
+#: The implementations here that are peers, by the bar they join (zyfa's own are not).
+PEER_IMPLS = {"fp8": ("cudnn_fe_fp8", "triton_fp8"),
+              "bf16": ("sdpa_cudnn", "cudnn_fe_bf16", "sdpa_flash")}
 
 
 # --------------------------------------------------------------------------------------
@@ -479,6 +521,23 @@ def rel_err(out, rows_t, ref) -> float:
     return float(torch_norm(o - ref) / torch_norm(ref))
 
 
+def poison(out):
+    """NaN in every element of an output buffer (bf16, or e4m3 as the cuDNN FP8 graph writes)."""
+    import torch
+    if out.dtype == torch.float8_e4m3fn:
+        out.view(torch.uint8).fill_(0x7F)    # e4m3fn's NaN
+    else:
+        out.fill_(float("nan"))
+
+
+def dequantised(out, out_scale):
+    """An output as fp32 values: e4m3 output divided by the scale the graph applied."""
+    import torch
+    if out.dtype == torch.float8_e4m3fn:
+        return out.float() / out_scale
+    return out
+
+
 def torch_norm(x):
     import torch
     return torch.linalg.vector_norm(x)
@@ -535,6 +594,14 @@ def build_impl(name, ctx, causal, tri: TritonFP8):
         call()
         torch.cuda.synchronize()
         return call, holder["o"].transpose(1, 2), {"enable_gqa": gqa}
+    if name in ("cudnn_fe_bf16", "cudnn_fe_fp8"):
+        from bench import cudnn_frontend
+        if name == "cudnn_fe_bf16":
+            g = cudnn_frontend.Graph(q, k, v, causal, sm)
+        else:
+            g = cudnn_frontend.Graph(ctx["q8"], ctx["k8"], ctx["v8"], causal, sm,
+                                     descales=(ctx["dq"], ctx["dk"], ctx["dv"]))
+        return g.run, g.out, g.notes()
     if name == "triton_fp8":
         out = torch.empty(B, Sq, Hq, Dv, dtype=torch.bfloat16, device=q.device)
         call, notes = tri.make(ctx["q8"], ctx["k8"], ctx["v8"], ctx["dq"], ctx["dk"], ctx["dv"],
@@ -575,10 +642,11 @@ def run_point(shape, causal, impls, args, sampler, tri):
             call, out, notes = build_impl(name, ctx, causal, tri)
             r.update(notes)
             if name not in ("sdpa_cudnn", "sdpa_flash"):   # SDPA allocates its own output
-                out.fill_(float("nan"))                     # unwritten elements show as NaN
+                poison(out)                                 # unwritten elements show as NaN
                 call()
             torch.cuda.synchronize()
             fn = call
+            out = dequantised(out, notes.get("out_scale"))
             nan = int(torch.isnan(out).sum().item())
             r["nan_count"] = nan
             if name in FP8_IMPLS:
@@ -664,7 +732,8 @@ def markdown(data) -> str:
         lines += ["", "Missing:", ""]
         for lab, c, n, why in missing:
             lines.append(f"- {n}, {lab}, {'causal' if c else 'non-causal'}: {why}")
-    lines += bridged_table(data)
+    lines += bar_table(data)
+    lines += accuracy_table(data)
     lines += ["", f"TFLOP/J (TFLOP/s per mean W; only for timed windows of {POWER_MIN_WINDOW_S:g} s or more, "
               "as with --sustained):", "",
               "| shape | causal | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
@@ -685,29 +754,66 @@ def energy_metrics(tflops: float, t: dict) -> dict:
     return {"watts": w, "tflop_per_j": tflops / w if w else None}
 
 
-def bridged_table(data) -> list[str]:
-    """zyfa against the bar of ``ANCHORS``, bridged through this run's sdpa_cudnn figure."""
+def _ok(point, impl):
+    r = point["impls"].get(impl, {})
+    return r if r.get("status") == "ok" else None
+
+
+def bar(point, dtype: str):
+    """The bar of one point for ``dtype`` ("fp8" or "bf16"): (peer, TFLOP/s, how) of the fastest
+    of the peers measured in this run and the anchors carried into it (each anchor whose own
+    peer this run measured is replaced by that measurement), or None where there is neither."""
+    shape = tuple(point["shape"][k] for k in ("B", "Hq", "Hkv", "S", "d_qk", "d_v"))
+    cands = [(impl, r["tflops"], "measured") for impl in PEER_IMPLS[dtype]
+             if (r := _ok(point, impl))]
+    for a in ANCHORS.get(shape, {}).get(point["causal"], ()):
+        if a.dtype != dtype or (a.impl and _ok(point, a.impl)):
+            continue
+        for impl, there in a.bridges:
+            if r := _ok(point, impl):
+                k = r["tflops"] / there
+                cands.append((a.peer, a.tflops * k, f"{a.tflops:.0f} x {k:.3f} ({impl})"))
+                break
+    return max(cands, key=lambda c: c[1]) if cands else None
+
+
+def bar_table(data) -> list[str]:
+    """zyfa against the bar of each point (``bar``), FP8 and BF16."""
     rows = []
     for p in data["points"]:
-        shape = tuple(p["shape"][k] for k in ("B", "Hq", "Hkv", "S", "d_qk", "d_v"))
-        anchor = ANCHORS.get(shape, {}).get(p["causal"])
-        cud = p["impls"].get("sdpa_cudnn", {})
-        if anchor is None or cud.get("status") != "ok":
-            continue
-        k = cud["tflops"] / anchor[0]
         cells = []
-        for impl, (peer, value) in (("zyfa_fp8", anchor[1]), ("zyfa_bf16", anchor[2])):
-            r = p["impls"].get(impl, {})
-            bar = value * k
-            got = f"{r['tflops']:.0f} ({r['tflops'] / bar:.2f}x)" if r.get("status") == "ok" else "missing"
-            cells.append(f"{peer} {bar:.0f} | {got}")
-        rows.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | {k:.3f} | " + " | ".join(cells) + " |")
+        for impl, dtype in (("zyfa_fp8", "fp8"), ("zyfa_bf16", "bf16")):
+            b = bar(p, dtype)
+            r = _ok(p, impl)
+            got = f"{r['tflops']:.0f} ({r['tflops'] / b[1]:.2f}x)" if (r and b) else ("missing" if not r else "-")
+            cells.append(f"{b[0]} {b[1]:.0f} ({b[2]}) | {got}" if b else f"- | {got}")
+        rows.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
     if not rows:
         return []
-    return ["", "Against the bar (the fastest peers of the H200 anchors, bridged by this run's "
-            "sdpa_cudnn / the anchor's; full-size shapes only):", "",
-            "| shape | causal | bridge | best FP8 peer | zyfa_fp8 | best BF16 peer | zyfa_bf16 |",
-            "|---|---|---|---|---|---|---|"] + rows
+    return ["", "Against the bar: the fastest peer measured in this run, or of the H200 anchors carried "
+            "into it (anchor x this run's / the anchor run's figure of the implementation named):", "",
+            "| shape | causal | FP8 bar | zyfa_fp8 | BF16 bar | zyfa_bf16 |",
+            "|---|---|---|---|---|---|"] + rows
+
+
+def accuracy_table(data) -> list[str]:
+    """zyfa_fp8's error against that of the most accurate FP8 peer of this run whose output is
+    bf16 (zyfa's own output type; the cuDNN FP8 graph's e4m3 output on Hopper does not count)."""
+    rows = []
+    for p in data["points"]:
+        z = _ok(p, "zyfa_fp8")
+        peers = [(impl, r["rel_err"]) for impl in PEER_IMPLS["fp8"]
+                 if (r := _ok(p, impl)) and r.get("output", "bf16") == "bf16" and not r.get("nan_count")]
+        if not z or not peers:
+            continue
+        impl, err = min(peers, key=lambda c: c[1])
+        rows.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | {z['rel_err']:.2e} | {impl} "
+                    f"{err:.2e} | {z['rel_err'] / err:.2f} |")
+    if not rows:
+        return []
+    return ["", "FP8 accuracy against the most accurate FP8 peer with bf16 output in this run "
+            "(errors against fp64 on the same dequantised inputs):", "",
+            "| shape | causal | zyfa_fp8 | best peer | ratio |", "|---|---|---|---|---|"] + rows
 
 
 def plot(data, out_dir: Path) -> list[str]:
@@ -814,6 +920,9 @@ def main(argv=None):
     except Exception as e:   # noqa: BLE001
         versions["zyfa_runtime"] = _clean(f"import failed: {type(e).__name__}: {e}")
     versions["zyfa_code_objects"] = code_objects()
+    if any(i.startswith("cudnn_fe") for i in impls):
+        from bench import cudnn_frontend
+        versions.update(cudnn_frontend.versions())
     data = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "commit": args.commit,
             "mode": mode, "min_s": args.min_s, "warm_s": args.warm_s, "seed": args.seed,
             "inputs": args.inputs, "softmax_scale": "0.125 (SmolLM2's)" if args.real is not None

@@ -1,8 +1,10 @@
 """bench/peers.py on any machine: SmolLM2's activations tiled to a benchmark shape keep each
 query head with the key/value head it was computed against, derive head dim 128 as the
-accuracy study does and refuse head dims they cannot provide; the bar is bridged."""
+accuracy study does and refuse head dims they cannot provide; the bar is the fastest peer
+measured in the run or carried into it from the H200 anchors."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +17,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def peers():
     spec = importlib.util.spec_from_file_location("peers", ROOT / "bench" / "peers.py")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    sys.modules[spec.name] = mod      # dataclasses resolve the module's annotations through it
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.modules.pop(spec.name, None)
 
 
 @pytest.fixture(scope="module")
@@ -58,18 +64,72 @@ def test_other_head_dims_have_no_real_inputs(peers, real, dims):
         peers.tile_real(real, (1, 16, 16, 64, *dims))
 
 
-def test_the_bar_is_bridged_through_this_runs_cudnn(peers):
-    """A run whose cuDNN is 10 % faster than the anchor's raises the bar by 10 %."""
-    shape = (1, 32, 8, 16384, 128, 128)
-    point = {"shape": dict(zip(("B", "Hq", "Hkv", "S", "d_qk", "d_v"), shape)), "label": "x",
-             "causal": False,
-             "impls": {"sdpa_cudnn": {"status": "ok", "tflops": 613 * 1.1},
-                       "zyfa_fp8": {"status": "ok", "tflops": 933 * 1.1 * 0.5},
-                       "zyfa_bf16": {"status": "missing", "reason": "test"}}}
-    lines = peers.bridged_table({"points": [point]})
-    row = lines[-1]
-    assert "| 1.100 |" in row and "cuDNN FP8 1026" in row and "(0.50x)" in row and "missing" in row
-    assert peers.bridged_table({"points": [dict(point, causal=None)]}) == []
+def _point(shape, causal, **impls):
+    ok = lambda v: v if isinstance(v, dict) else {"status": "ok", "tflops": v}   # noqa: E731
+    return {"shape": dict(zip(("B", "Hq", "Hkv", "S", "d_qk", "d_v"), shape)), "label": "x",
+            "causal": causal, "impls": {n: ok(v) for n, v in impls.items()}}
+
+
+D256 = (2, 16, 16, 8192, 256, 256)
+D128 = (1, 32, 8, 16384, 128, 128)
+MISSING = {"status": "missing", "reason": "test"}
+
+
+def test_fa3_is_bridged_through_this_runs_cudnn_fp8_graph(peers):
+    """FA3's FP8 figure moves with the cuDNN FP8 graph timed in its own pass: a run whose graph is
+    5 % slower than there lowers FA3's bar by 5 %."""
+    there = dict((i, t) for a in peers.ANCHORS[D256][True] if a.peer == "FA3 FP8" for i, t in a.bridges)
+    point = _point(D256, True, cudnn_fe_fp8=there["cudnn_fe_fp8"] * 0.95, sdpa_cudnn=601 * 1.2)
+    peer, value, how = peers.bar(point, "fp8")
+    assert peer == "FA3 FP8" and value == pytest.approx(1063.0 * 0.95) and "cudnn_fe_fp8" in how
+
+
+def test_without_the_frontend_fa3_is_bridged_through_sdpa(peers):
+    """A run that could not time the cuDNN FP8 graph carries FA3 through torch SDPA's cuDNN,
+    as the anchors' own runs measured it."""
+    point = _point(D256, True, cudnn_fe_fp8=MISSING, sdpa_cudnn=601 * 1.1)
+    peer, value, how = peers.bar(point, "fp8")
+    assert peer == "FA3 FP8" and value == pytest.approx(1063.0 * 1.1) and "sdpa_cudnn" in how
+
+
+def test_a_peer_measured_in_the_run_replaces_its_anchor(peers):
+    """cuDNN FP8 measured here sets the bar at its own figure, not the anchor's bridged one,
+    even where the bridge would have put it higher."""
+    point = _point(D128, False, cudnn_fe_fp8=900.0, sdpa_cudnn=613 * 1.2, triton_fp8=500.0)
+    assert peers.bar(point, "fp8") == ("cudnn_fe_fp8", 900.0, "measured")
+    point = _point(D128, False, cudnn_fe_fp8=950.0, sdpa_cudnn=613.0)
+    assert peers.bar(point, "fp8")[:2] == ("cudnn_fe_fp8", 950.0)
+
+
+def test_bf16_bar_is_the_fastest_of_measured_and_bridged(peers):
+    point = _point(D128, True, sdpa_cudnn=573.0, cudnn_fe_bf16=700.0, sdpa_flash=300.0)
+    assert peers.bar(point, "bf16") == ("cudnn_fe_bf16", 700.0, "measured")
+    point = _point(D128, True, sdpa_cudnn=573.0, cudnn_fe_bf16=MISSING)
+    assert peers.bar(point, "bf16")[:2] == ("FA3", pytest.approx(658.0))
+
+
+def test_a_shape_without_anchors_is_judged_on_the_run_alone(peers):
+    point = _point((1, 8, 8, 1024, 128, 128), False, cudnn_fe_fp8=MISSING, sdpa_cudnn=500.0)
+    assert peers.bar(point, "fp8") is None
+    assert peers.bar(point, "bf16") == ("sdpa_cudnn", 500.0, "measured")
+
+
+def test_the_bar_table_gives_zyfa_against_the_bar(peers):
+    point = _point(D128, False, cudnn_fe_fp8=900.0, zyfa_fp8=990.0, zyfa_bf16=MISSING, sdpa_cudnn=613.0)
+    row = peers.bar_table({"points": [point]})[-1]
+    assert "cudnn_fe_fp8 900 (measured) | 990 (1.10x)" in row and row.endswith("| missing |")
+
+
+def test_fp8_accuracy_is_compared_with_bf16_output_peers_only(peers):
+    """The cuDNN FP8 graph's e4m3 output does not set the accuracy bar (zyfa writes bf16); a
+    peer whose output held NaN does not either."""
+    err = lambda e, **kw: dict({"status": "ok", "tflops": 1.0, "rel_err": e}, **kw)   # noqa: E731
+    point = _point(D128, False, zyfa_fp8=err(1.0e-2), triton_fp8=err(2.5e-2),
+                   cudnn_fe_fp8=err(1.0e-3, output="e4m3"))
+    row = peers.accuracy_table({"points": [point]})[-1]
+    assert "triton_fp8 2.50e-02" in row and row.endswith("| 0.40 |")
+    point["impls"]["triton_fp8"]["nan_count"] = 3
+    assert peers.accuracy_table({"points": [point]}) == []
 
 
 def test_a_run_records_the_code_objects_it_loads(peers, tmp_path, monkeypatch):
