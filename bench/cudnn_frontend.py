@@ -68,16 +68,12 @@ def _bhsd(g, uid, t, data_type):
     return g.tensor(uid=uid, dim=(b, h, s, d), stride=(sb, sh, ss, sd), data_type=data_type)
 
 
-def _causal_kwargs(cudnn, fn, **kw):
-    """Call ``fn`` (a graph's sdpa or sdpa_fp8) with a top-left causal band: the bound's keyword
-    differs between the frontend's bindings (``right_bound``, ``diagonal_band_right_bound``)."""
-    errors = []
-    for name in ("right_bound", "diagonal_band_right_bound"):
-        try:
-            return fn(diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT, **{name: 0}, **kw)
-        except TypeError as e:
-            errors.append(f"{name}: {e}")
-    raise TypeError("no causal keyword this frontend takes: " + " | ".join(errors))
+#: The keyword of the causal band's right bound, by the frontend's bindings: ``sdpa_fp8`` takes
+#: ``right_bound`` and ``sdpa`` ``diagonal_band_right_bound`` in 1.32; either may take the other
+#: elsewhere.  The graph's ops capture their arguments and check them when the graph is built,
+#: so a keyword is tried by building the whole graph.
+CAUSAL_KEYWORDS = {"sdpa_fp8": ("right_bound", "diagonal_band_right_bound"),
+                   "sdpa": ("diagonal_band_right_bound", "right_bound")}
 
 
 class Graph:
@@ -102,11 +98,10 @@ class Graph:
             out = torch.empty(B, S, Hq, Dv, device=q.device,
                               dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16)
             try:
-                self._build(cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8)
+                self._build_any_keyword(cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8)
             except Exception as e:   # noqa: BLE001  (the graph refused: the next output type)
-                first = str(e).strip().splitlines()
                 refusals.append(f"{'e4m3' if out_fp8 else 'bf16'} output: {type(e).__name__}: "
-                                f"{first[0][:300] if first else ''}")
+                                + " / ".join(str(e).strip().splitlines())[:600])
                 continue
             self.out = out
             self.out_dtype = "e4m3" if out_fp8 else "bf16"
@@ -132,11 +127,24 @@ class Graph:
         except Exception:   # noqa: BLE001
             self.plan = None
 
-    def _build(self, cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8):
+    def _build_any_keyword(self, cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8):
+        """``_build`` with the causal bound under each keyword the op may take (a TypeError: the
+        binding did not take it)."""
+        names = CAUSAL_KEYWORDS["sdpa_fp8" if self.fp8 else "sdpa"] if causal else (None,)
+        for i, name in enumerate(names):
+            try:
+                return self._build(cudnn, dt, q, k, v, out, sm_scale, out_fp8, name)
+            except TypeError:
+                if i + 1 == len(names):
+                    raise
+
+    def _build(self, cudnn, dt, q, k, v, out, sm_scale, out_fp8, bound_keyword):
         io = dt.FP8_E4M3 if self.fp8 else dt.BFLOAT16
         g = cudnn.pygraph(io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
                           handle=self.handle)
         tq, tk, tv = (_bhsd(g, _UID[n], t, io) for n, t in (("q", q), ("k", k), ("v", v)))
+        causal_kw = ({"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, bound_keyword: 0}
+                     if bound_keyword else {})
         if self.fp8:
             scalar = lambda n: g.tensor(uid=_UID[n], dim=(1, 1, 1, 1), stride=(1, 1, 1, 1),  # noqa: E731
                                         data_type=dt.FLOAT)
@@ -144,13 +152,12 @@ class Graph:
                       descale_v=scalar("descale_v"), descale_s=scalar("descale_s"),
                       scale_s=scalar("scale_s"), scale_o=scalar("scale_o"), generate_stats=False,
                       attn_scale=sm_scale)
-            o, _stats, _amax_s, amax_o = (_causal_kwargs(cudnn, g.sdpa_fp8, **kw) if causal
-                                          else g.sdpa_fp8(**kw))
+            o, _stats, _amax_s, amax_o = g.sdpa_fp8(**kw, **causal_kw)
             amax_o.set_uid(_UID["amax_o"]).set_output(True).set_dim((1, 1, 1, 1)) \
                   .set_stride((1, 1, 1, 1)).set_data_type(dt.FLOAT)
         else:
             kw = dict(q=tq, k=tk, v=tv, generate_stats=False, attn_scale=sm_scale)
-            o, _stats = _causal_kwargs(cudnn, g.sdpa, **kw) if causal else g.sdpa(**kw)
+            o, _stats = g.sdpa(**kw, **causal_kw)
         b, s, h, d = out.shape
         sb, ss, sh, sd = out.stride()
         o.set_uid(_UID["o"]).set_output(True).set_dim((b, h, s, d)).set_stride((sb, sh, ss, sd)) \
