@@ -30,7 +30,11 @@ H200 run (``ANCHORS``, ``bar``); the report gives zyfa against it, and zyfa's FP
 the most accurate FP8 peer with bf16 output.
 
 Timing: CUDA events around each call, warm-up >= 50 ms, then enough calls for >= 200 ms
-(``--sustained``: >= 10 s); the median per call is reported.  FLOPs are
+(``--sustained``: >= 10 s); the median per call.  Every implementation is built and checked
+first, then timed in ``--rounds`` rounds (3; 1 with ``--sustained``), each round taking every
+implementation in turn, and the median of its rounds is reported (each round's figure kept):
+a card at its power cap moves by a few percent over a run, and this way every implementation
+sees each phase of it.  FLOPs are
 2 * B * Hq * Sq * Sk * (d_qk + d_v), halved for causal.  An NVML thread samples power and
 SM clock during the timed window, and reads the board's energy counter at its ends.  The
 board's power reading lags by about a second (in a 0.2 s window the samples read a third of
@@ -459,6 +463,19 @@ def time_call(fn, min_s: float, warm_s: float, sampler: Sampler) -> dict:
     return res
 
 
+def combine_rounds(ts: list[dict]) -> dict:
+    """One implementation's timed rounds (time_call's results) as one: the median of each
+    round's figures (per-call median ms, clock, power, window), the calls summed."""
+    import statistics
+    out = {"rounds": len(ts), "calls": sum(t["calls"] for t in ts),
+           "min_ms": min(t["min_ms"] for t in ts), "max_ms": max(t["max_ms"] for t in ts)}
+    for key in sorted({k for t in ts for k, v in t.items() if isinstance(v, (int, float))} - set(out)):
+        vals = [t[key] for t in ts if isinstance(t.get(key), (int, float))]
+        if vals:
+            out[key] = statistics.median(vals)
+    return out
+
+
 def tile_real(real, shape):
     """Q, K, V (float32 numpy, [B, S, H, D]) for ``shape`` from captured SmolLM2 activations
     ``real`` (q (L, T, 9, 64), k and v (L, T, 3, 64)).  Key/value head j of batch b is captured
@@ -633,9 +650,21 @@ def run_point(shape, causal, impls, args, sampler, tri):
     _, ref_fp8 = ref_slice(*deq, causal, sm, args.ref_heads)
     del deq
     fl = flops(shape, causal)
-    results = {}
+    results, calls = {}, {}
+
+    def missing(name, e):
+        msg = str(e).strip().splitlines()
+        results[name] = {"status": "missing",
+                         "reason": _clean(f"{type(e).__name__}: {msg[0][:300] if msg else ''}")}
+        print(_clean(traceback.format_exc()[-3000:]), file=sys.stderr, flush=True)
+        try:
+            torch.cuda.synchronize()
+        except Exception as e2:   # noqa: BLE001
+            results[name]["after_error"] = f"{type(e2).__name__}: {e2}"
+
+    # Each implementation built and checked once (its output poisoned first)...
     for name in impls:
-        r = {"status": "ok"}
+        r = results[name] = {"status": "ok"}
         try:
             if name == "triton_fp8" and dqk != dv:
                 raise NotImplementedError(f"unsupported: triton_fp8 needs d_qk == d_v (got {dqk}/{dv})")
@@ -645,32 +674,38 @@ def run_point(shape, causal, impls, args, sampler, tri):
                 poison(out)                                 # unwritten elements show as NaN
                 call()
             torch.cuda.synchronize()
-            fn = call
             out = dequantised(out, notes.get("out_scale"))
-            nan = int(torch.isnan(out).sum().item())
-            r["nan_count"] = nan
+            r["nan_count"] = int(torch.isnan(out).sum().item())
             if name in FP8_IMPLS:
                 r["rel_err"] = rel_err(out, rows_t, ref_fp8)
                 r["rel_err_vs_bf16_ref"] = rel_err(out, rows_t, ref_bf)
             else:
                 r["rel_err"] = rel_err(out, rows_t, ref_bf)
             del out
-            t = time_call(fn, args.min_s, args.warm_s, sampler)
-            r.update(t)
-            r["tflops"] = fl / (t["median_ms"] * 1e-3) / 1e12
-            r.update(energy_metrics(r["tflops"], t))
+            calls[name] = call
         except Exception as e:   # noqa: BLE001
-            msg = str(e).strip().splitlines()
-            r = {"status": "missing",
-                 "reason": _clean(f"{type(e).__name__}: {msg[0][:300] if msg else ''}")}
-            print(_clean(traceback.format_exc()[-3000:]), file=sys.stderr, flush=True)
-        try:
-            torch.cuda.synchronize()
-        except Exception as e:   # noqa: BLE001
-            r.setdefault("after_error", f"{type(e).__name__}: {e}")
-        results[name] = r
+            missing(name, e)
+    # ... then timed in rounds, each round every implementation in turn, so that each sees the
+    # card's clocks and temperature of every phase of the point alike.
+    timings = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name in list(timings):
+            try:
+                timings[name].append(time_call(calls[name], args.min_s, args.warm_s, sampler))
+            except Exception as e:   # noqa: BLE001
+                missing(name, e)
+                del timings[name]
+    for name, ts in timings.items():
+        r = results[name]
+        r.update(combine_rounds(ts))
+        r["tflops"] = fl / (r["median_ms"] * 1e-3) / 1e12
+        r["round_tflops"] = [round(fl / (t["median_ms"] * 1e-3) / 1e12, 1) for t in ts]
+        r.update(energy_metrics(r["tflops"], r))
+    for name in impls:
+        r = results[name]
         status = (f"{r['tflops']:7.1f} TFLOP/s err {r['rel_err']:.2e} "
                   f"{_fmt(r.get('watts'), '.0f')} W {_fmt(r.get('sm_clock_mhz'), '.0f')} MHz"
+                  + (f"  rounds {' '.join(f'{t:.0f}' for t in r['round_tflops'])}" if len(r["round_tflops"]) > 1 else "")
                   if r["status"] == "ok" else f"MISSING ({r['reason']})")
         print(f"  {name:11s} {status}", flush=True)
     del ctx, q, k, v, q8, k8, v8
@@ -709,7 +744,7 @@ def markdown(data) -> str:
     lines = [f"# zyfa vs peers -- {data['gpu'].get('name', '?')}", "",
              f"commit {data.get('commit')}, {data['date']}, torch {data['versions'].get('torch')}, "
              f"triton {data['versions'].get('triton')}, driver {data['gpu'].get('driver')}, "
-             f"mode {data['mode']}, inputs {data.get('inputs', 'gaussian')}", "",
+             f"mode {data['mode']}, {data.get('rounds', 1)} round(s) a point, inputs {data.get('inputs', 'gaussian')}", "",
              "Each cell: TFLOP/s / rel. error / mean W / mean SM MHz "
              "(FP8 errors against the dequantised-input fp64 reference; W only for timed windows "
              f"of {POWER_MIN_WINDOW_S:g} s or more, see --sustained).", ""]
@@ -858,7 +893,10 @@ def main(argv=None):
     ap.add_argument("--sustained", action="store_true", help=">= 10 s timed per point")
     ap.add_argument("--causal", choices=["both", "causal", "noncausal"], default="both")
     ap.add_argument("--impls", help="comma-separated subset of " + ",".join(IMPLS))
-    ap.add_argument("--min-s", type=float, default=None, help="timed window per point (s)")
+    ap.add_argument("--min-s", type=float, default=None, help="timed window per point and round (s)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="timed rounds per point, the implementations in turn in each, the median "
+                         "reported (default 3; 1 with --sustained)")
     ap.add_argument("--warm-s", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--inputs", choices=["gaussian", "real"], default="gaussian")
@@ -879,6 +917,10 @@ def main(argv=None):
             args.real = {n: f[n] for n in ("q", "k", "v")}
     if args.min_s is None:
         args.min_s = 10.0 if args.sustained else 0.2
+    if args.rounds is None:
+        args.rounds = 1 if args.sustained else 3
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     mode = "quick" if args.quick else "full"
     if args.sustained:
         mode += "+sustained"
@@ -886,7 +928,8 @@ def main(argv=None):
     out_dir = Path(args.out) if args.out else ROOT / "bench" / "results" / f"{date}_peers"
     points, impls = plan(args)
 
-    print(f"mode {mode}; timed >= {args.min_s} s, warm-up >= {args.warm_s} s; out {out_dir}")
+    print(f"mode {mode}; {args.rounds} round(s) a point, each timed >= {args.min_s} s after a warm-up "
+          f">= {args.warm_s} s; out {out_dir}")
     for shape, causal in points:
         notes = []
         if "triton_fp8" in impls and shape[4] != shape[5]:
@@ -924,7 +967,7 @@ def main(argv=None):
         from bench import cudnn_frontend
         versions.update(cudnn_frontend.versions())
     data = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "commit": args.commit,
-            "mode": mode, "min_s": args.min_s, "warm_s": args.warm_s, "seed": args.seed,
+            "mode": mode, "min_s": args.min_s, "warm_s": args.warm_s, "rounds": args.rounds, "seed": args.seed,
             "inputs": args.inputs, "softmax_scale": "0.125 (SmolLM2's)" if args.real is not None
             else "1/sqrt(d_qk)",
             "gpu": gpu, "versions": versions, "impls": impls,

@@ -160,3 +160,14 @@ def test_power_is_reported_only_for_windows_the_sensor_follows(peers):
     no_counter = {"window_s": 10.0, "power_w": 665.0}
     assert peers.energy_metrics(626.0, no_counter)["watts"] == 665.0
     assert peers.energy_metrics(626.0, {"window_s": 10.0}) == {"watts": None, "tflop_per_j": None}
+
+
+def test_rounds_combine_to_their_medians(peers):
+    """A point's timed rounds report the median round (one slow round moves nothing), the
+    calls of all of them and the extremes of any."""
+    rounds = [{"calls": 10, "median_ms": 2.0, "min_ms": 1.9, "max_ms": 2.2, "window_s": 0.21, "sm_clock_mhz": 1700.0},
+              {"calls": 12, "median_ms": 3.0, "min_ms": 2.8, "max_ms": 3.5, "window_s": 0.25, "sm_clock_mhz": 1500.0},
+              {"calls": 11, "median_ms": 2.1, "min_ms": 2.0, "max_ms": 2.4, "window_s": 0.22, "sm_clock_mhz": 1650.0}]
+    got = peers.combine_rounds(rounds)
+    assert got["median_ms"] == 2.1 and got["sm_clock_mhz"] == 1650.0 and got["window_s"] == 0.22
+    assert got["calls"] == 33 and got["min_ms"] == 1.9 and got["max_ms"] == 3.5 and got["rounds"] == 3
