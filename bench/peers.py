@@ -4,6 +4,7 @@
     python bench/peers.py --quick --out OUTDIR --commit SHA   # S/8, a few minutes
     python bench/peers.py                                     # full shapes
     python bench/peers.py --sustained                         # >= 10 s per point
+    python bench/peers.py --sweep                             # 1k-16k tokens a sequence, per variant
     python bench/peers.py --dry-run                           # print the plan only (no GPU)
 
 Implementations, all on the same inputs ([B, S, H, D] memory, bf16): Gaussian (torch.randn),
@@ -48,7 +49,8 @@ aligned), on the dequantised FP8 inputs for FP8 implementations and on the bf16 
 the bf16 ones.  FP8 rows also give the error against the bf16-input reference (input
 quantisation included).  NaNs anywhere in the output are counted.
 
-Writes results.json, results.md and PNG plots into ``--out``
+Writes results.json, results.md and PNG plots (TFLOP/s and TFLOP/J per shape; with ``--sweep``
+TFLOP/s against sequence length, a panel per variant) into ``--out``
 (default bench/results/<date>_peers).  ``bench/peers_plot.py`` redraws the plots.
 """
 
@@ -188,8 +190,23 @@ def parse_shapes(text: str | None):
     return out
 
 
+#: ``--sweep``: every head-dim pair of the catalogue over sequence lengths at a constant 16k
+#: tokens and a model width of 2,048 (B = 16,384 / S, H = 2,048 / d_qk query and key/value heads;
+#: 16 at d192/128, as the MLA-like shape above), the convention of FlashAttention-3's figures.
+SWEEP_SEQLENS = (1024, 2048, 4096, 8192, 16384)
+SWEEP_HEAD_DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
+
+
+def sweep_shapes():
+    out = []
+    for dqk, dv in SWEEP_HEAD_DIMS:
+        h = 16 if dqk != dv else 2048 // dqk
+        out += [(16384 // s, h, h, s, dqk, dv) for s in SWEEP_SEQLENS]
+    return out
+
+
 def plan(args):
-    shapes = parse_shapes(args.shapes)
+    shapes = sweep_shapes() if getattr(args, "sweep", False) else parse_shapes(args.shapes)
     if args.quick:
         shapes = [quick_shape(s) for s in shapes]
     causals = {"both": [False, True], "causal": [True], "noncausal": [False]}[args.causal]
@@ -851,6 +868,55 @@ def accuracy_table(data) -> list[str]:
             "| shape | causal | zyfa_fp8 | best peer | ratio |", "|---|---|---|---|---|"] + rows
 
 
+def seqlen_series(data) -> dict:
+    """TFLOP/s against sequence length: {(d_qk, d_v, causal): {impl: [(S, TFLOP/s), ...]}} for
+    every variant measured at two or more sequence lengths (the points ordered by S)."""
+    series: dict = {}
+    for p in data["points"]:
+        key = (p["shape"]["d_qk"], p["shape"]["d_v"], p["causal"])
+        for impl, r in p["impls"].items():
+            if r.get("status") == "ok":
+                series.setdefault(key, {}).setdefault(impl, []).append((p["shape"]["S"], r["tflops"]))
+    out = {}
+    for key, impls in series.items():
+        if len({s for pts in impls.values() for s, _ in pts}) >= 2:
+            out[key] = {impl: sorted(pts) for impl, pts in impls.items()}
+    return out
+
+
+def plot_seqlen(data, out_dir: Path) -> list[str]:
+    """One panel per variant (head dims x causal), a line per implementation: TFLOP/s against
+    sequence length (``--sweep``)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    series = seqlen_series(data)
+    if not series:
+        return []
+    dims = sorted({(k[0], k[1]) for k in series})
+    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 3.3 * len(dims)), squeeze=False)
+    for i, (dqk, dv) in enumerate(dims):
+        for j, causal in enumerate((False, True)):
+            ax = axes[i][j]
+            for impl in data["impls"]:
+                pts = series.get((dqk, dv, causal), {}).get(impl)
+                if pts:
+                    ax.plot([s for s, _ in pts], [t for _, t in pts], marker="o", label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"d {dqk}/{dv}, {'causal' if causal else 'non-causal'}", fontsize=9)
+            ax.set_xlabel("sequence length")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=7)
+    fig.suptitle(f"TFLOP/s against sequence length -- {data['gpu'].get('name', '')} ({data['mode']})")
+    fig.tight_layout()
+    f = out_dir / "tflops_vs_seqlen.png"
+    fig.savefig(f, dpi=110)
+    plt.close(fig)
+    return [f.name]
+
+
 def plot(data, out_dir: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
@@ -880,7 +946,7 @@ def plot(data, out_dir: Path) -> list[str]:
             fig.savefig(f, dpi=120)
             plt.close(fig)
             written.append(f.name)
-    return written
+    return written + plot_seqlen(data, out_dir)
 
 
 # --------------------------------------------------------------------------------------
@@ -890,6 +956,9 @@ def main(argv=None):
     ap.add_argument("--shapes", help="indices into the shape list (0-based, comma-separated) "
                     "or BxHqxHkvxSxDqkxDv tuples")
     ap.add_argument("--quick", action="store_true", help="S/8 for every shape")
+    ap.add_argument("--sweep", action="store_true",
+                    help="every head-dim pair over sequence lengths 1k-16k at 16k tokens (SWEEP_*): "
+                         "TFLOP/s against sequence length, plotted per variant")
     ap.add_argument("--sustained", action="store_true", help=">= 10 s timed per point")
     ap.add_argument("--causal", choices=["both", "causal", "noncausal"], default="both")
     ap.add_argument("--impls", help="comma-separated subset of " + ",".join(IMPLS))
@@ -921,7 +990,7 @@ def main(argv=None):
         args.rounds = 1 if args.sustained else 3
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    mode = "quick" if args.quick else "full"
+    mode = ("sweep" if args.sweep else "full") if not args.quick else ("quick sweep" if args.sweep else "quick")
     if args.sustained:
         mode += "+sustained"
     date = _dt.date.today().isoformat()

@@ -171,3 +171,21 @@ def test_rounds_combine_to_their_medians(peers):
     got = peers.combine_rounds(rounds)
     assert got["median_ms"] == 2.1 and got["sm_clock_mhz"] == 1650.0 and got["window_s"] == 0.22
     assert got["calls"] == 33 and got["min_ms"] == 1.9 and got["max_ms"] == 3.5 and got["rounds"] == 3
+
+
+def test_the_sweep_keeps_tokens_and_width_constant(peers):
+    shapes = peers.sweep_shapes()
+    assert {(s[4], s[5]) for s in shapes} == set(peers.SWEEP_HEAD_DIMS)
+    for b, hq, hkv, s, dqk, dv in shapes:
+        assert b * s == 16384 and hq == hkv and (hq * dqk == 2048 or (dqk, dv) == (192, 128))
+
+
+def test_seqlen_series_are_per_variant_and_ordered(peers):
+    """A plot line per implementation and variant (head dims, causal), points ordered by
+    sequence length; a variant seen at one length only gets none; a missing point is left out."""
+    pts = [_point((16384 // s, 16, 16, s, 128, 128), c, zyfa_fp8=float(s), cudnn_fe_fp8=MISSING)
+           for s in (4096, 1024, 2048) for c in (False, True)]
+    pts.append(_point((1, 8, 8, 8192, 256, 256), False, zyfa_fp8=1.0))
+    got = peers.seqlen_series({"points": pts})
+    assert set(got) == {(128, 128, False), (128, 128, True)}
+    assert got[(128, 128, True)] == {"zyfa_fp8": [(1024, 1024.0), (2048, 2048.0), (4096, 4096.0)]}
