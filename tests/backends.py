@@ -11,6 +11,7 @@ def forget_runtime_state() -> None:
     drivers._reset()
     api._tables.clear()
     api._ones.clear()
+    api._plans.clear()
 
 
 @contextlib.contextmanager

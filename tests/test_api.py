@@ -11,7 +11,7 @@ import pytest
 from tests.backends import using_backend
 
 import build
-from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, workspace
+from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, validate, workspace
 from zyfa_runtime import driver as drivers
 from zyfa_runtime.catalogue import Variant, vt_columns, vt_prepass_symbol
 from zyfa_runtime.errors import CodeObjectError
@@ -222,6 +222,83 @@ def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
     assert workspace.held_bytes() == 0
     with pytest.raises(KeyError):         # freed now
         fake.buffer(a1)
+
+
+def _no_validation(monkeypatch):
+    def refuse(*a, **kw):
+        raise AssertionError("validated again")
+    monkeypatch.setattr(validate, "check_dense", refuse)
+
+
+def test_a_repeated_call_queues_its_plan_again_without_validating(fake, monkeypatch):
+    """The same tensors, options and stream with ``out`` given: the launches of the first call
+    are queued again (the same functions, grids and argument bytes), with no validation; any
+    change is validated anew."""
+    q, k, v = arrays((1, 200, 4, 64), (1, 300, 2, 64), (1, 300, 2, 64), dtype="fp8_e4m3")
+    out = np.empty((1, 200, 4, 64), host_dtype("bf16"))
+    flash_attn_func(q, k, v, causal=False, out=out, stream=5)
+    first = fake.launches[:]
+    _no_validation(monkeypatch)
+    flash_attn_func(q, k, v, causal=False, out=out, stream=5)
+    assert fake.launches[len(first):] == first
+    for changed in (dict(causal=True, out=out, stream=5), dict(out=out, stream=6),
+                    dict(out=out.copy(), stream=5), dict(out=out, stream=5, softmax_scale=0.1),
+                    dict(out=out, stream=5, return_lse=True)):
+        with pytest.raises(AssertionError, match="validated again"):
+            flash_attn_func(q, k, v, **changed)
+    with pytest.raises(AssertionError, match="validated again"):
+        flash_attn_func(q, k, v[:, :, ::-1], out=out, stream=5)   # other strides
+
+
+def test_a_call_without_out_is_planned_each_time(fake, monkeypatch):
+    q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64), dtype="fp8_e4m3")
+    flash_attn_func(q, k, v)
+    _no_validation(monkeypatch)
+    with pytest.raises(AssertionError, match="validated again"):
+        flash_attn_func(q, k, v)
+
+
+def test_a_plan_is_not_reused_once_its_workspace_moved(fake):
+    """A plan's argument buffers hold the V^T workspace's address: once the stream's workspace
+    has grown (or been released), the repeated call is planned anew onto the new one."""
+    variant = Variant("sm_90a", "fp8_e4m3", 64, 64, False)
+    entry = entry_of(variant)
+    q, k, v = arrays((1, 100, 4, 64), (1, 300, 2, 64), (1, 300, 2, 64), dtype="fp8_e4m3")
+    out = np.empty((1, 100, 4, 64), host_dtype("bf16"))
+    flash_attn_func(q, k, v, out=out, stream=9)
+    old = unpack_args(entry, fake.launches[-1].args)["vt"]
+    flash_attn_func(*arrays((1, 100, 4, 64), (1, 5000, 2, 64), (1, 5000, 2, 64), dtype="fp8_e4m3"), stream=9)
+    flash_attn_func(q, k, v, out=out, stream=9)
+    new = unpack_args(entry, fake.launches[-1].args)["vt"]
+    assert new != old and new == unpack_args(entry, fake.launches[-3].args)["vt"]
+    workspace.release()
+    flash_attn_func(q, k, v, out=out, stream=9)
+    vt = unpack_args(entry, fake.launches[-1].args)["vt"]
+    assert fake.buffer(vt).nbytes >= 2 * 64 * vt_columns(1, 300, None)
+
+
+def test_a_persistent_kernels_plan_follows_its_tile_counter(fake):
+    q, k, v = arrays((1, 300, 4, 128), (1, 300, 4, 128), (1, 300, 4, 128))
+    out = np.empty((1, 300, 4, 128), host_dtype("bf16"))
+    entry = entry_of(Variant("sm_90a", "bf16", 128, 128, False))
+    flash_attn_func(q, k, v, out=out, stream=3)
+    workspace.release()
+    flash_attn_func(q, k, v, out=out, stream=3)
+    counter = unpack_args(entry, fake.launches[-1].args)["tile_counter"]
+    assert len(fake.launches) == 2 and fake.buffer(counter).nbytes > 0   # a live counter, not the freed one
+
+
+def test_plans_keep_no_tensor_alive(fake):
+    """The plan cache keys calls by their tensors' addresses and layouts, not the tensors."""
+    import gc
+    import weakref
+    q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64), dtype="fp8_e4m3")
+    out = np.empty((1, 64, 2, 64), host_dtype("bf16"))
+    flash_attn_func(q, k, v, out=out)
+    refs = [weakref.ref(x) for x in (q, k, v, out)]
+    del q, k, v, out
+    gc.collect()
+    assert all(r() is None for r in refs)
 
 
 def test_a_grid_larger_than_the_device_takes_is_refused_before_any_launch(fake, monkeypatch):

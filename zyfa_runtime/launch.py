@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import struct
 
 from .catalogue import eval_grid
+from .driver.base import Function
 from .kernels import Kernel
 
 #: struct code of each manifest argument type (sizes fixed, little-endian overall).
@@ -40,22 +42,47 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
     return packer.pack(*(0 if values[n] is None and n in pointers else values[n] for n in names))
 
 
-def launch(driver, kernel: Kernel, values: dict, stream: int, sm_count: int | None = None) -> tuple[int, int, int]:
-    """Launch ``kernel`` with ``values`` on ``stream`` (its pre-pass first, with the same
-    argument buffer, where it has one); returns the kernel's grid.  ``sm_count``: the
-    device's multiprocessors, for the grid of a persistent kernel."""
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch, ready to queue: the function, its grid and block, the bytes of
+    dynamic shared memory and the packed argument buffer."""
+    function: Function
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    args: bytes
+
+
+def prepare(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple[tuple[int, int, int], tuple[Launch, ...]]:
+    """The grid of ``kernel`` for ``values`` and its launches in order (its pre-pass first,
+    with the same argument buffer, where it has one; none where the grid is empty), every
+    grid evaluated (and refused where too large) before anything is queued.  ``sm_count``:
+    the device's multiprocessors, for the grid of a persistent kernel."""
     grid = _grid(driver, kernel, kernel.entry["grid"],
                  values if sm_count is None else {**values, "sm_count": int(sm_count)})
     if 0 in grid:
-        return grid  # nothing to do (e.g. zero query rows)
-    pre_grid = None   # evaluated (and refused where too large) before either launch
+        return grid, ()  # nothing to do (e.g. zero query rows)
+    launches = []
+    args = pack_args(kernel, values)
     if kernel.prepass is not None:
         pre_grid = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)
-    args = pack_args(kernel, values)
-    if pre_grid is not None:
-        _launch_prepass(driver, kernel, pre_grid, args, stream)
-    block = (kernel.entry["block_size"], 1, 1)
-    driver.launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], stream, args)
+        if 0 not in pre_grid:
+            launches.append(Launch(kernel.prepass, pre_grid, (kernel.entry["prepass"]["block_size"], 1, 1), 0, args))
+    launches.append(Launch(kernel.function, grid, (kernel.entry["block_size"], 1, 1), kernel.entry["dynamic_smem"], args))
+    return grid, tuple(launches)
+
+
+def queue(driver, launches: tuple[Launch, ...], stream: int) -> None:
+    """Queue prepared launches on ``stream``, in order."""
+    for ln in launches:
+        driver.launch(ln.function, ln.grid, ln.block, ln.shared, stream, ln.args)
+
+
+def launch(driver, kernel: Kernel, values: dict, stream: int, sm_count: int | None = None) -> tuple[int, int, int]:
+    """Launch ``kernel`` with ``values`` on ``stream`` (``prepare``, then ``queue``); returns the
+    kernel's grid."""
+    grid, launches = prepare(driver, kernel, values, sm_count)
+    queue(driver, launches, stream)
     return grid
 
 
