@@ -177,7 +177,8 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
         values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
                                                          problem.total_k if problem.varlen else None)
         vt_bytes = problem.hkv * values["vt_stride_h"]
-    with (workspace.hold(driver, device, stream, vt_bytes) if vt_bytes else contextlib.nullcontext()) as vt:
+    hold = workspace.hold(driver, device, stream, vt_bytes) if vt_bytes else contextlib.nullcontext()
+    with hold as vt:
         if vt is not None:
             values["vt"] = vt
             extents["vt"] = (vt, vt + vt_bytes)
@@ -205,10 +206,12 @@ class Plan:
     def queue_again(self, driver, stream: int) -> bool:
         """Queue the launches on ``stream`` if the workspace and counter are where they were;
         False (nothing queued) otherwise."""
-        if self.counter is not None and workspace.counter(driver, self.device, stream, self.counter[0]) != self.counter[1]:
-            return False
+        if self.counter is not None:
+            if workspace.counter(driver, self.device, stream, self.counter[0]) != self.counter[1]:
+                return False
         driver.make_current(self.device)
-        with (workspace.hold(driver, self.device, stream, self.vt[0]) if self.vt else contextlib.nullcontext()) as vt:
+        hold = workspace.hold(driver, self.device, stream, self.vt[0]) if self.vt else contextlib.nullcontext()
+        with hold as vt:
             if self.vt is not None and vt != self.vt[1]:
                 return False
             with driver.tensor_extents(dict(self.extents)):
@@ -228,8 +231,8 @@ def _key_of(ref: TensorRef | None):
 def _plan_key(driver, refs, causal, softmax_scale, stream: int) -> tuple:
     """Everything a dense call's launches depend on (not the tensors themselves: the cache must
     not keep them alive)."""
-    return (id(driver), bool(causal), None if softmax_scale is None else float(softmax_scale), int(stream),
-            *(_key_of(r) for r in refs))
+    scale = None if softmax_scale is None else float(softmax_scale)
+    return (id(driver), bool(causal), scale, int(stream), *(_key_of(r) for r in refs))
 
 
 def _cached_plan(key) -> Plan | None:

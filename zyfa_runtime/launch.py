@@ -53,7 +53,8 @@ class Launch:
     args: bytes
 
 
-def prepare(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple[tuple[int, int, int], tuple[Launch, ...]]:
+def prepare(driver, kernel: Kernel, values: dict,
+            sm_count: int | None = None) -> tuple[tuple[int, int, int], tuple[Launch, ...]]:
     """The grid of ``kernel`` for ``values`` and its launches in order (its pre-pass first,
     with the same argument buffer, where it has one; none where the grid is empty), every
     grid evaluated (and refused where too large) before anything is queued.  ``sm_count``:
@@ -67,8 +68,10 @@ def prepare(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -
     if kernel.prepass is not None:
         pre_grid = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)
         if 0 not in pre_grid:
-            launches.append(Launch(kernel.prepass, pre_grid, (kernel.entry["prepass"]["block_size"], 1, 1), 0, args))
-    launches.append(Launch(kernel.function, grid, (kernel.entry["block_size"], 1, 1), kernel.entry["dynamic_smem"], args))
+            block = (kernel.entry["prepass"]["block_size"], 1, 1)
+            launches.append(Launch(kernel.prepass, pre_grid, block, 0, args))
+    block = (kernel.entry["block_size"], 1, 1)
+    launches.append(Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args))
     return grid, tuple(launches)
 
 
