@@ -898,10 +898,10 @@ def plot_seqlen(data, out_dir: Path) -> list[str]:
     for i, (dqk, dv) in enumerate(dims):
         for j, causal in enumerate((False, True)):
             ax = axes[i][j]
-            for impl in data["impls"]:
+            for n, impl in enumerate(data["impls"]):    # one colour an implementation in every panel
                 pts = series.get((dqk, dv, causal), {}).get(impl)
                 if pts:
-                    ax.plot([s for s, _ in pts], [t for _, t in pts], marker="o", label=impl)
+                    ax.plot([s for s, _ in pts], [t for _, t in pts], marker="o", label=impl, color=f"C{n}")
             ax.set_xscale("log", base=2)
             ax.set_title(f"d {dqk}/{dv}, {'causal' if causal else 'non-causal'}", fontsize=9)
             ax.set_xlabel("sequence length")
