@@ -65,9 +65,9 @@ import platform
 import re
 import sys
 import threading
-from dataclasses import dataclass
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
