@@ -86,7 +86,10 @@ SHAPES = [
     (1, 16, 16, 16384, 192, 128),
 ]
 IMPLS = ["zyfa_bf16", "zyfa_fp8", "sdpa_cudnn", "sdpa_flash", "cudnn_fe_bf16", "cudnn_fe_fp8", "triton_fp8"]
-FP8_IMPLS = {"zyfa_fp8", "cudnn_fe_fp8", "triton_fp8"}
+#: The implementations here that are peers, by the bar they join (zyfa's own are not).
+PEER_IMPLS = {"fp8": ("cudnn_fe_fp8", "triton_fp8"),
+              "bf16": ("sdpa_cudnn", "cudnn_fe_bf16", "sdpa_flash")}
+FP8_IMPLS = {"zyfa_fp8", *PEER_IMPLS["fp8"]}
 E4M3_MAX = 448.0
 REF_ROWS = 128          # first and last REF_ROWS query rows
 POWER_MIN_WINDOW_S = 2.0   # shortest timed window whose W and TFLOP/J are reported
@@ -145,10 +148,6 @@ ANCHORS = {
                                    True: _anchors(564, 643, 694)},
 }
 
-#: The implementations here that are peers, by the bar they join (zyfa's own are not).
-PEER_IMPLS = {"fp8": ("cudnn_fe_fp8", "triton_fp8"),
-              "bf16": ("sdpa_cudnn", "cudnn_fe_bf16", "sdpa_flash")}
-
 
 # --------------------------------------------------------------------------------------
 # Pure helpers (no torch; testable on any machine).
@@ -206,7 +205,7 @@ def sweep_shapes():
 
 
 def plan(args):
-    shapes = sweep_shapes() if getattr(args, "sweep", False) else parse_shapes(args.shapes)
+    shapes = sweep_shapes() if args.sweep else parse_shapes(args.shapes)
     if args.quick:
         shapes = [quick_shape(s) for s in shapes]
     causals = {"both": [False, True], "causal": [True], "noncausal": [False]}[args.causal]

@@ -185,8 +185,7 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
         _, launches = _launch.prepare(driver, kernel, values, sm_count)
         plan = Plan(device, launches, tuple(extents.items()), (vt_bytes, vt) if vt is not None else None,
                     (counter_bytes, values["tile_counter"]) if "tile_counter" in values else None)
-        with driver.tensor_extents(extents):
-            _launch.queue(driver, launches, stream)
+        plan.queue(driver, stream)
     return out_arr, lse_arr, plan
 
 
@@ -214,9 +213,13 @@ class Plan:
         with hold as vt:
             if self.vt is not None and vt != self.vt[1]:
                 return False
-            with driver.tensor_extents(dict(self.extents)):
-                _launch.queue(driver, self.launches, stream)
+            self.queue(driver, stream)
         return True
+
+    def queue(self, driver, stream: int) -> None:
+        """Queue the launches on ``stream`` (the workspace, where there is one, held)."""
+        with driver.tensor_extents(dict(self.extents)):
+            _launch.queue(driver, self.launches, stream)
 
 
 #: Plans of recent dense calls that wrote into a given ``out`` without an LSE, by call key.

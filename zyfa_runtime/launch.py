@@ -68,8 +68,7 @@ def prepare(driver, kernel: Kernel, values: dict,
     if kernel.prepass is not None:
         pre_grid = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)
         if 0 not in pre_grid:
-            block = (kernel.entry["prepass"]["block_size"], 1, 1)
-            launches.append(Launch(kernel.prepass, pre_grid, block, 0, args))
+            launches.append(_prepass(kernel, pre_grid, args))
     block = (kernel.entry["block_size"], 1, 1)
     launches.append(Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args))
     return grid, tuple(launches)
@@ -81,23 +80,16 @@ def queue(driver, launches: tuple[Launch, ...], stream: int) -> None:
         driver.launch(ln.function, ln.grid, ln.block, ln.shared, stream, ln.args)
 
 
-def launch(driver, kernel: Kernel, values: dict, stream: int, sm_count: int | None = None) -> tuple[int, int, int]:
-    """Launch ``kernel`` with ``values`` on ``stream`` (``prepare``, then ``queue``); returns the
-    kernel's grid."""
-    grid, launches = prepare(driver, kernel, values, sm_count)
-    queue(driver, launches, stream)
-    return grid
-
-
 def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: int) -> None:
     """Launch ``kernel``'s pre-pass alone with the packed ``args`` of ``values`` (the grid from
     the manifest's rule; nothing where it is empty)."""
-    _launch_prepass(driver, kernel, _grid(driver, kernel, kernel.entry["prepass"]["grid"], values), args, stream)
-
-
-def _launch_prepass(driver, kernel: Kernel, grid: tuple[int, int, int], args: bytes, stream: int) -> None:
+    grid = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)
     if 0 not in grid:
-        driver.launch(kernel.prepass, grid, (kernel.entry["prepass"]["block_size"], 1, 1), 0, stream, args)
+        queue(driver, (_prepass(kernel, grid, args),), stream)
+
+
+def _prepass(kernel: Kernel, grid: tuple[int, int, int], args: bytes) -> Launch:
+    return Launch(kernel.prepass, grid, (kernel.entry["prepass"]["block_size"], 1, 1), 0, args)
 
 
 #: The tiles of a persistent kernel are numbered by a 32-bit int in the kernel.
