@@ -182,8 +182,8 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
         if vt is not None:
             values["vt"] = vt
             extents["vt"] = (vt, vt + vt_bytes)
-        _, launches = _launch.prepare(driver, kernel, values, sm_count)
-        plan = Plan(device, launches, tuple(extents.items()), (vt_bytes, vt) if vt is not None else None,
+        launches = _launch.prepare(driver, kernel, values, sm_count)
+        plan = Plan(device, launches, extents, (vt_bytes, vt) if vt is not None else None,
                     (counter_bytes, values["tile_counter"]) if "tile_counter" in values else None)
         plan.queue(driver, stream)
     return out_arr, lse_arr, plan
@@ -198,7 +198,7 @@ class Plan:
     workspace has moved: the call is planned anew).  It holds no reference to the tensors."""
     device: int
     launches: tuple
-    extents: tuple                    # ((name, (lo, hi)), ...) for the driver's tensor_extents
+    extents: dict                     # name -> (lo, hi), for the driver's tensor_extents
     vt: tuple[int, int] | None        # (bytes, address) of the V^T workspace
     counter: tuple[int, int] | None   # (bytes, address) of a persistent kernel's tile counter
 
@@ -218,7 +218,7 @@ class Plan:
 
     def queue(self, driver, stream: int) -> None:
         """Queue the launches on ``stream`` (the workspace, where there is one, held)."""
-        with driver.tensor_extents(dict(self.extents)):
+        with driver.tensor_extents(self.extents):
             _launch.queue(driver, self.launches, stream)
 
 

@@ -53,16 +53,15 @@ class Launch:
     args: bytes
 
 
-def prepare(driver, kernel: Kernel, values: dict,
-            sm_count: int | None = None) -> tuple[tuple[int, int, int], tuple[Launch, ...]]:
-    """The grid of ``kernel`` for ``values`` and its launches in order (its pre-pass first,
-    with the same argument buffer, where it has one; none where the grid is empty), every
-    grid evaluated (and refused where too large) before anything is queued.  ``sm_count``:
-    the device's multiprocessors, for the grid of a persistent kernel."""
+def prepare(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple[Launch, ...]:
+    """The launches of ``kernel`` for ``values``, in order (its pre-pass first, with the same
+    argument buffer, where it has one; none where the grid is empty), every grid evaluated (and
+    refused where too large) before anything is queued.  ``sm_count``: the device's
+    multiprocessors, for the grid of a persistent kernel."""
     grid = _grid(driver, kernel, kernel.entry["grid"],
                  values if sm_count is None else {**values, "sm_count": int(sm_count)})
     if 0 in grid:
-        return grid, ()  # nothing to do (e.g. zero query rows)
+        return ()  # nothing to do (e.g. zero query rows)
     launches = []
     args = pack_args(kernel, values)
     if kernel.prepass is not None:
@@ -71,7 +70,7 @@ def prepare(driver, kernel: Kernel, values: dict,
             launches.append(_prepass(kernel, pre_grid, args))
     block = (kernel.entry["block_size"], 1, 1)
     launches.append(Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args))
-    return grid, tuple(launches)
+    return tuple(launches)
 
 
 def queue(driver, launches: tuple[Launch, ...], stream: int) -> None:
