@@ -714,8 +714,9 @@ def run_point(shape, causal, impls, args, sampler, tri):
     for name, ts in timings.items():
         r = results[name]
         r.update(combine_rounds(ts))
-        r["tflops"] = fl / (r["median_ms"] * 1e-3) / 1e12
-        r["round_tflops"] = [round(fl / (t["median_ms"] * 1e-3) / 1e12, 1) for t in ts]
+        tflops = lambda ms: fl / (ms * 1e-3) / 1e12   # noqa: E731
+        r["tflops"] = tflops(r["median_ms"])
+        r["round_tflops"] = [round(tflops(t["median_ms"]), 1) for t in ts]
         r.update(energy_metrics(r["tflops"], r))
     for name in impls:
         r = results[name]
