@@ -2,7 +2,8 @@
 
 Dense with GQA and ragged lengths (Sq < Sk and Sq > Sk, so causal rows that see no key
 exist), strided views, and varlen with empty and single-token sequences: the cases of
-``zyfa_runtime.selfcheck`` plus one more varlen batch.  Each result is also checked against
+``zyfa_runtime.selfcheck`` plus one more varlen batch and a call repeated from its plan (``out``
+given: the second call queues the first one's launches again).  Each result is also checked against
 its reference, so a run that the tool lets through still has to be right.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
@@ -18,9 +19,27 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from zyfa_runtime import flash_attn_func  # noqa: E402
 from zyfa_runtime.api import kernel_table  # noqa: E402
 from zyfa_runtime.driver import get_driver  # noqa: E402
-from zyfa_runtime.selfcheck import bounds, check_variant, varlen_case  # noqa: E402
+from zyfa_runtime.memory import DeviceArray, to_device  # noqa: E402
+from zyfa_runtime.selfcheck import _descales, _quantise, bounds, check_variant, varlen_case  # noqa: E402
+
+
+def planned_repeat(driver, v, rng) -> bool:
+    """A dense GQA call with ``out`` given, poisoned, then again from its plan: the same bits,
+    no NaN."""
+    host = [_quantise(rng.standard_normal(shape).astype(np.float32), v.dtype)
+            for shape in ((2, 70, 4, v.d_qk), (2, 131, 2, v.d_qk), (2, 131, 2, v.d_v))]
+    q, k, vv = (to_device(driver, 0, h[0], v.dtype) for h in host)
+    scales = _descales(driver, 0, tuple(h[2] for h in host))
+    out = DeviceArray(driver, 0, (2, 70, 4, v.d_v), "bf16")
+    runs = []
+    for _ in range(2):
+        driver.memset_d8(out.ptr, 0xFF, out.nbytes)
+        flash_attn_func(q, k, vv, causal=v.causal, out=out, **scales)
+        runs.append(out.numpy().view(np.uint16).copy())
+    return bool(np.array_equal(*runs)) and not np.isnan(out.numpy().astype(np.float32)).any()
 
 
 def main() -> int:
@@ -44,6 +63,9 @@ def main() -> int:
         bad += not ok
         print(f"{v.name:<40} {'varlen 1/0 tokens':<22} O {o:.2e} LSE {lse:.2e} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
+        ok = planned_repeat(driver, v, rng)
+        bad += not ok
+        print(f"{v.name:<40} {'repeated from its plan':<22} {'ok' if ok else 'FAIL'}", flush=True)
     print(f"{len(variants)} variants, {bad} failures")
     return 1 if bad else 0
 

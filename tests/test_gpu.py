@@ -486,3 +486,63 @@ def test_same_inputs_give_bit_identical_outputs_over_1000_launches(dtype):
         _, lse = flash_attn_func(q, k, vv, causal=v.causal, out=out, return_lse=True, **scales)
         assert np.array_equal(out.numpy().view(np.uint16), first_o), f"launch {i}: O differs"
         assert np.array_equal(lse.numpy().view(np.uint32), first_l), f"launch {i}: LSE differs"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_repeated_call_reads_its_inputs_anew_and_follows_its_workspace(dtype, causal, monkeypatch):
+    """The plan path (``out`` given, no LSE): the same buffers refilled with new values, new
+    descales included, are read anew by the plan's launches -- O poisoned each time is, bit for
+    bit, what an unplanned call on those values writes, and within the bound of the fp64
+    reference.  A larger call in between grows (moves) the V^T workspace: the FP8 plan is then
+    made anew, and still right."""
+    from zyfa_runtime import api, flash_attn_func, validate, workspace
+    from zyfa_runtime.memory import DeviceArray, to_device
+    from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, O_BOUND, _quantise
+    rng = np.random.default_rng()
+    shapes = {"q": (2, 300, 4, 128), "k": (2, 389, 2, 128), "v": (2, 389, 2, 128)}
+    dev = {n: DeviceArray(DRIVER, 0, s, dtype) for n, s in shapes.items()}
+    scales = {n: DeviceArray(DRIVER, 0, (1,), "float32") for n in ("descale_q", "descale_k", "descale_v")} \
+        if dtype == "fp8_e4m3" else {}
+    out = DeviceArray(DRIVER, 0, shapes["q"][:3] + (128,), "bf16")
+    validations = []
+    real_check = validate.check_dense
+    monkeypatch.setattr(validate, "check_dense", lambda *a, **kw: validations.append(1) or real_check(*a, **kw))
+
+    def refill():
+        exact = {}
+        for n, arr in dev.items():
+            x = rng.standard_normal(shapes[n]).astype(np.float32) * rng.uniform(0.5, 4)
+            xq, exact[n], s = _quantise(x, dtype)
+            DRIVER.copy_htod(arr.ptr, memoryview(np.ascontiguousarray(xq).reshape(-1).view(np.uint8)))
+            if scales:
+                DRIVER.copy_htod(scales["descale_" + n].ptr, memoryview(np.array([s], np.float32).view(np.uint8)))
+        return reference.attention(exact["q"], exact["k"], exact["v"], causal=causal)
+
+    def call():
+        DRIVER.memset_d8(out.ptr, 0xFF, out.nbytes)
+        flash_attn_func(dev["q"], dev["k"], dev["v"], causal=causal, out=out, **scales)
+        return out.numpy().view(np.uint16).copy()
+
+    def unplanned():
+        with api._lock:
+            api._plans.clear()
+        return call()
+
+    bound = O_BOUND if dtype == "bf16" else RECIPE_FP64_BOUND
+    workspace.release()              # so that the larger call below grows it
+    api._plans.clear()
+    for step in ("first", "planned", "planned", "after a larger call"):
+        if step == "after a larger call":
+            big = [to_device(DRIVER, 0, _quantise(rng.standard_normal((1, 4096, 2, 128)).astype(np.float32),
+                                                  dtype)[0], dtype) for _ in range(3)]
+            flash_attn_func(*big, causal=causal)
+        ref = refill()
+        before = len(validations)
+        got = call()
+        reused = step == "planned" or (step == "after a larger call" and dtype == "bf16")  # no V^T
+        assert (len(validations) == before) == reused, step
+        o = (got.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        assert not np.isnan(o).any(), step
+        assert reference.relative_error(o, ref) <= bound, step
+        assert np.array_equal(got, unplanned()), step
