@@ -12,6 +12,7 @@ def forget_runtime_state() -> None:
     api._tables.clear()
     api._ones.clear()
     api._plans.clear()
+    api._layouts.clear()
 
 
 @contextlib.contextmanager

@@ -232,8 +232,8 @@ def _no_validation(monkeypatch):
 
 def test_a_repeated_call_queues_its_plan_again_without_validating(fake, monkeypatch):
     """The same tensors, options and stream with ``out`` given: the launches of the first call
-    are queued again (the same functions, grids and argument bytes), with no validation; any
-    change is validated anew."""
+    are queued again (the same functions, grids and argument bytes), with no validation; a
+    change of options, stream or layout is validated anew."""
     q, k, v = arrays((1, 200, 4, 64), (1, 300, 2, 64), (1, 300, 2, 64), dtype="fp8_e4m3")
     out = np.empty((1, 200, 4, 64), host_dtype("bf16"))
     flash_attn_func(q, k, v, causal=False, out=out, stream=5)
@@ -242,20 +242,79 @@ def test_a_repeated_call_queues_its_plan_again_without_validating(fake, monkeypa
     flash_attn_func(q, k, v, causal=False, out=out, stream=5)
     assert fake.launches[len(first):] == first
     for changed in (dict(causal=True, out=out, stream=5), dict(out=out, stream=6),
-                    dict(out=out.copy(), stream=5), dict(out=out, stream=5, softmax_scale=0.1),
-                    dict(out=out, stream=5, return_lse=True)):
+                    dict(out=out, stream=5, softmax_scale=0.1), dict(out=out, stream=5, return_lse=True),
+                    dict(out=out[:, :, :, :], stream=5, causal=1)):   # 1 is no bool: validation says so
         with pytest.raises(AssertionError, match="validated again"):
             flash_attn_func(q, k, v, **changed)
     with pytest.raises(AssertionError, match="validated again"):
         flash_attn_func(q, k, v[:, :, ::-1], out=out, stream=5)   # other strides
 
 
-def test_a_call_without_out_is_planned_each_time(fake, monkeypatch):
+@pytest.mark.parametrize("dtype,dims,causal", [("fp8_e4m3", 64, False), ("bf16", 128, False),
+                                               ("bf16", 128, True)])
+def test_new_tensors_of_a_known_layout_launch_as_if_validated(fake, monkeypatch, dtype, dims, causal):
+    """Tensors at new addresses in a layout already validated (the same shapes, strides,
+    dtypes, options and stream) are not validated again: the launches, tensor maps and argument
+    bytes are those a validated call on them queues."""
+    shapes = ((2, 100, 4, dims), (2, 130, 2, dims), (2, 130, 2, dims))
+    flash_attn_func(*arrays(*shapes, dtype=dtype), causal=causal, out=np.empty(shapes[0], host_dtype("bf16")))
+    q, k, v = arrays(*shapes, dtype=dtype)
+    out = np.empty(shapes[0], host_dtype("bf16"))
+    validated = fake.launches[:]
+    with monkeypatch.context() as m:
+        _no_validation(m)
+        flash_attn_func(q, k, v, causal=causal, out=out)
+    from_layout = fake.launches[len(validated):]
+    api._layouts.clear()
+    api._plans.clear()
+    flash_attn_func(q, k, v, causal=causal, out=out)
+    assert from_layout and fake.launches[len(validated) + len(from_layout):] == from_layout
+
+
+def _misaligned(a: np.ndarray, by: int) -> np.ndarray:
+    """A copy of ``a`` whose data starts ``by`` bytes past a 64-byte boundary."""
+    raw = np.empty(a.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + by
+    b = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    b[...] = a
+    return b
+
+
+def test_new_addresses_of_a_known_layout_are_checked(fake, monkeypatch):
+    """A known layout skips validation, not the rules on addresses: a misaligned tensor and an
+    out that overlaps an input are refused as validation refuses them, before any launch."""
+    shapes = ((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64))
+    q, k, v = arrays(*shapes, dtype="fp8_e4m3")
+    flash_attn_func(q, k, v, out=np.empty(shapes[0], host_dtype("bf16")))
+    out_over_v = np.empty(shapes[0], host_dtype("bf16"))    # v's layout in out's first bytes
+    v_in_out = out_over_v.view(np.uint8).reshape(-1)[:v.nbytes].view(v.dtype).reshape(v.shape)
+    v_in_out[...] = v
+    cases = [(dict(q=_misaligned(q, 8), k=k, v=v, out=np.empty(shapes[0], host_dtype("bf16"))),
+              "q data pointer 0x[0-9a-f]+ is not 16-byte aligned"),
+             (dict(q=q, k=k, v=v_in_out, out=out_over_v), "out overlaps v")]
+    for call, message in cases:
+        n = len(fake.launches)
+        with monkeypatch.context() as m:
+            _no_validation(m)
+            with pytest.raises(ValueError, match=message):
+                flash_attn_func(**call)
+        api._layouts.clear()
+        with pytest.raises(ValueError, match=message):
+            flash_attn_func(**call)
+        assert len(fake.launches) == n
+        flash_attn_func(q, k, v, out=np.empty(shapes[0], host_dtype("bf16")))   # the layout known again
+
+
+def test_a_call_without_out_allocates_each_time(fake, monkeypatch):
+    """No plan without ``out`` (each call's output is new), but its layout is known: the second
+    call is not validated again, and writes to an output of its own."""
     q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64), dtype="fp8_e4m3")
-    flash_attn_func(q, k, v)
+    entry = entry_of(Variant("sm_90a", "fp8_e4m3", 64, 64, False))
+    first = flash_attn_func(q, k, v)
     _no_validation(monkeypatch)
-    with pytest.raises(AssertionError, match="validated again"):
-        flash_attn_func(q, k, v)
+    second = flash_attn_func(q, k, v)
+    o1, o2 = (unpack_args(entry, fake.launches[i].args)["o"] for i in (1, 3))
+    assert first.ptr == o1 and second.ptr == o2 and o1 != o2 and len(api._plans) == 0
 
 
 def test_a_plan_is_not_reused_once_its_workspace_moved(fake):
@@ -307,6 +366,7 @@ def test_a_grid_larger_than_the_device_takes_is_refused_before_any_launch(fake, 
     assert fake.launches[-1].grid == (2, 3, 1)
     n = len(fake.launches)
     monkeypatch.setattr(fake, "max_grid", (2**31 - 1, 2, 65535))
+    api._layouts.clear()     # a device's limits do not change: the layouts known hold its grids
     with pytest.raises(ValueError, match="launch grid of \\(2, 3, 1\\)"):
         flash_attn_func(q, k, v, causal=True)
     q8, k8, v8 = arrays((1, 300, 3, 64), (1, 300, 3, 64), (1, 300, 3, 64), "fp8_e4m3")
@@ -339,6 +399,7 @@ def test_persistent_kernels_take_a_cta_an_sm_and_a_zeroed_tile_counter_per_strea
     flash_attn_func(q[:1, :100], k[:1], v[:1], stream=7)
     assert unpack_args(entry, fake.launches[-1].args)["tile_counter"] not in (0, counter)
     monkeypatch.setattr(launch_mod, "MAX_TILES", 8 * 64 * 3 - 1)
+    api._layouts.clear()
     refused_before_any_launch(fake, "tiles of 128 query rows", q, k, v)
 
 

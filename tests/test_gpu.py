@@ -490,59 +490,71 @@ def test_same_inputs_give_bit_identical_outputs_over_1000_launches(dtype):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_a_repeated_call_reads_its_inputs_anew_and_follows_its_workspace(dtype, causal, monkeypatch):
-    """The plan path (``out`` given, no LSE): the same buffers refilled with new values, new
-    descales included, are read anew by the plan's launches -- O poisoned each time is, bit for
-    bit, what an unplanned call on those values writes, and within the bound of the fp64
-    reference.  A larger call in between grows (moves) the V^T workspace: the FP8 plan is then
-    made anew, and still right."""
+def test_repeated_and_new_tensors_take_the_cached_paths_and_are_right(dtype, causal, monkeypatch):
+    """The runtime's two caches on a real GPU.  A plan (the same tensors, ``out`` given, no
+    LSE): buffers refilled with new values, new descales included, are read anew by its
+    launches.  A layout (new tensors of a layout already validated): its launches take the new
+    addresses.  Each time O, poisoned first, is bit for bit what a call through validation
+    writes, and within the bound of the fp64 reference.  A larger call in between grows (moves)
+    the V^T workspace: the FP8 plan is then not reused, and the call is still right."""
     from zyfa_runtime import api, flash_attn_func, validate, workspace
     from zyfa_runtime.memory import DeviceArray, to_device
     from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, O_BOUND, _quantise
     rng = np.random.default_rng()
     shapes = {"q": (2, 300, 4, 128), "k": (2, 389, 2, 128), "v": (2, 389, 2, 128)}
-    dev = {n: DeviceArray(DRIVER, 0, s, dtype) for n, s in shapes.items()}
-    scales = {n: DeviceArray(DRIVER, 0, (1,), "float32") for n in ("descale_q", "descale_k", "descale_v")} \
-        if dtype == "fp8_e4m3" else {}
-    out = DeviceArray(DRIVER, 0, shapes["q"][:3] + (128,), "bf16")
-    validations = []
+    checked, reused = [], []
     real_check = validate.check_dense
-    monkeypatch.setattr(validate, "check_dense", lambda *a, **kw: validations.append(1) or real_check(*a, **kw))
+    monkeypatch.setattr(validate, "check_dense", lambda *a, **kw: checked.append(1) or real_check(*a, **kw))
+    real_again = api.Plan.queue_again
+    monkeypatch.setattr(api.Plan, "queue_again", lambda self, d, s: reused.append(real_again(self, d, s)) or reused[-1])
 
-    def refill():
+    def buffers():
+        dev = {n: DeviceArray(DRIVER, 0, sh, dtype) for n, sh in shapes.items()}
+        scales = {n: DeviceArray(DRIVER, 0, (1,), "float32") for n in ("descale_q", "descale_k", "descale_v")} \
+            if dtype == "fp8_e4m3" else {}
+        return dev, scales, DeviceArray(DRIVER, 0, shapes["q"][:3] + (128,), "bf16")
+
+    def refill(dev, scales):
         exact = {}
         for n, arr in dev.items():
             x = rng.standard_normal(shapes[n]).astype(np.float32) * rng.uniform(0.5, 4)
-            xq, exact[n], s = _quantise(x, dtype)
+            xq, exact[n], sc = _quantise(x, dtype)
             DRIVER.copy_htod(arr.ptr, memoryview(np.ascontiguousarray(xq).reshape(-1).view(np.uint8)))
             if scales:
-                DRIVER.copy_htod(scales["descale_" + n].ptr, memoryview(np.array([s], np.float32).view(np.uint8)))
+                DRIVER.copy_htod(scales["descale_" + n].ptr, memoryview(np.array([sc], np.float32).view(np.uint8)))
         return reference.attention(exact["q"], exact["k"], exact["v"], causal=causal)
 
-    def call():
+    def call(dev, scales, out):
         DRIVER.memset_d8(out.ptr, 0xFF, out.nbytes)
         flash_attn_func(dev["q"], dev["k"], dev["v"], causal=causal, out=out, **scales)
         return out.numpy().view(np.uint16).copy()
 
-    def unplanned():
+    def validated(dev, scales, out):
         with api._lock:
             api._plans.clear()
-        return call()
+            api._layouts.clear()
+        return call(dev, scales, out)
 
     bound = O_BOUND if dtype == "bf16" else RECIPE_FP64_BOUND
     workspace.release()              # so that the larger call below grows it
     api._plans.clear()
-    for step in ("first", "planned", "planned", "after a larger call"):
+    api._layouts.clear()
+    dev, scales, out = buffers()
+    for step in ("first", "from its plan", "from its plan", "after a larger call", "new tensors"):
         if step == "after a larger call":
             big = [to_device(DRIVER, 0, _quantise(rng.standard_normal((1, 4096, 2, 128)).astype(np.float32),
                                                   dtype)[0], dtype) for _ in range(3)]
             flash_attn_func(*big, causal=causal)
-        ref = refill()
-        before = len(validations)
-        got = call()
-        reused = step == "planned" or (step == "after a larger call" and dtype == "bf16")  # no V^T
-        assert (len(validations) == before) == reused, step
+        if step == "new tensors":
+            dev, scales, out = buffers()
+        ref = refill(dev, scales)
+        before, checks = len(reused), len(checked)
+        got = call(dev, scales, out)
+        assert (len(checked) > checks) == (step == "first"), step   # then its layout is known
+        expect = {"first": [], "new tensors": [], "from its plan": [True],
+                  "after a larger call": [dtype == "bf16"]}[step]    # BF16 has no V^T workspace
+        assert reused[before:] == expect, step
         o = (got.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
         assert not np.isnan(o).any(), step
         assert reference.relative_error(o, ref) <= bound, step
-        assert np.array_equal(got, unplanned()), step
+        assert np.array_equal(got, validated(dev, scales, out)), step

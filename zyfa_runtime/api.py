@@ -22,7 +22,7 @@ from .catalogue import Variant, vt_columns
 from .driver import get_driver
 from .kernels import KernelTable
 from .memory import DeviceArray, device_kind
-from .tensors import TensorRef, as_tensor, stream_handle
+from .tensors import TensorRef, as_tensor, contiguous_strides, stream_handle
 
 _lock = threading.Lock()
 _tables: dict[str, KernelTable] = {}
@@ -120,8 +120,25 @@ def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
                              "use a smaller row stride or shorter key sequences")
 
 
-def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: int,
-         driver, lse_shape, lse_strides):
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A call's launches less its addresses: what every call of one layout shares (the
+    tensors' shapes, strides, dtypes and devices, the options, the stream).  Made once such a
+    call has passed validation; the next call of that layout checks only its addresses
+    (``validate.check_addresses``) before :func:`_instantiate` fills them in."""
+    problem: validate.Problem
+    kernel: object
+    values: dict                      # every argument that is no address
+    tensor_maps: dict                 # argument -> (tensor, dims, strides, box, swizzle bytes)
+    grids: tuple                      # launch.grids: (the pre-pass's or None, the kernel's)
+    vt_bytes: int                     # of the V^T workspace (0: no pre-pass)
+    counter_bytes: int                # of a persistent kernel's tile counter (0: none)
+    lse: tuple                        # (shape, strides) of the LSE
+
+
+def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_strides) -> Layout:
+    """The kernel, the arguments that are no address, the tensor maps' geometry and the
+    grids of a validated call: every rule that reads sizes or strides is applied here."""
     kind, device = problem.device
     table = kernel_table(driver)
     arch = table.device_arch(device)
@@ -130,22 +147,14 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     if variant.built_from == "asm-generator":
         _check_buffer_spans(problem, q, k, v, out)
 
-    out_arr = None
-    if out is None:
-        shape = q.shape[:-1] + (problem.d_v,)
-        out_arr = DeviceArray(driver, device, shape, "bf16")
-        out = out_arr.ref
-    lse_arr = DeviceArray(driver, device, lse_shape, "float32") if problem.return_lse else None
-
     b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
-    def strides(t: TensorRef):
+    def strides(t: TensorRef | None):
+        if t is None:   # out allocated by the call: dense, contiguous
+            t = TensorRef(0, q.shape[:-1] + (problem.d_v,), contiguous_strides(q.shape[:-1] + (problem.d_v,)),
+                          "bf16", q.device)
         return (t.strides[0] if not problem.varlen else 0, t.strides[b_], t.strides[b_ + 1])
 
     values = {
-        "q": q.ptr, "k": k.ptr, "v": v.ptr, "o": out.ptr,
-        "lse": lse_arr.ptr if lse_arr is not None else None,
-        "cu_seqlens_q": cu_q.ptr if cu_q is not None else None,
-        "cu_seqlens_k": cu_k.ptr if cu_k is not None else None,
         "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1],
         "batch": problem.batch, "hq": problem.hq, "hkv": problem.hkv,
         "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
@@ -153,6 +162,39 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     }
     for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
         values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(t)
+    maps = {arg: _tensor_map_geometry(problem, values, spec)
+            for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
+    sm_count, counter_bytes = None, 0
+    if "persistent" in kernel.entry:
+        # One CTA an SM taking tiles from a counter: the tiles, and the counter's size.
+        values.update(_launch.persistent_tiles(kernel, values))
+        counter_bytes = kernel.entry["persistent"]["counter_bytes"]
+        sm_count = driver.attribute(device, "multiprocessor_count")
+    vt_bytes = 0
+    if "prepass" in kernel.entry:
+        # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
+        values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
+                                                         problem.total_k if problem.varlen else None)
+        vt_bytes = problem.hkv * values["vt_stride_h"]
+    grids = _launch.grids(driver, kernel, values, sm_count)
+    return Layout(problem, kernel, values, maps, grids, vt_bytes, counter_bytes, (lse_shape, lse_strides))
+
+
+def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int, driver):
+    """Queue ``layout``'s launches for these tensors (their addresses checked): the outputs
+    the call allocates (out where not given, the LSE where asked for), and the Plan that queues
+    the same launches again."""
+    problem, kernel = layout.problem, layout.kernel
+    device = problem.device[1]
+    out_arr = None
+    if out is None:
+        out_arr = DeviceArray(driver, device, q.shape[:-1] + (problem.d_v,), "bf16")
+        out = out_arr.ref
+    lse_arr = DeviceArray(driver, device, layout.lse[0], "float32") if problem.return_lse else None
+    values = dict(layout.values)
+    values.update(q=q.ptr, k=k.ptr, v=v.ptr, o=out.ptr, lse=lse_arr.ptr if lse_arr is not None else None,
+                  cu_seqlens_q=cu_q.ptr if cu_q is not None else None,
+                  cu_seqlens_k=cu_k.ptr if cu_k is not None else None)
     if problem.dtype == "fp8_e4m3":
         for name, d in zip(("descale_q", "descale_k", "descale_v"), descales):
             values[name] = d.ptr if d is not None else _one(driver, device)
@@ -161,30 +203,20 @@ def _run(problem: validate.Problem, q, k, v, out, descales, cu_q, cu_k, stream: 
     tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
                "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
-    for arg, spec in kernel.entry.get("tensor_maps", {}).items():
-        values[arg] = _tensor_map(driver, problem, values, spec)
-    sm_count = None
-    if "persistent" in kernel.entry:
-        # One CTA an SM taking tiles from a counter: the grid of tiles, and the counter.
-        values.update(_launch.persistent_tiles(kernel, values))
-        counter_bytes = kernel.entry["persistent"]["counter_bytes"]
-        values["tile_counter"] = workspace.counter(driver, device, stream, counter_bytes)
-        extents["tile_counter"] = (values["tile_counter"], values["tile_counter"] + counter_bytes)
-        sm_count = driver.attribute(device, "multiprocessor_count")
-    vt_bytes = 0
-    if "prepass" in kernel.entry:
-        # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
-        values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
-                                                         problem.total_k if problem.varlen else None)
-        vt_bytes = problem.hkv * values["vt_stride_h"]
-    hold = workspace.hold(driver, device, stream, vt_bytes) if vt_bytes else contextlib.nullcontext()
+    for arg, (tensor, *geometry) in layout.tensor_maps.items():
+        values[arg] = driver.tensor_map_u8(values[tensor], *geometry)
+    counter = None
+    if layout.counter_bytes:
+        values["tile_counter"] = workspace.counter(driver, device, stream, layout.counter_bytes)
+        counter = (layout.counter_bytes, values["tile_counter"])
+        extents["tile_counter"] = (counter[1], counter[1] + counter[0])
+    hold = workspace.hold(driver, device, stream, layout.vt_bytes) if layout.vt_bytes else contextlib.nullcontext()
     with hold as vt:
         if vt is not None:
             values["vt"] = vt
-            extents["vt"] = (vt, vt + vt_bytes)
-        launches = _launch.prepare(driver, kernel, values, sm_count)
-        plan = Plan(device, launches, extents, (vt_bytes, vt) if vt is not None else None,
-                    (counter_bytes, values["tile_counter"]) if "tile_counter" in values else None)
+            extents["vt"] = (vt, vt + layout.vt_bytes)
+        launches = _launch.assemble(kernel, layout.grids, _launch.pack_args(kernel, values))
+        plan = Plan(device, launches, extents, (layout.vt_bytes, vt) if vt is not None else None, counter)
         plan.queue(driver, stream)
     return out_arr, lse_arr, plan
 
@@ -222,40 +254,54 @@ class Plan:
             _launch.queue(driver, self.launches, stream)
 
 
-#: Plans of recent dense calls that wrote into a given ``out`` without an LSE, by call key.
+#: Plans of recent dense calls that wrote into a given ``out`` without an LSE, by call key; and
+#: layouts of recent dense calls, by layout key.
 PLAN_CACHE_SIZE = 256
+LAYOUT_CACHE_SIZE = 256
 _plans: "collections.OrderedDict[tuple, Plan]" = collections.OrderedDict()
+_layouts: "collections.OrderedDict[tuple, Layout]" = collections.OrderedDict()
 
 
-def _key_of(ref: TensorRef | None):
-    return None if ref is None else (ref.ptr, ref.shape, ref.strides, ref.dtype, ref.device, ref.readonly)
+def _options_key(causal, softmax_scale) -> tuple | None:
+    """The options as a key, or None where they are not plainly a bool and a number (such a
+    call goes through validation, which names the problem)."""
+    if type(causal) is not bool or not (softmax_scale is None or type(softmax_scale) in (int, float)):
+        return None
+    return causal, None if softmax_scale is None else float(softmax_scale)
 
 
-def _plan_key(driver, refs, causal, softmax_scale, stream: int) -> tuple:
+def _plan_key(driver, refs, options, stream: int) -> tuple:
     """Everything a dense call's launches depend on (not the tensors themselves: the cache must
     not keep them alive)."""
-    scale = None if softmax_scale is None else float(softmax_scale)
-    return (id(driver), bool(causal), scale, int(stream), *(_key_of(r) for r in refs))
+    return (id(driver), options, int(stream),
+            *(None if r is None else (r.ptr, r.shape, r.strides, r.dtype, r.device, r.readonly) for r in refs))
 
 
-def _cached_plan(key) -> Plan | None:
+def _layout_key(driver, refs, options, return_lse: bool, stream: int) -> tuple:
+    """What a dense call's launches depend on but its addresses."""
+    return (id(driver), options, bool(return_lse), int(stream),
+            *(None if r is None else (r.shape, r.strides, r.dtype, r.device, r.readonly) for r in refs))
+
+
+def _cached(cache: collections.OrderedDict, key):
     with _lock:
-        plan = _plans.get(key)
-        if plan is not None:
-            _plans.move_to_end(key)
-        return plan
+        found = cache.get(key)
+        if found is not None:
+            cache.move_to_end(key)
+        return found
 
 
-def _keep_plan(key, plan: Plan) -> None:
+def _keep(cache: collections.OrderedDict, key, value, size: int) -> None:
     with _lock:
-        _plans[key] = plan
-        _plans.move_to_end(key)
-        while len(_plans) > PLAN_CACHE_SIZE:
-            _plans.popitem(last=False)
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > size:
+            cache.popitem(last=False)
 
 
-def _tensor_map(driver, problem: validate.Problem, values: dict, spec: dict) -> bytes:
-    """The sm_90a kernels' TMA tensor map of Q, K or V (``spec["tensor"]``): bytes of (head
+def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict) -> tuple:
+    """Where the sm_90a kernels' TMA tensor map of Q, K or V (``spec["tensor"]``) comes from,
+    all but its address: (the tensor's argument, dims, strides, box, swizzle bytes); dims in bytes of (head
     dim, heads, rows, sequences), a packed batch as one sequence of all its rows; box and
     swizzle as the manifest's ``spec`` (catalogue.tensor_maps).  TMA takes strides in multiples
     of 16 bytes."""
@@ -276,7 +322,7 @@ def _tensor_map(driver, problem: validate.Problem, values: dict, spec: dict) -> 
                          f"strides to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, "
                          f"{strides[2]} bytes")
     dims = (row_bytes, heads, rows, 1 if problem.varlen else problem.batch)
-    return driver.tensor_map_u8(values[t], dims, strides, tuple(spec["box"]), spec["swizzle_bytes"])
+    return t, dims, strides, tuple(spec["box"]), spec["swizzle_bytes"]
 
 
 def _result(out_given, out_arr, lse_arr, return_lse: bool):
@@ -299,25 +345,35 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
     outr = _ref(driver, out, s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
+    refs = (qr, kr, vr, outr, dq, dk, dv)
+    options = _options_key(causal, softmax_scale)
     # A call that repeats one already validated and queued (the same tensors, options and
     # stream) queues its launches again.  Only with ``out`` given and no LSE: otherwise each
     # call allocates, and its outputs' addresses are new.
-    key = _plan_key(driver, (qr, kr, vr, outr, dq, dk, dv), causal, softmax_scale, s) \
-        if outr is not None and not return_lse else None
+    key = _plan_key(driver, refs, options, s) if options and outr is not None and not return_lse else None
     if key is not None:
-        plan = _cached_plan(key)
+        plan = _cached(_plans, key)
         if plan is not None and plan.queue_again(driver, s):
             return out
-    problem = validate.check_dense(qr, kr, vr, outr, causal=causal, softmax_scale=softmax_scale,
-                                   descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
-                                   host_ok=driver.host_memory_is_device)
-    _check_backend(driver, problem)
-    lse_shape = (problem.batch, problem.hq, problem.seqlen_q)
-    lse_strides = (problem.hq * problem.seqlen_q, problem.seqlen_q)
-    out_arr, lse, plan = _run(problem, qr, kr, vr, outr, (dq, dk, dv), None, None, s, driver,
-                             lse_shape, lse_strides)
+    # A call of a layout already validated (new addresses) has only its addresses checked.
+    lkey = _layout_key(driver, refs, options, return_lse, s) if options else None
+    layout = _cached(_layouts, lkey) if lkey is not None else None
+    if layout is not None:
+        validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr,
+                                 tuple((n, d) for n, d in zip(("descale_q", "descale_k", "descale_v"), refs[4:])
+                                       if d is not None))
+    else:
+        problem = validate.check_dense(qr, kr, vr, outr, causal=causal, softmax_scale=softmax_scale,
+                                       descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
+                                       host_ok=driver.host_memory_is_device)
+        _check_backend(driver, problem)
+        layout = _layout_of(problem, qr, kr, vr, outr, driver, (problem.batch, problem.hq, problem.seqlen_q),
+                            (problem.hq * problem.seqlen_q, problem.seqlen_q))
+        if lkey is not None:
+            _keep(_layouts, lkey, layout, LAYOUT_CACHE_SIZE)
+    out_arr, lse, plan = _instantiate(layout, qr, kr, vr, outr, (dq, dk, dv), None, None, s, driver)
     if key is not None:
-        _keep_plan(key, plan)
+        _keep(_plans, key, plan, PLAN_CACHE_SIZE)
     return _result(out, out_arr, lse, return_lse)
 
 
@@ -345,10 +401,9 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
         cu_values_q=_cu_values(driver, cq), cu_values_k=_cu_values(driver, ck),
         host_ok=driver.host_memory_is_device)
     _check_backend(driver, problem)
-    lse_shape = (problem.hq, problem.total_q)
-    lse_strides = (0, problem.total_q)
-    out_arr, lse, _plan = _run(problem, qr, kr, vr, outr, (dq, dk, dv), cq, ck, s, driver,
-                               lse_shape, lse_strides)   # not kept: cu_seqlens' values may change in place
+    # Neither plan nor layout is kept: the values of cu_seqlens may change in place.
+    layout = _layout_of(problem, qr, kr, vr, outr, driver, (problem.hq, problem.total_q), (0, problem.total_q))
+    out_arr, lse, _plan = _instantiate(layout, qr, kr, vr, outr, (dq, dk, dv), cq, ck, s, driver)
     return _result(out, out_arr, lse, return_lse)
 
 

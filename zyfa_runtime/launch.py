@@ -53,24 +53,35 @@ class Launch:
     args: bytes
 
 
-def prepare(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple[Launch, ...]:
-    """The launches of ``kernel`` for ``values``, in order (its pre-pass first, with the same
-    argument buffer, where it has one; none where the grid is empty), every grid evaluated (and
-    refused where too large) before anything is queued.  ``sm_count``: the device's
-    multiprocessors, for the grid of a persistent kernel."""
+def grids(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple:
+    """The grids of ``kernel``'s launches for ``values``: (the pre-pass's or None, the
+    kernel's), each evaluated from the manifest's rule and refused where too large; they read
+    sizes only, never an address.  ``sm_count``: the device's multiprocessors, for the grid of
+    a persistent kernel."""
     grid = _grid(driver, kernel, kernel.entry["grid"],
                  values if sm_count is None else {**values, "sm_count": int(sm_count)})
+    pre = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values) if kernel.prepass is not None else None
+    return pre, grid
+
+
+def assemble(kernel: Kernel, grids: tuple, args: bytes) -> tuple[Launch, ...]:
+    """The launches of ``kernel`` for its ``grids`` and packed ``args``, in order: its
+    pre-pass first, with the same argument buffer, where it has one; none where a grid is
+    empty (e.g. zero query rows)."""
+    pre, grid = grids
     if 0 in grid:
-        return ()  # nothing to do (e.g. zero query rows)
-    launches = []
-    args = pack_args(kernel, values)
-    if kernel.prepass is not None:
-        pre_grid = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values)
-        if 0 not in pre_grid:
-            launches.append(_prepass(kernel, pre_grid, args))
+        return ()
+    launches = [_prepass(kernel, pre, args)] if pre is not None and 0 not in pre else []
     block = (kernel.entry["block_size"], 1, 1)
     launches.append(Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args))
     return tuple(launches)
+
+
+def prepare(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple[Launch, ...]:
+    """The launches of ``kernel`` for ``values`` (:func:`grids`, then :func:`assemble` with
+    the packed arguments): every grid evaluated, and refused where too large, before anything
+    is queued."""
+    return assemble(kernel, grids(driver, kernel, values, sm_count), pack_args(kernel, values))
 
 
 def queue(driver, launches: tuple[Launch, ...], stream: int) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 from . import catalogue
 from .tensors import TensorRef
 
-__all__ = ["Problem", "check_dense", "check_varlen"]
+__all__ = ["Problem", "check_addresses", "check_dense", "check_varlen"]
 
 INPUT_DTYPES = catalogue.DTYPES
 OUTPUT_DTYPE = "bf16"
@@ -208,18 +208,28 @@ def _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok):
         if d.shape not in ((), (1,)):
             raise ValueError(f"{name} must hold one value (shape () or (1,)), got {d.shape}")
 
-    for name, t in (*scalars, *descales.items()):
+    device = _check_devices((*big.items(), *scalars, *descales.items()), host_ok)
+    check_addresses(qkv, out, (*scalars, *descales.items()))
+    return device
+
+
+def check_addresses(qkv: dict, out, scalars) -> None:
+    """The rules on addresses alone, for tensors whose layouts have passed: q, k, v (``qkv``, by
+    name) and out 16-byte aligned, each of ``scalars`` ((name, TensorRef), ...: cu_seqlens,
+    descales) aligned to its element, and out apart from q, k and v.  A call whose layout has
+    passed before (api's layouts) is checked by this alone."""
+    for name, t in (*qkv.items(), ("out", out)):
+        if t is not None and t.ptr % VECTOR_BYTES:
+            raise ValueError(f"{name} data pointer {t.ptr:#x} is not {VECTOR_BYTES}-byte aligned")
+    for name, t in scalars:
         if t.ptr % t.itemsize:
             raise ValueError(f"{name} data pointer {t.ptr:#x} is not {t.itemsize}-byte aligned")
-
-    device = _check_devices((*big.items(), *scalars, *descales.items()), host_ok)
     if out is not None:
         lo, hi = out.extent()
         for name, t in qkv.items():
             tlo, thi = t.extent()
             if lo < thi and tlo < hi:
                 raise ValueError(f"out overlaps {name} in memory; out must not alias an input")
-    return device
 
 
 def _check_tensor(name, t) -> TensorRef:
@@ -240,15 +250,14 @@ def _check_int32(**values):
 
 
 def _check_layout(name, t: TensorRef):
-    """Unit head stride, non-negative strides, 16-byte aligned pointer and row strides."""
+    """Unit head stride, non-negative strides, row strides in 16-byte steps (the pointer's
+    alignment: check_addresses)."""
     if t.strides[-1] != 1:
         raise ValueError(f"{name} must have unit stride in the head dim (last dim), "
                          f"got stride {t.strides[-1]}")
     for dim, (n, s) in enumerate(zip(t.shape, t.strides)):
         if n > 1 and s < 0:
             raise ValueError(f"{name} has a negative stride ({s}) in dim {dim}")
-    if t.ptr % VECTOR_BYTES:
-        raise ValueError(f"{name} data pointer {t.ptr:#x} is not {VECTOR_BYTES}-byte aligned")
     for dim, (n, s) in enumerate(zip(t.shape[:-1], t.strides[:-1])):
         if n > 1 and (s * t.itemsize) % VECTOR_BYTES:
             raise ValueError(f"{name} stride of dim {dim} is {s * t.itemsize} bytes, "
