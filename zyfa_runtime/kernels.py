@@ -7,6 +7,7 @@ kernel (``versions.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 from . import cache, versions
@@ -26,6 +27,13 @@ class Kernel:
     @property
     def kernargs(self) -> list[KernArg]:
         return [KernArg(**a) for a in self.entry["kernargs"]]
+
+    @functools.cached_property
+    def packer(self):
+        """launch.packer of the manifest's argument layout: (struct, names, pointer names)."""
+        from .launch import packer
+        return packer(tuple((a["name"], a["type"], a["offset"]) for a in self.entry["kernargs"]),
+                      self.entry["kernarg_size"])
 
 
 class KernelTable:

@@ -15,7 +15,7 @@ _CODE = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f", "tmap": "128s"}
 
 
 @functools.lru_cache(maxsize=None)
-def _packer(layout: tuple, size: int) -> tuple[struct.Struct, tuple[str, ...], frozenset]:
+def packer(layout: tuple, size: int) -> tuple[struct.Struct, tuple[str, ...], frozenset]:
     """One compiled struct for a manifest layout ((name, type, offset), ...): the arguments
     at their offsets, zero padding between them and up to ``size``."""
     fmt, end = "<", 0
@@ -33,8 +33,7 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
     ``values`` must name every argument of the layout (None for a null pointer);
     an unknown or missing name is a programming error and raises KeyError.
     """
-    layout = tuple((a["name"], a["type"], a["offset"]) for a in kernel.entry["kernargs"])
-    packer, names, pointers = _packer(layout, kernel.entry["kernarg_size"])
+    packer, names, pointers = kernel.packer
     if len(values) != len(names):
         extra = set(values) - set(names)
         raise KeyError(f"values for arguments {sorted(extra)} that {kernel.variant.name} does not take"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -71,11 +72,19 @@ class TensorRef:
 
     def extent(self) -> tuple[int, int]:
         """Byte range ``[lo, hi)`` covered by the elements; empty (``lo == hi``) if no elements."""
-        if self.numel == 0:
-            return self.ptr, self.ptr
-        lo = sum(s * (n - 1) for n, s in zip(self.shape, self.strides) if s < 0)
-        hi = sum(s * (n - 1) for n, s in zip(self.shape, self.strides) if s > 0)
-        return self.ptr + lo * self.itemsize, self.ptr + (hi + 1) * self.itemsize
+        lo, hi = _span(self.shape, self.strides, self.itemsize)
+        return self.ptr + lo, self.ptr + hi
+
+
+@functools.lru_cache(maxsize=1024)
+def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """The byte offsets ``[lo, hi)`` that a layout's elements cover from element [0, ..., 0]
+    (a layout recurs call after call: kept)."""
+    if math.prod(shape) == 0:
+        return 0, 0
+    lo = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
+    hi = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0)
+    return lo * itemsize, (hi + 1) * itemsize
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

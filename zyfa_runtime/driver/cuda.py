@@ -125,6 +125,7 @@ class CudaDriver(Driver):
         self._contexts: dict[int, object] = {}   # device ordinal -> retained primary context
         self._allocs: dict[int, int] = {}        # pointer -> device, for our own allocations
         self._events: dict[int, tuple[object, int]] = {}  # handle -> (CUevent, device)
+        self._scratch = threading.local()                 # per thread: tensor_map_u8's arrays
 
     # -- plumbing ----------------------------------------------------------------------
     @property
@@ -271,14 +272,18 @@ class CudaDriver(Driver):
         """A tiled CUtensorMap (128 bytes) of a byte tensor: dims innermost first, strides in
         bytes of dims 1.., the box, zeros out of bounds, L2 promotion of 128 bytes."""
         swz = {0: 0, 32: 1, 64: 2, 128: 3}[swizzle_bytes]
-        buf = ffi.new("unsigned char[]", 192)
-        addr = int(ffi.cast("uintptr_t", buf))
-        aligned = ffi.cast("void *", (addr + 63) // 64 * 64)
         rank = len(dims)
+        scratch = getattr(self._scratch, "tmap", None)
+        if scratch is None:   # this thread's argument arrays, made once (cffi allocations cost)
+            buf = ffi.new("unsigned char[]", 192)
+            addr = int(ffi.cast("uintptr_t", buf))
+            scratch = self._scratch.tmap = (buf, ffi.cast("void *", (addr + 63) // 64 * 64),
+                                            ffi.new("unsigned long long[5]"), ffi.new("unsigned long long[5]"),
+                                            ffi.new("unsigned int[5]"), ffi.new("unsigned int[5]", [1] * 5))
+        _, aligned, c_dims, c_strides, c_box, ones = scratch
+        c_dims[0:rank], c_strides[0:len(strides)], c_box[0:len(box)] = list(dims), list(strides), list(box)
         self._check("cuTensorMapEncodeTiled", self.lib.cuTensorMapEncodeTiled(
-            aligned, 0, rank, ffi.cast("void *", ptr), ffi.new("unsigned long long[]", list(dims)),
-            ffi.new("unsigned long long[]", list(strides)), ffi.new("unsigned int[]", list(box)),
-            ffi.new("unsigned int[]", [1] * rank), 0, swz, 2, 0))
+            aligned, 0, rank, ffi.cast("void *", ptr), c_dims, c_strides, c_box, ones, 0, swz, 2, 0))
         return bytes(ffi.buffer(aligned, 128))
 
     def alloc(self, device: int, nbytes: int) -> int:
