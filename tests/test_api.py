@@ -243,7 +243,8 @@ def test_a_repeated_call_queues_its_plan_again_without_validating(fake, monkeypa
     assert fake.launches[len(first):] == first
     for changed in (dict(causal=True, out=out, stream=5), dict(out=out, stream=6),
                     dict(out=out, stream=5, softmax_scale=0.1), dict(out=out, stream=5, return_lse=True),
-                    dict(out=out[:, :, :, :], stream=5, causal=1)):   # 1 is no bool: validation says so
+                    dict(out=out[:, :, :, :], stream=5, causal=1),    # 1 is no bool: validation says so
+                    dict(out=out, stream=5, return_lse=0)):
         with pytest.raises(AssertionError, match="validated again"):
             flash_attn_func(q, k, v, **changed)
     with pytest.raises(AssertionError, match="validated again"):

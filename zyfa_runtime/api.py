@@ -262,12 +262,13 @@ _plans: "collections.OrderedDict[tuple, Plan]" = collections.OrderedDict()
 _layouts: "collections.OrderedDict[tuple, Layout]" = collections.OrderedDict()
 
 
-def _options_key(causal, softmax_scale) -> tuple | None:
-    """The options as a key, or None where they are not plainly a bool and a number (such a
+def _options_key(causal, softmax_scale, return_lse) -> tuple | None:
+    """The options as a key, or None where they are not plainly bools and a number (such a
     call goes through validation, which names the problem)."""
-    if type(causal) is not bool or not (softmax_scale is None or type(softmax_scale) in (int, float)):
+    if type(causal) is not bool or type(return_lse) is not bool or \
+            not (softmax_scale is None or type(softmax_scale) in (int, float)):
         return None
-    return causal, None if softmax_scale is None else float(softmax_scale)
+    return causal, None if softmax_scale is None else float(softmax_scale), return_lse
 
 
 def _plan_key(driver, refs, options, stream: int) -> tuple:
@@ -277,9 +278,9 @@ def _plan_key(driver, refs, options, stream: int) -> tuple:
             *(None if r is None else (r.ptr, r.shape, r.strides, r.dtype, r.device, r.readonly) for r in refs))
 
 
-def _layout_key(driver, refs, options, return_lse: bool, stream: int) -> tuple:
+def _layout_key(driver, refs, options, stream: int) -> tuple:
     """What a dense call's launches depend on but its addresses."""
-    return (id(driver), options, bool(return_lse), int(stream),
+    return (id(driver), options, int(stream),
             *(None if r is None else (r.shape, r.strides, r.dtype, r.device, r.readonly) for r in refs))
 
 
@@ -346,7 +347,7 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     outr = _ref(driver, out, s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
     refs = (qr, kr, vr, outr, dq, dk, dv)
-    options = _options_key(causal, softmax_scale)
+    options = _options_key(causal, softmax_scale, return_lse)
     # A call that repeats one already validated and queued (the same tensors, options and
     # stream) queues its launches again.  Only with ``out`` given and no LSE: otherwise each
     # call allocates, and its outputs' addresses are new.
@@ -356,7 +357,7 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
         if plan is not None and plan.queue_again(driver, s):
             return out
     # A call of a layout already validated (new addresses) has only its addresses checked.
-    lkey = _layout_key(driver, refs, options, return_lse, s) if options else None
+    lkey = _layout_key(driver, refs, options, s) if options else None
     layout = _cached(_layouts, lkey) if lkey is not None else None
     if layout is not None:
         validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr,
