@@ -2,9 +2,11 @@
 
 The flow of one call: inputs -> TensorRefs (tensors.py) -> every rule checked
 (validate.py) -> variant chosen from the device's arch -> kernel loaded once
-(kernels.py) -> argument buffer packed from the manifest layout and launched
-(launch.py).  Nothing reaches the GPU before validation has passed.
-"""
+(kernels.py) -> its Layout (the arguments, grids and tensor-map geometry that are no
+address) -> argument buffer packed from the manifest layout and launched (launch.py).
+Nothing reaches the GPU before validation has passed.  Two caches shorten a dense call
+that comes again: new tensors of a Layout already made have only their addresses checked;
+the same tensors (``out`` given, no LSE) queue their Plan's launches again."""
 
 from __future__ import annotations
 

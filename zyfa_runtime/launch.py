@@ -76,13 +76,6 @@ def assemble(kernel: Kernel, grids: tuple, args: bytes) -> tuple[Launch, ...]:
     return tuple(launches)
 
 
-def prepare(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple[Launch, ...]:
-    """The launches of ``kernel`` for ``values`` (:func:`grids`, then :func:`assemble` with
-    the packed arguments): every grid evaluated, and refused where too large, before anything
-    is queued."""
-    return assemble(kernel, grids(driver, kernel, values, sm_count), pack_args(kernel, values))
-
-
 def queue(driver, launches: tuple[Launch, ...], stream: int) -> None:
     """Queue prepared launches on ``stream``, in order."""
     for ln in launches:
