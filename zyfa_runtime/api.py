@@ -150,11 +150,10 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
         _check_buffer_spans(problem, q, k, v, out)
 
     b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
-    def strides(t: TensorRef | None):
-        if t is None:   # out allocated by the call: dense, contiguous
-            t = TensorRef(0, q.shape[:-1] + (problem.d_v,), contiguous_strides(q.shape[:-1] + (problem.d_v,)),
-                          "bf16", q.device)
-        return (t.strides[0] if not problem.varlen else 0, t.strides[b_], t.strides[b_ + 1])
+    def strides(st: tuple):
+        return (st[0] if not problem.varlen else 0, st[b_], st[b_ + 1])
+    # out where the call allocates it: contiguous
+    o_strides = out.strides if out is not None else contiguous_strides(q.shape[:-1] + (problem.d_v,))
 
     values = {
         "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1],
@@ -162,8 +161,8 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
         "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
         "softmax_scale": problem.softmax_scale,
     }
-    for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
-        values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(t)
+    for name, st in (("q", q.strides), ("k", k.strides), ("v", v.strides), ("o", o_strides)):
+        values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(st)
     maps = {arg: _tensor_map_geometry(problem, values, spec)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
     sm_count, counter_bytes = None, 0

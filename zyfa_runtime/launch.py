@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import struct
 
 from .catalogue import eval_grid
@@ -14,10 +13,10 @@ from .kernels import Kernel
 _CODE = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f", "tmap": "128s"}
 
 
-@functools.lru_cache(maxsize=None)
 def packer(layout: tuple, size: int) -> tuple[struct.Struct, tuple[str, ...], frozenset]:
-    """One compiled struct for a manifest layout ((name, type, offset), ...): the arguments
-    at their offsets, zero padding between them and up to ``size``."""
+    """The compiled struct of a manifest layout ((name, type, offset), ...), made once a kernel
+    (Kernel.packer): the arguments at their offsets, zero padding between them and up to
+    ``size``."""
     fmt, end = "<", 0
     for _, ty, offset in layout:
         fmt += "x" * (offset - end) + _CODE[ty]
