@@ -8,10 +8,14 @@ known layout (addresses checked, tensor maps and arguments made anew); "validate
 layouts forgotten, every rule checked.  "host" is the time to queue the calls (no
 synchronisation), "wall" the time until the GPU has run them too.  Every tensor is an
 as_tensor view built once; "torch" rows pass the PyTorch tensors themselves (DLPack each call).
+Then a packed batch (flash_attn_varlen_func, which keeps no plan): its cu_seqlens as device
+tensors (read back for validation: each call waits for the GPU) or as host arrays (staged to
+the device by a queued copy: no call waits).
 Run from the repository root on a GPU machine: PYTHONPATH=$PWD python3 bench/host_overhead.py.
 """
 import time
 
+import numpy as np
 import torch
 
 import zyfa_runtime as zr
@@ -65,5 +69,31 @@ def main() -> None:
                       f"wall {wall * 1e6:.0f} us/call", flush=True)
 
 
+def varlen(seqs=(300, 17, 1024, 512, 700, 1, 1542), H=16, D=128, causal=True) -> None:
+    """Host and wall time of a packed FP8 call by where its cu_seqlens are."""
+    cu = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
+    q = torch.randn(int(cu[-1]), H, D, device="cuda").to(torch.float8_e4m3fn)
+    qr = zr.as_tensor(q.view(torch.uint8), dtype="fp8_e4m3")
+    o = zr.as_tensor(torch.empty(int(cu[-1]), H, D, device="cuda", dtype=torch.bfloat16))
+    st = torch.cuda.current_stream()
+    for where, c in (("device cu_seqlens", torch.from_numpy(cu).cuda()), ("host cu_seqlens", cu)):
+        def call():
+            zr.flash_attn_varlen_func(qr, qr, qr, cu_seqlens_q=c, cu_seqlens_k=c, max_seqlen_q=max(seqs),
+                                      max_seqlen_k=max(seqs), causal=causal, out=o, stream=st)
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+        n = 200
+        t = time.perf_counter()
+        for _ in range(n):
+            call()
+        host = (time.perf_counter() - t) / n
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / n
+        print(f"varlen {len(seqs)} seqs {int(cu[-1])} tokens H{H} d{D} {'causal' if causal else 'full'} fp8, "
+              f"{where}: host {host * 1e6:.0f} us/call, wall {wall * 1e6:.0f} us/call", flush=True)
+
+
 if __name__ == "__main__":
     main()
+    varlen()

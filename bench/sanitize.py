@@ -2,7 +2,8 @@
 
 Dense with GQA and ragged lengths (Sq < Sk and Sq > Sk, so causal rows that see no key
 exist), strided views, and varlen with empty and single-token sequences: the cases of
-``zyfa_runtime.selfcheck`` plus one more varlen batch and a call repeated from its plan (``out``
+``zyfa_runtime.selfcheck`` plus one more varlen batch (its cu_seqlens on the host, staged to the
+device by a queued copy) and a call repeated from its plan (``out``
 given: the second call queues the first one's launches again).  Each result is also checked against
 its reference, so a run that the tool lets through still has to be right.
 
@@ -58,10 +59,10 @@ def main() -> int:
             print(f"{v.name:<40} {r.case:<22} O {r.o_error:.2e} LSE {r.lse_error:.2e} "
                   f"{'ok' if r.ok else 'FAIL'}", flush=True)
         (o, lse), _ = varlen_case(driver, 0, v, rng, seq_q=[1, 0, 40, 1], seq_k=[1, 5, 0, 70],
-                                  hq=4, hkv=2)
+                                  hq=4, hkv=2, host_cu=True)
         ok = o <= bounds(v)[0] and lse <= bounds(v)[1]
         bad += not ok
-        print(f"{v.name:<40} {'varlen 1/0 tokens':<22} O {o:.2e} LSE {lse:.2e} "
+        print(f"{v.name:<40} {'varlen 1/0, host cu':<22} O {o:.2e} LSE {lse:.2e} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
         ok = planned_repeat(driver, v, rng)
         bad += not ok

@@ -359,6 +359,44 @@ def test_cupy_arrays_via_cuda_array_interface():
     assert reference.relative_error(got, ref_o) < 8e-3
 
 
+@pytest.mark.parametrize("dtype, d, causal", [("bf16", 128, False), ("fp8_e4m3", 128, True)])
+def test_host_cu_seqlens_are_staged_and_give_the_bits_of_device_ones(dtype, d, causal):
+    """cu_seqlens in host memory (staging.py: copied on the stream, never read back) give the
+    device cu_seqlens' output bit for bit, and within the fp64 bound.  A burst of calls, each
+    with other sequence lengths written into the same host array right after the call before,
+    queued with no synchronisation between them: each reads the values it was given."""
+    from zyfa_runtime import flash_attn_varlen_func
+    from zyfa_runtime.memory import to_device
+    from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
+    rng = np.random.default_rng()
+    total, hq, hkv = 600, 4, 2
+    made = [_quantise(rng.standard_normal((total, h, d)).astype(np.float32), dtype) for h in (hq, hkv, hkv)]
+    q, k, v = (to_device(DRIVER, 0, x, dtype) for x, _, _ in made)
+    extra = _descales(DRIVER, 0, [s for _, _, s in made])
+    splits = [[600], [17, 0, 583], [300, 300], [1, 2, 597], [128, 129, 343], [599, 1], [64] * 9 + [24]]
+    host_cu = np.zeros(len(max(splits, key=len)) + 1, np.int32)
+    outs = []
+    for seqs in splits:
+        cu = host_cu[:len(seqs) + 1]
+        cu[1:] = np.cumsum(seqs)
+        outs.append(flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(seqs),
+                                           max_seqlen_k=max(seqs), causal=causal, **extra))
+        host_cu[:] = -7                                        # rewritten: the call has read it
+    for seqs, out in zip(splits, outs):
+        cu = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
+        dcu = to_device(DRIVER, 0, cu, "int32")
+        want = flash_attn_varlen_func(q, k, v, cu_seqlens_q=dcu, cu_seqlens_k=dcu, max_seqlen_q=max(seqs),
+                                      max_seqlen_k=max(seqs), causal=causal, **extra).numpy()
+        got = out.numpy()
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), seqs
+        ref = reference.attention(*(x64 for _, x64, _ in made), causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        bound = 8e-3 if dtype == "bf16" else RECIPE_FP64_BOUND
+        assert reference.relative_error(got.astype(np.float64), ref) < bound, seqs
+    listed = flash_attn_varlen_func(q, k, v, cu_seqlens_q=[0, 300, 600], cu_seqlens_k=[0, 300, 600],
+                                    max_seqlen_q=300, max_seqlen_k=300, causal=causal, **extra)
+    assert np.array_equal(listed.numpy().view(np.uint16), outs[2].numpy().view(np.uint16))
+
+
 def test_output_allocated_when_not_given():
     from zyfa_runtime import flash_attn_func
     from zyfa_runtime.memory import host_dtype, to_device

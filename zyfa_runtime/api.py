@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from . import launch as _launch
-from . import validate, workspace
+from . import staging, validate, workspace
 from .catalogue import Variant, vt_columns
 from .driver import get_driver
 from .kernels import KernelTable
@@ -85,12 +85,22 @@ def _cu_values(driver, ref: TensorRef | None) -> np.ndarray | None:
     if host.size == 0:
         return host
     if ref.device[0] == "cpu":
-        if not driver.host_memory_is_device:
-            return None
         ctypes.memmove(host.ctypes.data, ref.ptr, host.nbytes)
     else:
         driver.copy_dtoh(memoryview(host.view(np.uint8)), ref.ptr)
     return host
+
+
+def _int32_sequence(x):
+    """A list or tuple of ints as an int32 array (cu_seqlens given as Python values)."""
+    if not isinstance(x, (list, tuple)):
+        return x
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in x):
+        raise TypeError("cu_seqlens given as a list or tuple must hold ints")
+    values = np.array(x, dtype=np.int64)
+    if values.size and (values.min() < -2**31 or values.max() >= 2**31):
+        raise ValueError("cu_seqlens values must fit in int32")
+    return values.astype(np.int32)
 
 
 #: The gfx950 FP8 kernels address each (sequence, head) slice of a tensor through a buffer
@@ -386,26 +396,40 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     """Attention forward over packed sequences of different lengths.
 
     q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv); sequence b owns rows
-    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (int32 device tensors of length B+1).  Returns
-    out (Tq, Hq, Dv) and, with ``return_lse``, the LSE (Hq, Tq).  The cu_seqlens values
-    are read back and checked before launch (a small synchronising copy).
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (int32, length B+1).  Returns out (Tq, Hq, Dv) and,
+    with ``return_lse``, the LSE (Hq, Tq).  The cu_seqlens values are checked before launch:
+
+    * given in host memory (a NumPy array, a CPU tensor, a list of ints), they are checked
+      there and copied to the device on ``stream`` through page-locked memory, without
+      synchronising (``staging.py``); the call has read them when it returns;
+    * given as device tensors, they are read back first: a small copy that synchronises.
     """
     driver = get_driver()
     s = stream_handle(stream)
     qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
     outr = _ref(driver, out, s)
-    cq, ck = _ref(driver, cu_seqlens_q, s), _ref(driver, cu_seqlens_k, s)
+    cq = _ref(driver, _int32_sequence(cu_seqlens_q), s)
+    ck = _ref(driver, _int32_sequence(cu_seqlens_k), s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
+    values_q, values_k = _cu_values(driver, cq), _cu_values(driver, ck)
     problem = validate.check_varlen(
         qr, kr, vr, outr, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
         descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
-        cu_values_q=_cu_values(driver, cq), cu_values_k=_cu_values(driver, ck),
-        host_ok=driver.host_memory_is_device)
+        cu_values_q=values_q, cu_values_k=values_k,
+        host_ok=driver.host_memory_is_device, host_cu=True)
     _check_backend(driver, problem)
     # Neither plan nor layout is kept: the values of cu_seqlens may change in place.
     layout = _layout_of(problem, qr, kr, vr, outr, driver, (problem.hq, problem.total_q), (0, problem.total_q))
-    out_arr, lse, _plan = _instantiate(layout, qr, kr, vr, outr, (dq, dk, dv), cq, ck, s, driver)
+    host = [(i, values) for i, (ref, values) in enumerate(((cq, values_q), (ck, values_k)))
+            if ref.device[0] == "cpu" and not driver.host_memory_is_device]
+    stage = (staging.stage(driver, problem.device[1], s, [values for _, values in host]) if host
+             else contextlib.nullcontext([]))
+    with stage as ptrs:
+        cu = [cq, ck]
+        for (i, values), ptr in zip(host, ptrs):
+            cu[i] = TensorRef(ptr, values.shape, (1,), "int32", problem.device)
+        out_arr, lse, _plan = _instantiate(layout, qr, kr, vr, outr, (dq, dk, dv), cu[0], cu[1], s, driver)
     return _result(out, out_arr, lse, return_lse)
 
 

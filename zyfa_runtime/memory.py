@@ -22,7 +22,7 @@ def device_kind(driver) -> str:
     """The TensorRef device kind of memory this driver allocates."""
     if driver.host_memory_is_device:
         return "cpu"
-    return {"cuda": "cuda", "hip": "rocm"}[driver.name]
+    return {"cuda": "cuda", "hip": "rocm"}[driver.vendor]
 
 
 class DeviceArray:

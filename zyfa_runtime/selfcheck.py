@@ -149,7 +149,9 @@ def dense_case(driver, device: int, v: Variant, rng, *, b, sq, sk, hq, hkv, stri
     return _errors(out, lse, ref_o, ref_lse), None
 
 
-def varlen_case(driver, device: int, v: Variant, rng, *, seq_q, seq_k, hq, hkv):
+def varlen_case(driver, device: int, v: Variant, rng, *, seq_q, seq_k, hq, hkv, host_cu=False):
+    """One packed call; cu_seqlens as device tensors, or with ``host_cu`` the host arrays (a
+    GPU backend stages them: staging.py)."""
     cu_q = np.concatenate([[0], np.cumsum(seq_q)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(seq_k)]).astype(np.int32)
     def make(t, h, d):
@@ -157,7 +159,7 @@ def varlen_case(driver, device: int, v: Variant, rng, *, seq_q, seq_k, hq, hkv):
     (q, q64, dq), (k, k64, dk), (vv, v64, dv) = make(cu_q[-1], hq, v.d_qk), \
         make(cu_k[-1], hkv, v.d_qk), make(cu_k[-1], hkv, v.d_v)
     qd, kd, vd = (to_device(driver, device, x, v.dtype) for x in (q, k, vv))
-    cqd, ckd = (to_device(driver, device, c, "int32") for c in (cu_q, cu_k))
+    cqd, ckd = (c.copy() if host_cu else to_device(driver, device, c, "int32") for c in (cu_q, cu_k))
     out = _poisoned_out(driver, device, (cu_q[-1], hq, v.d_v))
     _, lse = flash_attn_varlen_func(qd, kd, vd, cu_seqlens_q=cqd, cu_seqlens_k=ckd,
                                     max_seqlen_q=int(max(seq_q)), max_seqlen_k=int(max(seq_k)),

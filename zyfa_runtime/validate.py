@@ -96,12 +96,14 @@ def check_dense(q, k, v, out, *, causal=False, softmax_scale=None, descale_q=Non
 def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                  causal=False, softmax_scale=None, descale_q=None, descale_k=None,
                  descale_v=None, return_lse=False, cu_values_q=None, cu_values_k=None,
-                 host_ok=False) -> Problem:
+                 host_ok=False, host_cu=False) -> Problem:
     """Validate a packed batch: q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv),
     out (Tq, Hq, Dv) or None; sequence i spans rows cu_seqlens[i]:cu_seqlens[i + 1].
 
     ``cu_values_q/k`` are host copies of the cu_seqlens values when the caller can read
-    them; given, they are checked too.
+    them; given, they are checked too.  With ``host_cu`` a cu_seqlens in host memory is
+    accepted beside device tensors (the caller copies its values to the device: its values
+    must be given); its place and address are not the device's to check.
     """
     qkv = _common_start(q, k, v, out, causal, return_lse, ndim=3,
                         layout="(total, heads, head_dim)")
@@ -137,7 +139,12 @@ def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
             _check_cu_values(suffix, values, batch + 1, total, maxlen)
     _check_int32(batch=batch, max_seqlen_q=max_q, max_seqlen_k=max_k)
 
-    device = _common_end(qkv, out, tuple(cu.items()), descale_q, descale_k, descale_v, host_ok)
+    staged = {name for name, t in cu.items() if host_cu and not host_ok and t.device[0] == "cpu"}
+    for name in staged:
+        if (cu_values_q, cu_values_k)[name.endswith("_k")] is None:
+            raise ValueError(f"{name} is in host memory but its values could not be read")
+    scalars = tuple((name, t) for name, t in cu.items() if name not in staged)
+    device = _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok)
     return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=bool(causal), batch=batch, hq=hq,
                    hkv=hkv, seqlen_q=max_q, seqlen_k=max_k, varlen=True, total_q=tq,
                    total_k=tk, softmax_scale=_check_scale(softmax_scale, dqk),

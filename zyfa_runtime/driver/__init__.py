@@ -5,7 +5,8 @@ named by the caller, else by ``ZYFA_BACKEND`` (``cuda``, ``hip``, ``fake``,
 ``emulator``), else the first of CUDA and HIP whose library loads and that sees at
 least one device.
 ``ZYFA_FAKE_ARCH`` sets the arch the fake backend reports (default ``sm_90a``),
-``ZYFA_FAKE_VERSIONS`` the versions (default: those zyfa's toolkit pins ask for; see fake.py).
+``ZYFA_FAKE_VERSIONS`` the versions (default: those zyfa's toolkit pins ask for; see fake.py),
+``ZYFA_FAKE_DISCRETE=1`` makes its memory a GPU's (host memory apart).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _create(name: str) -> Driver:
     if name == "fake":
         from .fake import FakeDriver, parse_versions
         return FakeDriver(arch=os.environ.get("ZYFA_FAKE_ARCH", "sm_90a"),
-                          versions=parse_versions(os.environ.get("ZYFA_FAKE_VERSIONS", "")))
+                          versions=parse_versions(os.environ.get("ZYFA_FAKE_VERSIONS", "")),
+                          discrete=os.environ.get("ZYFA_FAKE_DISCRETE", "") == "1")
     if name == "emulator":
         try:
             module = importlib.import_module("zyfa_emulator.driver")

@@ -132,6 +132,22 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     def memset_d8(self, ptr: int, value: int, nbytes: int) -> None: ...
 
+    # Page-locked host memory and copies queued on a stream: how host values a launch reads
+    # (a packed batch's cu_seqlens) reach a device without synchronising (``staging.py``).
+    # Drivers whose kernels read host memory (host_memory_is_device) need none of it.
+    def host_alloc(self, device: int, nbytes: int) -> int:
+        """``nbytes`` of page-locked host memory that copies to ``device`` may read
+        asynchronously; its address."""
+        raise ZyfaError(f"{self.name}: no page-locked host memory")
+
+    def host_free(self, ptr: int) -> None:
+        raise ZyfaError(f"{self.name}: no page-locked host memory")
+
+    def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
+        """Queue on ``stream`` a copy of ``nbytes`` from page-locked ``host_ptr`` to device
+        address ``ptr``; the host memory must stay unchanged until the copy has run."""
+        raise ZyfaError(f"{self.name}: no queued host-to-device copies")
+
     @abc.abstractmethod
     def synchronize(self, device: int) -> None: ...
 

@@ -63,6 +63,10 @@ CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
+CUresult cuMemFreeHost(void *p);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                              CUstream hStream);
 CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);
 
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
@@ -311,6 +315,21 @@ class CudaDriver(Driver):
     def memset_d8(self, ptr: int, value: int, nbytes: int) -> None:
         self.make_current(self._device_of(ptr))
         self._check("cuMemsetD8_v2", self.lib.cuMemsetD8_v2(ptr, value & 0xFF, nbytes))
+
+    def host_alloc(self, device: int, nbytes: int) -> int:
+        self.make_current(device)
+        out = ffi.new("void **")
+        # CU_MEMHOSTALLOC_PORTABLE: page-locked for every context, not only the current one
+        self._check("cuMemHostAlloc", self.lib.cuMemHostAlloc(out, max(int(nbytes), 1), 0x01))
+        return handle_int(ffi, out[0])
+
+    def host_free(self, ptr: int) -> None:
+        self._check("cuMemFreeHost", self.lib.cuMemFreeHost(ffi.cast("void *", ptr)))
+
+    def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
+        self.make_current(self._device_of(ptr))
+        self._check("cuMemcpyHtoDAsync_v2", self.lib.cuMemcpyHtoDAsync_v2(
+            ptr, ffi.cast("void *", host_ptr), int(nbytes), ffi.cast("CUstream", stream)))
 
     def synchronize(self, device: int) -> None:
         self.make_current(device)

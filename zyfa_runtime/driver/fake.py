@@ -10,6 +10,11 @@ of the toolkit zyfa pins, so the version checks pass; ``versions=`` (or
 them to simulate another driver: ``driver_version`` (CUDA: 1000 * major + 10 * minor),
 ``runtime_version`` (HIP: major * 10**7 + minor * 10**5 + patch), ``rocm`` (the text of
 ROCm's ``.info/version``; empty: no such file).
+
+``discrete=True`` (``ZYFA_FAKE_DISCRETE=1``) makes its allocations device memory as a GPU's
+are (``host_memory_is_device`` False: host tensors are refused where a kernel would read them),
+with page-locked host buffers and queued copies (run at once, and recorded in ``htod_async``);
+``dtoh`` counts the copies back to the host, each of which would synchronise a GPU.
 """
 
 from __future__ import annotations
@@ -95,7 +100,9 @@ class FakeDriver(Driver):
     name = "fake"
     host_memory_is_device = True
 
-    def __init__(self, arch: str = "sm_90a", devices: int = 1, versions: dict | None = None) -> None:
+    def __init__(self, arch: str = "sm_90a", devices: int = 1, versions: dict | None = None,
+                 discrete: bool = False) -> None:
+        self.host_memory_is_device = not discrete
         self._arch = arch
         self._devices = devices
         self.vendor = "hip" if arch.startswith("gfx") else "cuda"
@@ -103,6 +110,9 @@ class FakeDriver(Driver):
         self._versions = {**DEFAULT_VERSIONS[self.vendor], **(versions or {})}
         self._lock = threading.Lock()
         self._buffers: dict[int, np.ndarray] = {}
+        self._host_buffers: dict[int, np.ndarray] = {}
+        self.htod_async: list[tuple[int, int, int, int]] = []   # (device ptr, host ptr, bytes, stream)
+        self.dtoh = 0
         self._events: dict[int, float | None] = {}
         self._ids = itertools.count(1)
         self.modules: list[Module] = []
@@ -150,7 +160,18 @@ class FakeDriver(Driver):
         self.current = device
 
     def pointer_info(self, ptr: int) -> tuple[str, int] | None:
-        return ("cpu", 0) if ptr else None
+        if not ptr:
+            return None
+        if not self.host_memory_is_device and self._allocation_of(ptr) is not None:
+            return ({"cuda": "cuda", "hip": "rocm"}[self.vendor], 0)
+        return ("cpu", 0)
+
+    def _allocation_of(self, ptr: int) -> int | None:
+        with self._lock:
+            for base, buf in self._buffers.items():
+                if base <= ptr < base + buf.nbytes:
+                    return base
+        return None
 
     # -- code --------------------------------------------------------------------------
     def load_module(self, device: int, image: bytes) -> Module:
@@ -203,7 +224,32 @@ class FakeDriver(Driver):
 
     def copy_dtoh(self, host, ptr: int) -> None:
         dst, n = _address(host, writable=True)
+        with self._lock:
+            self.dtoh += 1
         ctypes.memmove(dst, ptr, n)
+
+    def host_alloc(self, device: int, nbytes: int) -> int:
+        if self.host_memory_is_device:
+            return super().host_alloc(device, nbytes)
+        self._valid(device)
+        buf = np.zeros(max(int(nbytes), 1), dtype=np.uint8)
+        with self._lock:
+            self._host_buffers[buf.ctypes.data] = buf
+        return buf.ctypes.data
+
+    def host_free(self, ptr: int) -> None:
+        with self._lock:
+            if self._host_buffers.pop(ptr, None) is None:
+                raise ZyfaError(f"host_free of 0x{ptr:x}, which the fake driver did not allocate")
+
+    def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
+        if self.host_memory_is_device:
+            return super().copy_htod_async(ptr, host_ptr, nbytes, stream)
+        with self._lock:
+            if not any(b <= host_ptr and host_ptr + nbytes <= b + h.nbytes for b, h in self._host_buffers.items()):
+                raise ZyfaError("copy_htod_async from memory that host_alloc did not give")
+            self.htod_async.append((int(ptr), int(host_ptr), int(nbytes), int(stream)))
+        ctypes.memmove(ptr, host_ptr, nbytes)
 
     def memset_d8(self, ptr: int, value: int, nbytes: int) -> None:
         ctypes.memset(ptr, value & 0xFF, nbytes)

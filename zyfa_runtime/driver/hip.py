@@ -58,6 +58,9 @@ hipError_t hipFree(void *ptr);
 hipError_t hipMemcpyHtoD(void *dst, const void *src, size_t sizeBytes);
 hipError_t hipMemcpyDtoH(void *dst, void *src, size_t sizeBytes);
 hipError_t hipMemset(void *dst, int value, size_t sizeBytes);
+hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags);
+hipError_t hipHostFree(void *ptr);
+hipError_t hipMemcpyHtoDAsync(void *dst, const void *src, size_t sizeBytes, hipStream_t stream);
 hipError_t hipPointerGetAttributes(void *attributes, const void *ptr);
 
 hipError_t hipEventCreate(hipEvent_t *event);
@@ -277,6 +280,22 @@ class HipDriver(Driver):
     def memset_d8(self, ptr: int, value: int, nbytes: int) -> None:
         self.make_current(self._device_of(ptr))
         self._check("hipMemset", self.lib.hipMemset(ffi.cast("void *", ptr), value & 0xFF, nbytes))
+
+    def host_alloc(self, device: int, nbytes: int) -> int:
+        self.make_current(device)
+        out = ffi.new("void **")
+        # hipHostMallocPortable: page-locked for every device's context
+        self._check("hipHostMalloc", self.lib.hipHostMalloc(out, max(int(nbytes), 1), 0x1))
+        return handle_int(ffi, out[0])
+
+    def host_free(self, ptr: int) -> None:
+        self._check("hipHostFree", self.lib.hipHostFree(ffi.cast("void *", ptr)))
+
+    def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
+        self.make_current(self._device_of(ptr))
+        self._check("hipMemcpyHtoDAsync", self.lib.hipMemcpyHtoDAsync(
+            ffi.cast("void *", ptr), ffi.cast("void *", host_ptr), int(nbytes),
+            ffi.cast("hipStream_t", stream)))
 
     def synchronize(self, device: int) -> None:
         self.make_current(device)
