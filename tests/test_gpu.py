@@ -378,7 +378,7 @@ def test_host_cu_seqlens_are_staged_and_give_the_bits_of_device_ones(dtype, d, c
     outs = []
     for seqs in splits:
         cu = host_cu[:len(seqs) + 1]
-        cu[1:] = np.cumsum(seqs)
+        cu[:] = np.concatenate([[0], np.cumsum(seqs)])
         outs.append(flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(seqs),
                                            max_seqlen_k=max(seqs), causal=causal, **extra))
         host_cu[:] = -7                                        # rewritten: the call has read it
