@@ -272,6 +272,46 @@ def test_new_tensors_of_a_known_layout_launch_as_if_validated(fake, monkeypatch,
     assert from_layout and fake.launches[len(validated) + len(from_layout):] == from_layout
 
 
+@pytest.mark.parametrize("dtype,dims", [("bf16", 128), ("fp8_e4m3", 64)])
+def test_a_packed_call_of_a_known_layout_checks_its_values_and_addresses_only(fake, monkeypatch, dtype, dims):
+    """A packed call whose layout (shapes, strides, dtypes, options, stream, max_seqlen and the
+    cu_seqlens' shapes) has been validated is not validated again: its launches are a validated
+    call's, byte for byte.  Its cu_seqlens values are checked on every call; a change of batch
+    size or max_seqlen is validated anew."""
+    shapes = ((70, 4, dims), (100, 2, dims), (100, 2, dims))
+    kw = dict(max_seqlen_q=65, max_seqlen_k=70)
+    flash_attn_varlen_func(*arrays(*shapes, dtype=dtype), cu_seqlens_q=np.array([0, 5, 5, 70], np.int32),
+                           cu_seqlens_k=np.array([0, 9, 30, 100], np.int32),
+                           out=np.empty((70, 4, dims), host_dtype("bf16")), **kw)
+    q, k, v = arrays(*shapes, dtype=dtype)
+    out = np.empty((70, 4, dims), host_dtype("bf16"))
+    cu_q, cu_k = np.array([0, 30, 35, 70], np.int32), np.array([0, 70, 70, 100], np.int32)
+    n = len(fake.launches)
+    monkeypatch.setattr(validate, "check_varlen", lambda *a, **k: pytest.fail("validated again"))
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, **kw)
+    from_layout = fake.launches[n:]
+    for bad_q, bad_k, match in (([0, 30, 20, 70], cu_k, "cu_seqlens_q is not non-decreasing"),
+                                (cu_q, [0, 71, 71, 100], r"max_seqlen_k = 70 is less than the longest sequence \(71\)"),
+                                ([0, 5, 5, 69], cu_k, "short of the packed length 70")):
+        with pytest.raises(ValueError, match=match):
+            flash_attn_varlen_func(q, k, v, cu_seqlens_q=np.array(bad_q, np.int32),
+                                   cu_seqlens_k=np.array(bad_k, np.int32), out=out, **kw)
+    if dtype == "bf16":                      # an address rule: out apart from the inputs
+        with pytest.raises(ValueError, match="out overlaps q"):
+            flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=q, **kw)
+    for changed in (dict(max_seqlen_q=66, max_seqlen_k=70), dict(max_seqlen_q=65, max_seqlen_k=70, causal=True)):
+        with pytest.raises(pytest.fail.Exception, match="validated again"):
+            flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, **changed)
+    with pytest.raises(pytest.fail.Exception, match="validated again"):     # another batch size
+        flash_attn_varlen_func(q, k, v, cu_seqlens_q=np.array([0, 70], np.int32),
+                               cu_seqlens_k=np.array([0, 100], np.int32), out=out, **kw)
+    assert len(fake.launches) == n + len(from_layout)
+    monkeypatch.undo()
+    api._layouts.clear()
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, **kw)
+    assert from_layout and fake.launches[n + len(from_layout):] == from_layout
+
+
 def _misaligned(a: np.ndarray, by: int) -> np.ndarray:
     """A copy of ``a`` whose data starts ``by`` bytes past a 64-byte boundary."""
     raw = np.empty(a.nbytes + 128, np.uint8)

@@ -403,6 +403,9 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
       there and copied to the device on ``stream`` through page-locked memory, without
       synchronising (``staging.py``); the call has read them when it returns;
     * given as device tensors, they are read back first: a small copy that synchronises.
+
+    A call whose layout (shapes, strides, dtypes, devices, options, stream and max_seqlen) has
+    been validated before has only its cu_seqlens values and its addresses checked.
     """
     driver = get_driver()
     s = stream_handle(stream)
@@ -412,15 +415,34 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     ck = _ref(driver, _int32_sequence(cu_seqlens_k), s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
     values_q, values_k = _cu_values(driver, cq), _cu_values(driver, ck)
-    problem = validate.check_varlen(
-        qr, kr, vr, outr, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-        descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
-        cu_values_q=values_q, cu_values_k=values_k,
-        host_ok=driver.host_memory_is_device, host_cu=True)
-    _check_backend(driver, problem)
-    # Neither plan nor layout is kept: the values of cu_seqlens may change in place.
-    layout = _layout_of(problem, qr, kr, vr, outr, driver, (problem.hq, problem.total_q), (0, problem.total_q))
+    refs = (qr, kr, vr, outr, dq, dk, dv)
+    options = _options_key(causal, softmax_scale, return_lse)
+    # A call of a layout already validated (shapes, strides, the cu_seqlens' and max_seqlen
+    # included) has its cu_seqlens values and its addresses checked, as each call's may differ.
+    lkey = None
+    if options and type(max_seqlen_q) is int and type(max_seqlen_k) is int and None not in (cq, ck):
+        lkey = ("varlen", _layout_key(driver, refs, options, s), max_seqlen_q, max_seqlen_k,
+                *((r.shape, r.strides, r.dtype, r.device) for r in (cq, ck)))
+    layout = _cached(_layouts, lkey) if lkey is not None else None
+    if layout is not None:
+        validate.check_cu_values(layout.problem, values_q, values_k)
+        scalars = [(n, r) for n, r in (("cu_seqlens_q", cq), ("cu_seqlens_k", ck), ("descale_q", dq),
+                                       ("descale_k", dk), ("descale_v", dv))
+                   if r is not None and not (r.device[0] == "cpu" and not driver.host_memory_is_device)]
+        validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr, tuple(scalars))
+        problem = layout.problem
+    else:
+        problem = validate.check_varlen(
+            qr, kr, vr, outr, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+            descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
+            cu_values_q=values_q, cu_values_k=values_k,
+            host_ok=driver.host_memory_is_device, host_cu=True)
+        _check_backend(driver, problem)
+        layout = _layout_of(problem, qr, kr, vr, outr, driver, (problem.hq, problem.total_q), (0, problem.total_q))
+        if lkey is not None:
+            _keep(_layouts, lkey, layout, LAYOUT_CACHE_SIZE)
+    # No plan is kept: the cu_seqlens values may change where nothing else does.
     host = [(i, values) for i, (ref, values) in enumerate(((cq, values_q), (ck, values_k)))
             if ref.device[0] == "cpu" and not driver.host_memory_is_device]
     stage = (staging.stage(driver, problem.device[1], s, [values for _, values in host]) if host

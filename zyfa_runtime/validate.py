@@ -239,6 +239,16 @@ def check_addresses(qkv: dict, out, scalars) -> None:
                 raise ValueError(f"out overlaps {name} in memory; out must not alias an input")
 
 
+def check_cu_values(problem: Problem, values_q, values_k) -> None:
+    """The cu_seqlens values of a packed batch whose layout has passed before (api's layouts):
+    checked on every call, as values may change where addresses and shapes do not."""
+    for suffix, values, total, maxlen in (("q", values_q, problem.total_q, problem.seqlen_q),
+                                          ("k", values_k, problem.total_k, problem.seqlen_k)):
+        if values is None:
+            raise ValueError(f"the values of cu_seqlens_{suffix} could not be read")
+        _check_cu_values(suffix, values, problem.batch + 1, total, maxlen)
+
+
 def _check_tensor(name, t) -> TensorRef:
     if not isinstance(t, TensorRef):
         raise TypeError(f"{name} must be a TensorRef, got {type(t).__name__}")
