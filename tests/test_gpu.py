@@ -397,6 +397,24 @@ def test_host_cu_seqlens_are_staged_and_give_the_bits_of_device_ones(dtype, d, c
     assert np.array_equal(listed.numpy().view(np.uint16), outs[2].numpy().view(np.uint16))
 
 
+def test_a_packed_call_inside_a_graph_capture_is_refused_and_the_capture_survives():
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import as_tensor, flash_attn_varlen_func
+    cu = np.array([0, 40, 100], np.int32)
+    q = torch.randn(100, 2, 64, device="cuda", dtype=torch.bfloat16)
+    qr = as_tensor(q)
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        with pytest.raises(ValueError, match="cannot be captured into a graph"):
+            flash_attn_varlen_func(qr, qr, qr, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=60,
+                                   max_seqlen_k=60, stream=side.cuda_stream)
+        y = q * 2
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, q * 2)
+
+
 def test_output_allocated_when_not_given():
     from zyfa_runtime import flash_attn_func
     from zyfa_runtime.memory import host_dtype, to_device

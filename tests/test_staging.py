@@ -192,3 +192,15 @@ def test_device_arrays_of_the_fake_are_device_memory(gpu_like):
     a = DeviceArray(gpu_like, 0, (4,), "int32")
     assert a.ref.device == ("cuda", 0) and gpu_like.pointer_info(a.ptr) == ("cuda", 0)
     assert gpu_like.pointer_info(np.zeros(4).ctypes.data) == ("cpu", 0)
+
+
+def test_a_packed_call_on_a_stream_being_captured_is_refused_before_anything_is_queued(gpu_like):
+    """A graph would replay the copy from a slot that later calls rewrite (and device
+    cu_seqlens would be read back, which capture forbids): refused, nothing staged or launched."""
+    qkv, cu_q, cu_k = packed(gpu_like, [5, 65], [9, 61])
+    gpu_like.capturing.add(4)
+    with pytest.raises(ValueError, match="cannot be captured into a graph"):
+        call(qkv, cu_q, cu_k, stream=4)
+    assert gpu_like.htod_async == [] and gpu_like.launches == []
+    call(qkv, cu_q, cu_k, stream=5)                     # other streams are not affected
+    assert len(gpu_like.launches) == 1

@@ -405,10 +405,17 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     * given as device tensors, they are read back first: a small copy that synchronises.
 
     A call whose layout (shapes, strides, dtypes, devices, options, stream and max_seqlen) has
-    been validated before has only its cu_seqlens values and its addresses checked.
+    been validated before has only its cu_seqlens values and its addresses checked.  A packed
+    call cannot be captured into a graph (its cu_seqlens values are checked before launch): on a
+    stream being captured it raises ValueError and queues nothing.
     """
     driver = get_driver()
     s = stream_handle(stream)
+    if driver.stream_capturing(s):
+        raise ValueError("flash_attn_varlen_func cannot be captured into a graph: its cu_seqlens "
+                         "values are checked before launch (device ones are read back, which capture "
+                         "forbids; host ones would be replayed from page-locked memory that later calls "
+                         "rewrite); call it outside the capture")
     qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
     outr = _ref(driver, out, s)
     cq = _ref(driver, _int32_sequence(cu_seqlens_q), s)

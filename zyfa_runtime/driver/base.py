@@ -143,6 +143,10 @@ class Driver(abc.ABC):
     def host_free(self, ptr: int) -> None:
         raise ZyfaError(f"{self.name}: no page-locked host memory")
 
+    def stream_capturing(self, stream: int) -> bool:
+        """Whether ``stream`` is being captured into a graph (its work recorded, not run)."""
+        return False
+
     def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
         """Queue on ``stream`` a copy of ``nbytes`` from page-locked ``host_ptr`` to device
         address ``ptr``; the host memory must stay unchanged until the copy has run."""

@@ -75,6 +75,7 @@ CUresult cuEventSynchronize(CUevent hEvent);
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventDestroy_v2(CUevent hEvent);
+CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus);
 """
 
 SONAMES = ("libcuda.so.1", "libcuda.so")
@@ -325,6 +326,11 @@ class CudaDriver(Driver):
 
     def host_free(self, ptr: int) -> None:
         self._check("cuMemFreeHost", self.lib.cuMemFreeHost(ffi.cast("void *", ptr)))
+
+    def stream_capturing(self, stream: int) -> bool:
+        status = ffi.new("int *")
+        self._check("cuStreamIsCapturing", self.lib.cuStreamIsCapturing(ffi.cast("CUstream", stream), status))
+        return status[0] != 0      # CU_STREAM_CAPTURE_STATUS_ACTIVE or _INVALIDATED
 
     def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
         self.make_current(self._device_of(ptr))

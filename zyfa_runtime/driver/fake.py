@@ -112,6 +112,7 @@ class FakeDriver(Driver):
         self._buffers: dict[int, np.ndarray] = {}
         self._host_buffers: dict[int, np.ndarray] = {}
         self.htod_async: list[tuple[int, int, int, int]] = []   # (device ptr, host ptr, bytes, stream)
+        self.capturing: set[int] = set()     # streams a test declares captured into a graph
         self.dtoh = 0
         self._events: dict[int, float | None] = {}
         self._ids = itertools.count(1)
@@ -227,6 +228,9 @@ class FakeDriver(Driver):
         with self._lock:
             self.dtoh += 1
         ctypes.memmove(dst, ptr, n)
+
+    def stream_capturing(self, stream: int) -> bool:
+        return int(stream) in self.capturing
 
     def host_alloc(self, device: int, nbytes: int) -> int:
         if self.host_memory_is_device:

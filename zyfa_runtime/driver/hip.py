@@ -68,6 +68,7 @@ hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream);
 hipError_t hipEventSynchronize(hipEvent_t event);
 hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop);
 hipError_t hipEventDestroy(hipEvent_t event);
+hipError_t hipStreamIsCapturing(hipStream_t stream, int *pCaptureStatus);
 """
 
 SONAMES = ("libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so")
@@ -290,6 +291,12 @@ class HipDriver(Driver):
 
     def host_free(self, ptr: int) -> None:
         self._check("hipHostFree", self.lib.hipHostFree(ffi.cast("void *", ptr)))
+
+    def stream_capturing(self, stream: int) -> bool:
+        status = ffi.new("int *")
+        self._check("hipStreamIsCapturing",
+                    self.lib.hipStreamIsCapturing(ffi.cast("hipStream_t", stream), status))
+        return status[0] != 0      # hipStreamCaptureStatusActive or _Invalidated
 
     def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
         self.make_current(self._device_of(ptr))
