@@ -397,6 +397,42 @@ def test_host_cu_seqlens_are_staged_and_give_the_bits_of_device_ones(dtype, d, c
     assert np.array_equal(listed.numpy().view(np.uint16), outs[2].numpy().view(np.uint16))
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+def test_a_dense_call_captured_into_a_graph_replays_on_new_values(dtype):
+    """Warmed up, then captured on a side stream: each replay reads the inputs' current values
+    (the same addresses), bit for bit the output of a direct call on them."""
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import as_tensor, flash_attn_func
+    shape = (2, 300, 4, 128)
+    def fill(x):
+        y = torch.randn(shape, device="cuda")
+        x.copy_(y.to(torch.float8_e4m3fn).view(torch.uint8) if dtype == "fp8_e4m3" else y.to(torch.bfloat16))
+    store = torch.uint8 if dtype == "fp8_e4m3" else torch.bfloat16
+    q, k, v = (torch.empty(shape, device="cuda", dtype=store) for _ in range(3))
+    refs = [as_tensor(x, dtype=dtype) if dtype == "fp8_e4m3" else as_tensor(x) for x in (q, k, v)]
+    out, direct = (torch.empty(shape, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    o, d = as_tensor(out), as_tensor(direct)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    for x in (q, k, v):
+        fill(x)
+    torch.cuda.synchronize()
+    flash_attn_func(*refs, causal=True, out=o, stream=side.cuda_stream)    # warm-up: modules, workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        flash_attn_func(*refs, causal=True, out=o, stream=side.cuda_stream)
+    for _ in range(3):
+        for x in (q, k, v):
+            fill(x)
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.replay()
+        flash_attn_func(*refs, causal=True, out=d)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any() and torch.equal(out.view(torch.int16), direct.view(torch.int16))
+
+
 def test_a_packed_call_inside_a_graph_capture_is_refused_and_the_capture_survives():
     torch = pytest.importorskip("torch")
     from zyfa_runtime import as_tensor, flash_attn_varlen_func
