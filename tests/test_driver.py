@@ -142,6 +142,44 @@ def test_launch_passes_packed_buffer(monkeypatch, module, cls, fn, markers):
                     "extra": (markers, args)}
 
 
+@pytest.mark.parametrize("module, cls, names", [
+    (cuda, "CudaDriver", ("cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyHtoDAsync_v2", "cuStreamIsCapturing")),
+    (hip, "HipDriver", ("hipHostMalloc", "hipHostFree", "hipMemcpyHtoDAsync", "hipStreamIsCapturing")),
+])
+def test_page_locked_memory_queued_copies_and_capture_status(monkeypatch, module, cls, names):
+    """What staging.py asks of a GPU driver: portable page-locked memory, a copy queued on the
+    given stream, and whether a stream is being captured."""
+    ffi = module.ffi
+    as_int = lambda x: x if isinstance(x, int) else int(ffi.cast("uintptr_t", x))  # noqa: E731
+    buf, seen = ffi.new("char[64]"), {}
+
+    def alloc(out, size, flags):
+        seen["alloc"] = (size, flags)
+        out[0] = buf
+        return 0
+
+    def free(p):
+        seen["free"] = as_int(p)
+        return 0
+
+    def copy(dst, src, n, stream):
+        seen["copy"] = (as_int(dst), as_int(src), n, as_int(stream))
+        return 0
+
+    def capturing(stream, status):
+        status[0] = 1 if as_int(stream) == 7 else 0     # ACTIVE on stream 7, NONE elsewhere
+        return 0
+    use_stub(monkeypatch, module, StubLib(**dict(zip(names, (alloc, free, copy, capturing)))))
+    driver = getattr(module, cls)()
+    ptr = driver.host_alloc(0, 100)
+    assert ptr == as_int(buf) and seen["alloc"] == (100, 1)       # 1: portable to every context
+    driver.copy_htod_async(0x5000, ptr, 24, 0x77)
+    assert seen["copy"] == (0x5000, ptr, 24, 0x77)
+    driver.host_free(ptr)
+    assert seen["free"] == ptr
+    assert driver.stream_capturing(7) and not driver.stream_capturing(8)
+
+
 def test_cuda_param_info(monkeypatch):
     def info(f, i, off, size):
         if i >= 3:

@@ -23,7 +23,7 @@ import cffi
 
 from ..errors import ZyfaError
 from ..versions import rocm_release
-from .base import Driver, Function, LazyLibrary, Module, extra_array, handle_int
+from .base import Driver, Function, LazyLibrary, Module, extra_array, first_symbol, handle_int
 
 CDEF = """
 typedef int hipError_t;
@@ -59,7 +59,9 @@ hipError_t hipMemcpyHtoD(void *dst, const void *src, size_t sizeBytes);
 hipError_t hipMemcpyDtoH(void *dst, void *src, size_t sizeBytes);
 hipError_t hipMemset(void *dst, int value, size_t sizeBytes);
 hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags);
+hipError_t hipHostAlloc(void **ptr, size_t size, unsigned int flags);
 hipError_t hipHostFree(void *ptr);
+hipError_t hipFreeHost(void *ptr);
 hipError_t hipMemcpyHtoDAsync(void *dst, const void *src, size_t sizeBytes, hipStream_t stream);
 hipError_t hipPointerGetAttributes(void *attributes, const void *ptr);
 
@@ -285,12 +287,15 @@ class HipDriver(Driver):
     def host_alloc(self, device: int, nbytes: int) -> int:
         self.make_current(device)
         out = ffi.new("void **")
-        # hipHostMallocPortable: page-locked for every device's context
-        self._check("hipHostMalloc", self.lib.hipHostMalloc(out, max(int(nbytes), 1), 0x1))
+        # hipHostMallocPortable: page-locked for every device's context.  ROCm has moved between
+        # the two names (one deprecated in favour of the other and back): either will do.
+        fn = first_symbol(self.lib, "hipHostMalloc", "hipHostAlloc")
+        self._check("hipHostMalloc", fn(out, max(int(nbytes), 1), 0x1))
         return handle_int(ffi, out[0])
 
     def host_free(self, ptr: int) -> None:
-        self._check("hipHostFree", self.lib.hipHostFree(ffi.cast("void *", ptr)))
+        fn = first_symbol(self.lib, "hipHostFree", "hipFreeHost")
+        self._check("hipHostFree", fn(ffi.cast("void *", ptr)))
 
     def stream_capturing(self, stream: int) -> bool:
         status = ffi.new("int *")
