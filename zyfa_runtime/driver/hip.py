@@ -290,11 +290,15 @@ class HipDriver(Driver):
         # hipHostMallocPortable: page-locked for every device's context.  ROCm has moved between
         # the two names (one deprecated in favour of the other and back): either will do.
         fn = first_symbol(self.lib, "hipHostMalloc", "hipHostAlloc")
+        if fn is None:
+            raise ZyfaError("the HIP runtime exports neither hipHostMalloc nor hipHostAlloc")
         self._check("hipHostMalloc", fn(out, max(int(nbytes), 1), 0x1))
         return handle_int(ffi, out[0])
 
     def host_free(self, ptr: int) -> None:
         fn = first_symbol(self.lib, "hipHostFree", "hipFreeHost")
+        if fn is None:
+            raise ZyfaError("the HIP runtime exports neither hipHostFree nor hipFreeHost")
         self._check("hipHostFree", fn(ffi.cast("void *", ptr)))
 
     def stream_capturing(self, stream: int) -> bool:
