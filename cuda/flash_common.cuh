@@ -70,6 +70,15 @@ struct CtaWork {
   int b, h, h_kv, row0, diag, n_blocks;   // h_kv: the key/value head of query head h
 };
 
+// 2^x, one MUFU.EX2: results below 2^-126 flush to 0 (exp2f adds three instructions per
+// element to keep them: BF16's P that small beside the row's 1, FP8's state rescaled that far
+// beside the new block's sum of at least 256, change nothing).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // x, as the compiler cannot know it: what is computed from the result stays after this point.
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("" : "+r"(x));

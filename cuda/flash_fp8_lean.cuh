@@ -172,7 +172,7 @@ __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float
     const bool none = mx[hr] == -INFINITY;                    // no key of this block: P = 0
     const bool live = !none && !(t < m_run[hr] - kSkip);      // else negligible: P = 0
     bias[hr] = live ? __fsub_rn(kTwo ? kFold0 : kWBias, t) : (none ? 0.f : -INFINITY);   // fp32(K - T)
-    factor[hr] = live ? exp2f(frame[hr] - t) : 1.f;           // 0 for the first: F = -inf
+    factor[hr] = live ? exp2_ftz(frame[hr] - t) : 1.f;        // 0 for the first: F = -inf
     big |= live && fabsf(t) >= kBigT;
     frame[hr] = live ? t : frame[hr];
     m_run[hr] = live ? fmaxf(m_run[hr], t) : m_run[hr];

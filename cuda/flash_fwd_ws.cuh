@@ -89,14 +89,6 @@ struct Smem {
   __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 16; }   //   V's and Q's copies
 };
 
-// 2^x, one MUFU.EX2: results below 2^-126 flush to 0 (exp2f adds three instructions per
-// element to keep them; a P that small beside the row's 1 changes nothing).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // K-major operand descriptor: 1024 bytes between 8-row groups, 128B swizzle (the leading byte
 // offset is unused for swizzled K-major tiles).
 __device__ __forceinline__ uint64_t desc_kmajor(uint32_t smem_addr) { return gmma_desc(smem_addr, 16, 1024, 1); }
