@@ -264,6 +264,39 @@ __device__ __forceinline__ void lean_p(uint32_t (&pa)[kBlockN / 8], const float 
   }
 }
 
+// The same bytes with the clamp decided after the pairs are made (the recipe's lean_h2 form): W of
+// every pair first (FFMA, F2FP), then, where some row of the warp has |T| >= kBigT
+// (`clamp`, warp-uniform), W held to the code 120, then the codes and their packing.  The FFMAs
+// and F2FPs need not wait for the warp's vote on `clamp`.
+__device__ __forceinline__ void lean_p_late_clamp(uint32_t (&pa)[kBlockN / 8], const float (&s)[kBlockN / 2],
+                                                  float c, const float (&bias)[2], bool clamp) {
+  static_assert(kByteH2 && !kByteQuad, "the plain Lean byte in half precision");
+  uint32_t w[kBlockN / 4];                   // pair 2 (4k + r) + h: keys j, j + 1 (h = 0) or j + 4, j + 5
+#pragma unroll
+  for (int k = 0; k < kBlockN / 32; ++k) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
+      const float b = bias[r & 1];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(w[2 * (4 * k + r) + h])
+            : "f"(__fmaf_rn(s[j + 4 * h + 1], c, b)), "f"(__fmaf_rn(s[j + 4 * h], c, b)));
+    }
+  }
+  if (__any_sync(0xffffffffu, clamp)) {
+#pragma unroll
+    for (int i = 0; i < kBlockN / 4; ++i) asm("min.f16x2 %0, %1, %2;\n" : "=r"(w[i]) : "r"(w[i]), "r"(kH2ZMax));
+  }
+#pragma unroll
+  for (int i = 0; i < kBlockN / 8; ++i) {
+    uint32_t lo, hi;
+    asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(lo) : "r"(w[2 * i]), "r"(0x00080008u), "r"(0x80808080u));
+    asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(hi) : "r"(w[2 * i + 1]), "r"(0x00080008u), "r"(0x80808080u));
+    pa[i] = __byte_perm(lo, hi, 0x6420);
+  }
+}
+
 // ---- the diagonal blocks: P in two terms -------------------------------------------------
 //
 // Where the causal diagonal of the warpgroup's 64 rows cuts a block (the recipe's "hi_lo"

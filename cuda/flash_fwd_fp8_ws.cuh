@@ -113,6 +113,11 @@ constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
 // -3.7-5.1 %, the three consumers at d_v = 128 (a register more spilled there) -0.4-2.7 %, d64
 // causal -0.5 / -2.0 % (bench/results/2026-12-01_h200_early_tests_a338baa).
 constexpr bool kTestEarly = kPasses > 1 || (kConsumers > 2 && !kSerialS && !kCausal);
+// Where the bytes' clamp is decided after the pairs are made (lean_p_late_clamp), rather than
+// before them in two copies of the bytes: causal at d_v <= 128 +2.3-2.7 % (d192/128 -0.2 %);
+// non-causal d64 and d128 lost 2.6-3.3 %, d256 +0.9 / -0.8 %
+// (bench/results/2026-12-02_h200_late_clamp).
+constexpr bool kLateClamp = kCausal && kDv <= 128;
 static_assert(kPasses <= 2, "d_v = 256: two passes of 128 columns");
 static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two consumers, which take all of the CTA's blocks");
 
@@ -218,8 +223,12 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&
     if (__any_sync(0xffffffffu, big)) hi_lo_p<true>(pa, pl, acc_s, c, bias, seen);
     else hi_lo_p<false>(pa, pl, acc_s, c, bias, seen);
   } else {
-    if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c, bias);
-    else lean_p<false>(pa, acc_s, c, bias);
+    if constexpr (kLateClamp) {
+      lean_p_late_clamp(pa, acc_s, c, bias, big);
+    } else {
+      if (__any_sync(0xffffffffu, big)) lean_p<true>(pa, acc_s, c, bias);
+      else lean_p<false>(pa, acc_s, c, bias);
+    }
   }
 }
 
