@@ -42,6 +42,20 @@ def tensors(B, S, H, D, causal, fp8=True):
     return q, out, qr, zr.as_tensor(out)
 
 
+def timed(call, n: int, warmup: int = 20) -> tuple[float, float]:
+    """(host, wall) seconds a call of ``n`` queued back to back after ``warmup`` calls: the time
+    to queue them, and the time until the GPU has run them too."""
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        call()
+    host = (time.perf_counter() - t) / n
+    torch.cuda.synchronize()
+    return host, (time.perf_counter() - t) / n
+
+
 def main() -> None:
     for shape in ((16, 1024, 16, 128, True), (16, 1024, 16, 128, False), (16, 1024, 8, 256, True),
                   (1, 128, 1, 128, False), (1, 128, 1, 128, False, False)):
@@ -55,16 +69,7 @@ def main() -> None:
                 def call():
                     prep()
                     zr.flash_attn_func(qa, qa, qa, causal=causal, out=oa, stream=st)
-                for _ in range(20):
-                    call()
-                torch.cuda.synchronize()
-                n = 300
-                t = time.perf_counter()
-                for _ in range(n):
-                    call()
-                host = (time.perf_counter() - t) / n
-                torch.cuda.synchronize()
-                wall = (time.perf_counter() - t) / n
+                host, wall = timed(call, 300)
                 print(f"{shape} {'torch out' if torch_args else 'refs'} {path}: host {host * 1e6:.0f} us/call, "
                       f"wall {wall * 1e6:.0f} us/call", flush=True)
 
@@ -81,18 +86,9 @@ def varlen(seqs=(4096, 1000, 3000, 8192, 2000, 6000, 300, 8000), H=32, D=128, ca
         def call():
             zr.flash_attn_varlen_func(qr, qr, qr, cu_seqlens_q=c, cu_seqlens_k=c, max_seqlen_q=max(seqs),
                                       max_seqlen_k=max(seqs), causal=causal, out=o, stream=st)
-        for _ in range(20):
-            call()
-        torch.cuda.synchronize()
         # fewer calls than staging.SLOTS: past them the host waits for the slot it comes back
         # to, and so runs at the GPU's pace
-        n = 48
-        t = time.perf_counter()
-        for _ in range(n):
-            call()
-        host = (time.perf_counter() - t) / n
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t) / n
+        host, wall = timed(call, 48)
         print(f"varlen {len(seqs)} seqs {int(cu[-1])} tokens H{H} d{D} {'causal' if causal else 'full'} fp8, "
               f"{where}: host {host * 1e6:.0f} us/call, wall {wall * 1e6:.0f} us/call", flush=True)
 
