@@ -91,6 +91,12 @@ def _cu_values(driver, ref: TensorRef | None) -> np.ndarray | None:
     return host
 
 
+def _staged(driver, ref: TensorRef | None) -> bool:
+    """Whether ``ref`` is host memory that this backend's kernels cannot read: a packed call's
+    cu_seqlens then reach them by staging.py's copy."""
+    return ref is not None and ref.device[0] == "cpu" and not driver.host_memory_is_device
+
+
 def _int32_sequence(x):
     """A list or tuple of ints as an int32 array (cu_seqlens given as Python values)."""
     if not isinstance(x, (list, tuple)):
@@ -435,7 +441,7 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
         validate.check_cu_values(layout.problem, values_q, values_k)
         scalars = [(n, r) for n, r in (("cu_seqlens_q", cq), ("cu_seqlens_k", ck), ("descale_q", dq),
                                        ("descale_k", dk), ("descale_v", dv))
-                   if r is not None and not (r.device[0] == "cpu" and not driver.host_memory_is_device)]
+                   if r is not None and not _staged(driver, r)]
         validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr, tuple(scalars))
         problem = layout.problem
     else:
@@ -450,8 +456,7 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
         if lkey is not None:
             _keep(_layouts, lkey, layout, LAYOUT_CACHE_SIZE)
     # No plan is kept: the cu_seqlens values may change where nothing else does.
-    host = [(i, values) for i, (ref, values) in enumerate(((cq, values_q), (ck, values_k)))
-            if ref.device[0] == "cpu" and not driver.host_memory_is_device]
+    host = [(i, values) for i, (ref, values) in enumerate(((cq, values_q), (ck, values_k))) if _staged(driver, ref)]
     stage = (staging.stage(driver, problem.device[1], s, [values for _, values in host]) if host
              else contextlib.nullcontext([]))
     with stage as ptrs:
