@@ -215,10 +215,26 @@ __device__ __forceinline__ int lean_quad_bits(float s, float c, float bias) {
 //   code = sat(z 2^-21 - 2^-17)  1/2 HFMA2 rint(8z - 128) as the bits of an f16 subnormal, the
 //                                          negative codes (and -inf, NaN) saturated to 0
 // Returns the two codes in the low bytes of the two halves (bits above them zero).
+// Its steps: W of a pair (F2FP), W held to the code 120 (HMNMX2), the codes (HFMA2.SAT).
+__device__ __forceinline__ uint32_t lean_w2(float w_lo, float w_hi) {
+  uint32_t big_w;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(big_w) : "f"(w_hi), "f"(w_lo));
+  return big_w;
+}
+__device__ __forceinline__ uint32_t lean_clamp2(uint32_t z) {
+  asm("min.f16x2 %0, %1, %2;\n" : "=r"(z) : "r"(z), "r"(kH2ZMax));
+  return z;
+}
+__device__ __forceinline__ uint32_t lean_code2(uint32_t z) {
+  uint32_t code;
+  asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(code) : "r"(z), "r"(0x00080008u), "r"(0x80808080u));  // 2^-21, -2^-17
+  return code;
+}
+
 template <bool kClamp>
 __device__ __forceinline__ uint32_t lean_h2(float w_lo, float w_hi) {
-  uint32_t big_w, z, code;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(big_w) : "f"(w_hi), "f"(w_lo));
+  const uint32_t big_w = lean_w2(w_lo, w_hi);
+  uint32_t z;
   if constexpr (kByteQuad) {
     uint32_t f, t1, t2;
     asm("lop3.b32 %0, %1, 0x003F003F, %2, 0xEA;\n" : "=r"(f) : "r"(big_w), "r"(0x3C003C00u));
@@ -228,9 +244,8 @@ __device__ __forceinline__ uint32_t lean_h2(float w_lo, float w_hi) {
   } else {
     z = big_w;
   }
-  if constexpr (kClamp) asm("min.f16x2 %0, %1, %2;\n" : "=r"(z) : "r"(z), "r"(kH2ZMax));
-  asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(code) : "r"(z), "r"(0x00080008u), "r"(0x80808080u));  // 2^-21, -2^-17
-  return code;
+  if constexpr (kClamp) z = lean_clamp2(z);
+  return lean_code2(z);
 }
 
 // Four codes -> one b32 of bytes [q0, q1, q2, q3] (q0 lowest), each saturated to [0, 255].
@@ -279,22 +294,18 @@ __device__ __forceinline__ void lean_p_late_clamp(uint32_t (&pa)[kBlockN / 8], c
       const int j = 16 * k + 8 * (r >> 1) + 2 * (r & 1);
       const float b = bias[r & 1];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(w[2 * (4 * k + r) + h])
-            : "f"(__fmaf_rn(s[j + 4 * h + 1], c, b)), "f"(__fmaf_rn(s[j + 4 * h], c, b)));
+      for (int h = 0; h < 2; ++h) {
+        const float w_hi = __fmaf_rn(s[j + 4 * h + 1], c, b), w_lo = __fmaf_rn(s[j + 4 * h], c, b);
+        w[2 * (4 * k + r) + h] = lean_w2(w_lo, w_hi);
+      }
     }
   }
   if (__any_sync(0xffffffffu, clamp)) {
 #pragma unroll
-    for (int i = 0; i < kBlockN / 4; ++i) asm("min.f16x2 %0, %1, %2;\n" : "=r"(w[i]) : "r"(w[i]), "r"(kH2ZMax));
+    for (int i = 0; i < kBlockN / 4; ++i) w[i] = lean_clamp2(w[i]);
   }
 #pragma unroll
-  for (int i = 0; i < kBlockN / 8; ++i) {
-    uint32_t lo, hi;
-    asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(lo) : "r"(w[2 * i]), "r"(0x00080008u), "r"(0x80808080u));
-    asm("fma.rn.sat.f16x2 %0, %1, %2, %3;\n" : "=r"(hi) : "r"(w[2 * i + 1]), "r"(0x00080008u), "r"(0x80808080u));
-    pa[i] = __byte_perm(lo, hi, 0x6420);
-  }
+  for (int i = 0; i < kBlockN / 8; ++i) pa[i] = __byte_perm(lean_code2(w[2 * i]), lean_code2(w[2 * i + 1]), 0x6420);
 }
 
 // ---- the diagonal blocks: P in two terms -------------------------------------------------
