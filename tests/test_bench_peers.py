@@ -189,3 +189,35 @@ def test_seqlen_series_are_per_variant_and_ordered(peers):
     got = peers.seqlen_series({"points": pts})
     assert set(got) == {(128, 128, False), (128, 128, True)}
     assert got[(128, 128, True)] == {"zyfa_fp8": [(1024, 1024.0), (2048, 2048.0), (4096, 4096.0)]}
+
+
+@pytest.fixture(scope="module")
+def bar_runs():
+    spec = importlib.util.spec_from_file_location("bar_runs", ROOT / "bench" / "bar_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_runs_are_each_judged_against_their_own_bar(peers, bar_runs):
+    """Over several runs each ratio is zyfa over the bar of its own run (a run whose bridge reads
+    the cuDNN graph 10 % faster raises FA3's bar by 10 % there), and the minimum shows the run
+    that fell short."""
+    there = dict((i, t) for a in peers.ANCHORS[D256][True] if a.peer == "FA3 FP8" for i, t in a.bridges)
+    runs = [{"points": [_point(D256, True, cudnn_fe_fp8=there["cudnn_fe_fp8"] * k, zyfa_fp8=1063.0 * z)]}
+            for k, z in ((1.0, 1.05), (1.1, 1.05), (0.9, 0.95))]
+    got = bar_runs.ratios(runs, peers)[("x", True, "fp8")]
+    assert got == pytest.approx([1.05, 1.05 / 1.1, 0.95 / 0.9])
+    rows = bar_runs.table(runs, ["a", "b", "c"], peers).splitlines()
+    fp8 = next(r for r in rows if "| fp8 |" in r)
+    assert fp8.endswith(f"| {1.05 / 1.1:.3f} | {1.05:.3f} |")
+    bf16 = next(r for r in rows if "| bf16 |" in r)   # no zyfa_bf16 in any run: no ratios, no minimum
+    assert bf16.endswith("| - | - | - | - | - |")
+
+
+def test_a_run_missing_zyfa_does_not_count(peers, bar_runs):
+    runs = [{"points": [_point(D128, False, cudnn_fe_fp8=900.0, zyfa_fp8=990.0)]},
+            {"points": [_point(D128, False, cudnn_fe_fp8=900.0, zyfa_fp8=MISSING)]}]
+    assert bar_runs.ratios(runs, peers)[("x", False, "fp8")] == [pytest.approx(1.1), None]
+    row = next(r for r in bar_runs.table(runs, ["a", "b"], peers).splitlines() if "| fp8 |" in r)
+    assert row.endswith("| 1.100 | - | 1.100 | 1.100 |")
