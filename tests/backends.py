@@ -1,5 +1,6 @@
 """Switch the runtime to another backend for a test: set its environment, forget every
-cached driver, kernel table and constant buffer, and restore all of it afterwards."""
+cached driver, kernel table and constant buffer, and restore all of it afterwards; and the
+sm_90a code objects a module's tests load through the fake backend."""
 
 import contextlib
 import os
@@ -34,3 +35,12 @@ def using_backend(name: str, **env: str):
             else:
                 os.environ[k] = v
         forget_runtime_state()
+
+
+def build_sm90a(tmp_path_factory, only: str):
+    """A prebuilt directory of the sm_90a variants ``only`` names (build.py --only), built
+    once for a test module."""
+    import build
+    out = tmp_path_factory.mktemp("prebuilt")
+    assert build.main(["--arch", "sm_90a", "--only", only, "--out", str(out), "--jobs", "2"]) == 0
+    return out

@@ -8,9 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
+from tests.backends import build_sm90a, using_backend
 
-import build
 from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, validate, workspace
 from zyfa_runtime import driver as drivers
 from zyfa_runtime.catalogue import Variant, vt_columns, vt_prepass_symbol
@@ -23,10 +22,8 @@ from zyfa_runtime.memory import host_dtype
 
 @pytest.fixture(scope="module")
 def prebuilt(tmp_path_factory):
-    out = tmp_path_factory.mktemp("prebuilt")
-    assert build.main(["--arch", "sm_90a", "--only", "bf16_d128x128,bf16_d192x128_full,bf16_d256x256_causal,fp8_e4m3_d64x64_full",
-                       "--out", str(out), "--jobs", "2"]) == 0
-    return out
+    return build_sm90a(tmp_path_factory,
+                       "bf16_d128x128,bf16_d192x128_full,bf16_d256x256_causal,fp8_e4m3_d64x64_full")
 
 
 @pytest.fixture

@@ -6,9 +6,8 @@ device memory, as on a GPU), which records the queued copies and counts the read
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
+from tests.backends import build_sm90a, using_backend
 
-import build
 from zyfa_runtime import api, flash_attn_varlen_func, staging, validate
 from zyfa_runtime import driver as drivers
 from zyfa_runtime.catalogue import Variant, vt_prepass_symbol
@@ -22,10 +21,7 @@ FP8 = Variant("sm_90a", "fp8_e4m3", 64, 64, False)
 
 @pytest.fixture(scope="module")
 def prebuilt(tmp_path_factory):
-    out = tmp_path_factory.mktemp("prebuilt")
-    assert build.main(["--arch", "sm_90a", "--only", "bf16_d128x128_full,fp8_e4m3_d64x64_full",
-                       "--out", str(out), "--jobs", "2"]) == 0
-    return out
+    return build_sm90a(tmp_path_factory, "bf16_d128x128_full,fp8_e4m3_d64x64_full")
 
 
 @pytest.fixture
