@@ -9,19 +9,10 @@ from one.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
 from pathlib import Path
-
-
-def _peers():
-    spec = importlib.util.spec_from_file_location("peers", Path(__file__).resolve().parent / "peers.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod      # dataclasses resolve the module's annotations through it
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def ratios(runs: list[dict], peers) -> dict:
@@ -58,7 +49,10 @@ def main(argv=None) -> int:
     names = [f"run {i + 1}" for i in range(len(runs))]
     text = "".join(f"- run {i + 1}: {f} (commit {d.get('commit', '?')}, {d.get('date', '?')})\n"
                    for i, (f, d) in enumerate(zip(args.results, runs)))
-    text += "\n" + table(runs, names, _peers())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))   # as bench/peers_plot.py does
+    import peers  # noqa: E402
+
+    text += "\n" + table(runs, names, peers)
     print(text, end="")
     if args.out:
         args.out.write_text(text)
