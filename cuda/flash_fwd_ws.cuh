@@ -64,13 +64,21 @@ static_assert(kThreads == 128 * (1 + kConsumers) && kBlockM == kConsumerRows * k
 constexpr int kTileQ = kBlockM * 2 * kDqk;     // bytes
 constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
+// kOnesSum (catalogue: Tile.pv_row_sums, d128): each V stage is followed by a 64-column block of
+// ones (bf16 1.0, MN-major as V: kBlockN keys x 128 bytes), so that PV, N = kDv + 8, gives the
+// row sums of the rounded P it multiplies in its last 8 columns (as FP8's V^T does): the
+// softmax adds none (70 FADDs a warp and block fewer), O and l are rescaled together, and O and
+// LSE are normalised by the sum of what was multiplied.
+static_assert(!kOnesSum || kDv + 8 <= 256, "PV's N");
+constexpr int kTileOnes = kOnesSum ? kBlockN * 128 : 0;
+constexpr int kAccO = kDv / 2 + (kOnesSum ? 4 : 0);   // O's accumulators (+ l's, in kDv / 2 .. + 3)
 constexpr int kBarBytes = 128;
 constexpr bool kOverlap = kDv <= 128 && kConsumers == 2;   // the softmax overlaps the warpgroup's own PV
 constexpr bool kKWithV = kConsumers > 2;   // three consumers wait for K(n + 1) with V(n) (one_tile)
 using Bars = KvBarriers<kStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(Bars::kBytes + 24 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded, qlanded)");
 constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's Q copied during this one
-static_assert(kQBuffers * kTileQ + kStages * (kTileK + kTileV) + kBarBytes + 1024 == kDynamicSmem,
+static_assert(kQBuffers * kTileQ + kStages * (kTileK + kTileV + kTileOnes) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 static_assert(!kPersistent || kOverlap, "persistent CTAs: the schedule of d_v <= 128 with two consumers");
 constexpr float kLog2e = 1.4426950408889634f;
@@ -78,11 +86,12 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
-  static constexpr uint32_t kK = kQBuffers * kTileQ, kV = kK + kStages * kTileK, kBars = kV + kStages * kTileV;
+  static constexpr uint32_t kK = kQBuffers * kTileQ, kV = kK + kStages * kTileK,
+                            kBars = kV + kStages * (kTileV + kTileOnes);
   uint32_t q;
   __device__ uint32_t q_at(int b) const { return q + b * kTileQ; }
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
-  __device__ uint32_t v_at(int s) const { return q + kV + s * kTileV; }
+  __device__ uint32_t v_at(int s) const { return q + kV + s * (kTileV + kTileOnes); }   // (kOnesSum: ones after)
   __device__ Bars bars() const { return {q + kBars}; }
   __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }          // Q landed (and its tail zeroed)
   __device__ uint32_t vlanded() const { return q + kBars + Bars::kBytes + 8; }    // packed tails (zero_tail_rows):
@@ -99,6 +108,20 @@ __device__ __forceinline__ uint64_t desc_mnmajor(uint32_t smem_addr, uint32_t mn
 }
 
 ZYFA_WGMMA_WRAPPERS
+
+// kOnesSum: the blocks of ones after each V stage, written once by every thread of the CTA
+// before its first barrier (bf16 1.0 in every column; PV reads the first 8), and fenced for the
+// WGMMAs (the async proxy).
+__device__ __forceinline__ void write_ones(const Smem& sm) {
+  if constexpr (kOnesSum) {
+    constexpr int kChunks = kTileOnes / 16;
+    for (int i = threadIdx.x; i < kStages * kChunks; i += kThreads) {
+      const uint32_t at = sm.v_at(i / kChunks) + kTileV + 16 * (i % kChunks);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0x3f803f80u) : "memory");
+    }
+    fence_async_smem();
+  }
+}
 
 // ---- the producer --------------------------------------------------------------------------
 
@@ -194,7 +217,7 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t s
 // O += P V(stage), P from registers, issued and committed; O = P V where not `accumulate`
 // (a persistent CTA's first block of a tile: O zeroed in registers, the compiler moved the
 // zeros next to the WGMMA and ptxas serialised the products).
-__device__ __forceinline__ void issue_pv(float (&acc_o)[kDv / 2], const uint32_t (&pa)[kBlockN / 4], uint32_t sV,
+__device__ __forceinline__ void issue_pv(float (&acc_o)[kAccO], const uint32_t (&pa)[kBlockN / 4], uint32_t sV,
                                          bool accumulate = true) {
   const uint64_t dv = desc_mnmajor(sV, kBlockN * 128);
 #pragma unroll
@@ -231,7 +254,7 @@ __device__ __forceinline__ bool softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
       const float m_new = fmaxf(m_run[hr], mx[hr]);
       alpha[hr] = exp2_ftz(m_run[hr] - (m_new == -INFINITY ? 0.f : m_new));   // 0 from -inf
       m_run[hr] = m_new;
-      l_run[hr] *= alpha[hr];
+      if constexpr (!kOnesSum) l_run[hr] *= alpha[hr];
     }
   }
   const float m_use[2] = {m_run[0] == -INFINITY ? 0.f : m_run[0], m_run[1] == -INFINITY ? 0.f : m_run[1]};
@@ -244,20 +267,21 @@ __device__ __forceinline__ bool softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
     for (int e = 0; e < 4; ++e) {
       float& x = acc_s[4 * j + e];
       x = exp2_ftz(__fmaf_rn(x, scale_log2, -m_use[e >> 1]));
-      sum[e >> 1][(j & 1) * 2 + (e & 1)] += x;
+      if constexpr (!kOnesSum) sum[e >> 1][(j & 1) * 2 + (e & 1)] += x;
     }
   }
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) l_run[hr] += (sum[hr][0] + sum[hr][1]) + (sum[hr][2] + sum[hr][3]);
+  for (int hr = 0; hr < 2; ++hr)
+    if constexpr (!kOnesSum) l_run[hr] += (sum[hr][0] + sum[hr][1]) + (sum[hr][2] + sum[hr][3]);
 #pragma unroll
   for (int i = 0; i < kBlockN / 4; ++i) pa[i] = pack_bf16(acc_s[2 * i], acc_s[2 * i + 1]);
   return moved;
 }
 
 // O *= alpha, per row half.
-__device__ __forceinline__ void rescale_o(float (&acc_o)[kDv / 2], const float (&alpha)[2]) {
+__device__ __forceinline__ void rescale_o(float (&acc_o)[kAccO], const float (&alpha)[2]) {
 #pragma unroll
-  for (int i = 0; i < kDv / 8; ++i) {
+  for (int i = 0; i < kAccO / 4; ++i) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_o[4 * i + e] *= alpha[e >> 1];
   }
@@ -265,18 +289,24 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kDv / 2], const float (
 
 // Epilogue: O / l as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its
 // Q rows at sQg), and LSE = ln 2 (m + log2 l) for the two rows r_lo, r_lo + 8 a thread holds
-// (l: the quad's four partial sums).  w: the CTA's work as the kernel read it first (derived
+// (l: the quad's four partial sums, or with kOnesSum PV's column kDv + quad_col, every one of
+// the quad's the row's sum).  w: the CTA's work as the kernel read it first (derived
 // again here, as the FP8 body does, ptxas serialised the WGMMAs of d128 causal).
 template <class P>
-__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kDv / 2],
+__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kAccO],
                                            const float (&l_run)[2], const float (&m_run)[2], int r_lo, int wg_row0,
                                            int cw, uint32_t sQg) {
   float inv[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    float l = l_run[hr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    float l;
+    if constexpr (kOnesSum) {
+      l = acc_o[kDv / 2 + 2 * hr];
+    } else {
+      l = l_run[hr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+    }
     const int row = r_lo + hr * 8;
     inv[hr] = l > 0.f ? 1.f / l : 0.f;
     if (p.lse != nullptr && (threadIdx.x % 4) == 0 && row < w.seq.sq) {
@@ -284,7 +314,7 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
       glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
     }
   }
-  store_o_rows<128>(acc_o, inv, sQg,
+  store_o_rows<128>(reinterpret_cast<const float (&)[kDv / 2]>(acc_o), inv, sQg,
                     static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o +
                         static_cast<long long>(wg_row0) * p.o_stride_s,
                     p.o_stride_s, w.seq.sq - wg_row0, cw);
@@ -313,6 +343,7 @@ __device__ void one_tile(const P& p) {
       start_copies(p, sm, kv, w.h, packed_q ? static_cast<int>(w.seq.q_start) + row0 : row0, packed_q ? 0 : w.b,
                    rows_q < kBlockM);
   }
+  write_ones(sm);
   __syncthreads();
 
   if (wg == 0) {
@@ -330,9 +361,9 @@ __device__ void one_tile(const P& p) {
   const float scale_log2 = p.softmax_scale * kLog2e;
   const Turns turns{cw};
 
-  float acc_o[kDv / 2];
+  float acc_o[kAccO];
 #pragma unroll
-  for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
+  for (int i = 0; i < kAccO; ++i) acc_o[i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.f, 0.f};
 
@@ -624,7 +655,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   const Turns turns{cw};
   const Bars bars = sm.bars();
 
-  float acc_o[kDv / 2], acc_s[kBlockN / 2], m_run[2], l_run[2];
+  float acc_o[kAccO], acc_s[kBlockN / 2], m_run[2], l_run[2];
   uint32_t pa_a[kBlockN / 4], pa_b[kBlockN / 4];
 #pragma unroll
   for (int i = 0; i < kBlockN / 4; ++i) pa_b[i] = 0u;
@@ -659,9 +690,9 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     const CtaWork w = sh.work[b];
     const int r_lo = w.row0 + r_off, wg_row0 = w.row0 + cw * kConsumerRows;
     if (no_keys) {
-      float zeros[kDv / 2];
+      float zeros[kAccO];
 #pragma unroll
-      for (int i = 0; i < kDv / 2; ++i) zeros[i] = 0.f;
+      for (int i = 0; i < kAccO; ++i) zeros[i] = 0.f;
       write_rows(p, w, zeros, l_run, m_run, r_lo, wg_row0, cw, q_rows(b));
     } else {
       write_rows(p, w, acc_o, l_run, m_run, r_lo, wg_row0, cw, q_rows(b));
@@ -771,6 +802,7 @@ __device__ void persistent(const P& p) {
       k0 = true;
     }
   }
+  write_ones(sm);
   __syncthreads();
 
   if (threadIdx.x / 128 == 0) {

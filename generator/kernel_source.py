@@ -68,9 +68,10 @@ def _wgmma_wrappers(v: Variant) -> str:
     ``wgmma_pv_bare`` (N = 128)."""
     n = v.tile.block_n
     if v.dtype == "bf16":
+        pv_n = v.d_v + (8 if v.tile.pv_row_sums else 0)   # l from a block of ones (kOnesSum)
         return "\n".join([
             _wgmma("wgmma_qk", f"m64n{n}k16", "bf16.bf16", n // 2, False, "1, 1, 0, 0"),
-            _wgmma("wgmma_pv", f"m64n{v.d_v}k16", "bf16.bf16", v.d_v // 2, True, "1, 1, 1")])
+            _wgmma("wgmma_pv", f"m64n{pv_n}k16", "bf16.bf16", pv_n // 2, True, "1, 1, 1")])
     pv_n = min(v.d_v, 128)     # one PV pass: kPvN in the body
     ones = 8                   # the rows of ones after each V^T stage: l in the last pass itself
     return "\n".join([
@@ -167,7 +168,9 @@ def config(v: Variant) -> str:
         lines += [f"constexpr int kConsumerRows = {CONSUMER_ROWS};",
                   f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg",
                   f"constexpr bool kPersistent = {'true' if t.persistent else 'false'};"
-                  "   // one CTA an SM, taking tiles from a counter"]
+                  "   // one CTA an SM, taking tiles from a counter",
+                  f"constexpr bool kOnesSum = {'true' if t.pv_row_sums else 'false'};"
+                  "   // BF16: the row sums of the rounded P by PV, over a block of ones"]
     if catalogue.has_vt_prepass(v):
         lines.append(f"constexpr int kVtBlock = {catalogue.VT_BLOCK}, kVtThreads = {catalogue.VT_THREADS};"
                      "   // the V^T pre-pass: keys and threads of a CTA")

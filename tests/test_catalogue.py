@@ -144,7 +144,8 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
     if v.tile.persistent:
         for tiles, sms in ((5, 132), (132, 132), (4096, 132), (4096, 78)):
             assert eval_grid(grid_rule(v), {"tile_count": tiles, "sm_count": sms}) == (min(tiles, sms), 1, 1)
-        smem = 2 * v.tile.block_m * 2 * v.d_qk + 2 * v.tile.block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
+        ones = 2 * v.tile.block_n * 128 if v.tile.pv_row_sums else 0   # a block of ones after each V stage
+        smem = 2 * v.tile.block_m * 2 * v.d_qk + 2 * v.tile.block_n * 2 * (v.d_qk + v.d_v) + ones + 128 + 1024
         assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
 
 
@@ -194,3 +195,18 @@ def test_selection_by_arch_and_substring():
     assert len(list(iter_select(vs, arch="sm_90a"))) == 16
     sel = list(iter_select(vs, only="d64x64_causal,d256"))
     assert sel and all("d64x64_causal" in v.name or "d256" in v.name for v in sel)
+
+
+def test_lse_bound_follows_the_row_sums_the_kernel_normalises_by():
+    """Where l is the sum of the bf16-rounded P (from PV), the LSE is held to ln of a factor
+    1 +- 2^-9 of the exact sum, with margin; elsewhere to the fp32 sums' 1e-3.  O's bound is
+    the same for both (normalised by what it sums)."""
+    import math
+
+    from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND, ROUNDED_SUM_LSE_BOUND, bounds
+    assert -math.log(1 - 2.0 ** -9) < ROUNDED_SUM_LSE_BOUND < 2 * -math.log(1 - 2.0 ** -9)
+    for v in all_variants():
+        if v.dtype != "bf16":
+            continue
+        assert bounds(v) == (O_BOUND, ROUNDED_SUM_LSE_BOUND if v.tile.pv_row_sums else LSE_BOUND)
+        assert v.tile.pv_row_sums == (v.arch == "sm_90a" and (v.d_qk, v.d_v) == (128, 128))

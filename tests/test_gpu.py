@@ -11,6 +11,7 @@ import pytest
 
 from zyfa_runtime import reference
 from zyfa_runtime.catalogue import Variant, all_variants, buildable
+from zyfa_runtime.selfcheck import bounds
 
 
 def _gpu():
@@ -188,7 +189,7 @@ def test_torch_tensors_via_dlpack_on_a_stream():
     ref_o, ref_lse = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=True,
                                          return_lse=True)
     assert reference.relative_error(out.double().cpu().numpy(), ref_o) < 8e-3
-    assert np.abs(lse.numpy() - ref_lse).max() < 1e-3
+    assert np.abs(lse.numpy() - ref_lse).max() < bounds(Variant(ARCH, "bf16", 128, 128, True))[1]
 
 
 @pytest.mark.parametrize("d,causal", [(64, True), (128, False), (256, True)])
@@ -212,7 +213,7 @@ def test_bf16_rows_whose_scores_are_all_negative(d, causal):
     neg = (np.arange(sq) // 32) % 2 == 0
     assert (qd[0, neg] <= 0).all() and (qd[0, ~neg] >= 0).all() and (kd >= 0).all()
     assert reference.relative_error(out.double().cpu().numpy(), ref_o) < 8e-3
-    assert np.abs(lse.numpy() - ref_lse).max() < 1e-3
+    assert np.abs(lse.numpy() - ref_lse).max() < bounds(Variant(ARCH, "bf16", d, d, causal))[1]
 
 
 def test_torch_fp8_as_uint8_with_descales():
@@ -477,7 +478,7 @@ def test_several_gpus_driven_from_one_process():
     import threading
 
     from zyfa_runtime.api import kernel_table
-    from zyfa_runtime.selfcheck import O_BOUND, LSE_BOUND, dense_case
+    from zyfa_runtime.selfcheck import O_BOUND, dense_case
     n = DRIVER.device_count()
     if n < 2:
         pytest.skip(f"needs two GPUs; this machine has {n}")
@@ -498,7 +499,7 @@ def test_several_gpus_driven_from_one_process():
         t.join()
     assert not failures, failures
     for dev in range(n):
-        assert all(o <= O_BOUND and lse <= LSE_BOUND for o, lse in results[dev]), (dev, results[dev])
+        assert all(o <= O_BOUND and lse <= bounds(v)[1] for o, lse in results[dev]), (dev, results[dev])
     loaded = {d for d, var in kernel_table(DRIVER)._loaded if var == v}
     assert loaded == set(range(n))
 
@@ -510,7 +511,8 @@ def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(causal):
     and even block counts, tails, sequences with no rows, and one with rows but no keys (O 0,
     LSE -inf).  O poisoned before each of three launches, two on one stream (its counter left
     zero by the first) and one on another; each equal, bit for bit, to the first, and every
-    sequence and head within the bf16 bound of the fp64 reference, the LSE within 1e-3."""
+    sequence and head within the bf16 bound of the fp64 reference, the LSE within the variant's
+    bound (its l the sum of the rounded P)."""
     torch = pytest.importorskip("torch")
     from zyfa_runtime import flash_attn_varlen_func
     from zyfa_runtime.api import kernel_table
@@ -551,7 +553,7 @@ def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(causal):
             err = reference.relative_error(o[a:b, h], ref[a:b, h]) if b > a else 0.0
             assert err < 8e-3, (i, h, err)
     live = np.isfinite(ref_lse)
-    assert np.abs(runs[0][1][live] - ref_lse[live]).max() < 1e-3
+    assert np.abs(runs[0][1][live] - ref_lse[live]).max() < bounds(v)[1]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])

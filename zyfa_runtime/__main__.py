@@ -77,7 +77,7 @@ def cmd_info(args) -> int:
 
 def cmd_check(args) -> int:
     from .api import kernel_table
-    from .selfcheck import LSE_BOUND, O_BOUND, RECIPE_FP64_BOUND, bounds, check_variant
+    from .selfcheck import LSE_BOUND, O_BOUND, RECIPE_FP64_BOUND, ROUNDED_SUM_LSE_BOUND, bounds, check_variant
     driver = _driver()
     dev = args.device
     table = kernel_table(driver)
@@ -88,7 +88,8 @@ def cmd_check(args) -> int:
         print(f"no kernels available for {arch}", file=sys.stderr)
         return 1
     print(f"zyfa {__version__} check on {driver.device_name(dev)} ({arch}), backend {driver.name}; "
-          f"bounds: O rel. error <= {O_BOUND:g}, LSE abs. error <= {LSE_BOUND:g} against fp64; "
+          f"bounds: O rel. error <= {O_BOUND:g}, LSE abs. error <= {LSE_BOUND:g} against fp64 "
+          f"({ROUNDED_SUM_LSE_BOUND:g} where l sums the rounded P); "
           f"recipe kernels (FP8 Lean P) against their model, and <= {RECIPE_FP64_BOUND:g} against fp64")
     print(f"{'variant':<40} {'case':<22} {'O rel err':>10} {'LSE err':>10}  result")
     failures = 0

@@ -129,6 +129,9 @@ class Tile:
     dynamic_smem: int   # dynamic shared memory bytes (CUDA); 0 where LDS is static (HIP)
     stages: int = 1     # K/V tiles in flight in shared memory (sm_90a's copy ring)
     persistent: bool = False   # sm_90a: one CTA an SM taking tiles from a counter (grid_rule, tiles_rule)
+    #: sm_90a BF16: l, the row sum of the bf16-rounded P, from the PV product (N = d_v + 8 over a
+    #: block of ones after each V stage), and O and LSE normalised by it (FP8's rounded sums)
+    pv_row_sums: bool = False
 
 
 def sm90_body(v: Variant) -> str:
@@ -161,9 +164,13 @@ def tile_for(v: Variant) -> Tile:
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
         block_m = SM90_CONSUMER_ROWS * consumers
         persistent = (v.d_qk, v.d_v) == (128, 128)
-        smem = (1 + persistent) * block_m * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v) + 128 + 1024
+        # The row sums by PV where the ones fit (a 64-column block, block_n x 128 bytes, after
+        # each V stage): at d128 (the persistent kernel).
+        pv_row_sums = persistent
+        smem = ((1 + persistent) * block_m * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v)
+                + pv_row_sums * 2 * block_n * 128 + 128 + 1024)
         return Tile(block_m=block_m, block_n=block_n, threads=128 * (1 + consumers), dynamic_smem=smem, stages=2,
-                    persistent=persistent)
+                    persistent=persistent, pv_row_sums=pv_row_sums)
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and consumer warpgroups of 64 query rows, 128-key
         # blocks (the sm_90a recipe's): three consumers where their registers fit in 160

@@ -7,7 +7,11 @@ roundings of unit roundoff u = 2^-9 each; the QK^T and PV sums are fp32 over exa
 bf16 products.  ||out-ref||/||ref|| is therefore about 2u ~ 3.9e-3 in
 the worst case of aligned rounding errors; the bound is 8e-3 (2u plus margin for
 the fp32 accumulation and cancellation in small outputs).  LSE is fp32 from fp32 row
-sums: absolute error bound 1e-3.  NaN anywhere fails.
+sums: absolute error bound 1e-3.  Where the row sums are those of the rounded P, from the PV
+product itself (``Tile.pv_row_sums``: sm_90a BF16 d128), l is the sum of the bf16 P that were
+multiplied, each within a factor 1 +- u of its exact value, so ln l within -ln(1 - u) =
+1.96e-3 of the exact log-sum-exp: bound 2.5e-3 (O's bound is unchanged: it is normalised by
+what it sums).  NaN anywhere fails.
 
 Kernels whose P arithmetic is a recipe of ``fp8_models`` (the FP8 kernels of both targets:
 Lean P bytes, rounded sums) are checked against that model, which predicts them bit for
@@ -45,6 +49,8 @@ from .memory import DeviceArray, host_dtype, to_device, view
 
 O_BOUND = 8e-3
 LSE_BOUND = 1e-3
+#: LSE against fp64 where l is the sum of the rounded P (module docstring).
+ROUNDED_SUM_LSE_BOUND = 2.5e-3
 #: Variants whose P arithmetic is a recipe of fp8_models, and their bounds (module docstring).
 RECIPE_OF = {("gfx950", "fp8_e4m3"): "gfx950", ("sm_90a", "fp8_e4m3"): "sm_90a"}
 MODEL_O_BOUND = 4e-3
@@ -59,7 +65,7 @@ def bounds(v: Variant) -> tuple[float, float]:
     """(O, LSE) bounds of variant ``v`` against the reference it is checked with."""
     if (v.arch, v.dtype) in RECIPE_OF:
         return MODEL_BOUNDS[RECIPE_OF[(v.arch, v.dtype)]]
-    return O_BOUND, LSE_BOUND
+    return O_BOUND, ROUNDED_SUM_LSE_BOUND if v.tile.pv_row_sums else LSE_BOUND
 
 
 def _model(v: Variant, q, k, vv, scales, cu_q=None, cu_k=None):
