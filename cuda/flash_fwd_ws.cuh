@@ -64,7 +64,7 @@ static_assert(kThreads == 128 * (1 + kConsumers) && kBlockM == kConsumerRows * k
 constexpr int kTileQ = kBlockM * 2 * kDqk;     // bytes
 constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
-// kOnesSum (catalogue: Tile.pv_row_sums, d128): each V stage is followed by a 64-column block of
+// kOnesSum (catalogue: Tile.pv_row_sums, d64 and d128): each V stage is followed by a 64-column block of
 // ones (bf16 1.0, MN-major as V: kBlockN keys x 128 bytes), so that PV, N = kDv + 8, gives the
 // row sums of the rounded P it multiplies in its last 8 columns (as FP8's V^T does): the
 // softmax adds none (70 FADDs a warp and block fewer), O and l are rescaled together, and O and

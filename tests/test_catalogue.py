@@ -209,4 +209,4 @@ def test_lse_bound_follows_the_row_sums_the_kernel_normalises_by():
         if v.dtype != "bf16":
             continue
         assert bounds(v) == (O_BOUND, ROUNDED_SUM_LSE_BOUND if v.tile.pv_row_sums else LSE_BOUND)
-        assert v.tile.pv_row_sums == (v.arch == "sm_90a" and (v.d_qk, v.d_v) == (128, 128))
+        assert v.tile.pv_row_sums == (v.arch == "sm_90a" and v.d_qk == v.d_v <= 128)
