@@ -35,13 +35,13 @@
 //   and at d64 the third one's softmax fills what that serialises (+7 %, causal with idle
 //   turns past its rows, as FP8 d64 takes them).
 //
-// Registers per consumer thread (d128): acc_o 64 and acc_s 64 in flight together, P(n) 32
-// beside the P(n - 1) that PV(n - 1) still reads, 32, row state 4.  128 x 40 + 256 x 232 =
+// Registers per consumer thread (d128): acc_o 64 (+ 4: l, kOnesSum) and acc_s 64 in flight
+// together, P(n) 32 beside the P(n - 1) that PV(n - 1) still reads, 32, row state 4.  128 x 40 + 256 x 232 =
 // 64,512 = 384 x 168, the registers the CTA is launched with (d64, three consumers: acc_o 32,
 // acc_s 64 and P 32 in 160; 128 x 32 + 384 x 160 = 65,536 = 512 x 128).
 //
-// Shared memory (1024-byte aligned tiles): Q | K x 2 | V x 2 | mbarriers (the K/V ring, qfull,
-// vlanded).  A tile of R rows is split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128
+// Shared memory (1024-byte aligned tiles): Q (x 2, persistent) | K x 2 | V x 2 (each followed by
+// a block of ones, kOnesSum) | mbarriers (the K/V ring, qfull, vlanded).  A tile of R rows is split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128
 // bytes, row r's 16-byte chunk c at chunk c ^ (r % 8) (TMA's 128B swizzle): the descriptor's
 // stride between 8-row groups is 1024 bytes and a k16 step advances its start address by 32
 // bytes.
