@@ -16,7 +16,8 @@ import sys
 
 
 def main(path: str, top: int = 20) -> None:
-    rows = list(csv.reader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     hdr = next(r for r in rows if "Address" in r and "Source" in r)
     ix = {h: i for i, h in enumerate(hdr)}
     data = [r for r in rows[rows.index(hdr) + 1:] if len(r) >= len(hdr)]

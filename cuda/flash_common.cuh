@@ -340,8 +340,11 @@ __device__ __forceinline__ void tma_tile(uint32_t tile, uint64_t tmap, uint32_t 
 }
 
 // 16 zero bytes at a shared address.
+__device__ __forceinline__ void sts128_fill(uint32_t addr, uint32_t word) {   // 16 bytes of `word`
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(word) : "memory");
+}
 __device__ __forceinline__ void sts128_zero(uint32_t addr) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(0) : "memory");
+  sts128_fill(addr, 0u);
 }
 // A packed sequence's tile that runs past its end (rows from `rows` on are the next sequence's):
 // once it has landed on `landed` (its copies completed there instead of on `full`), one warp

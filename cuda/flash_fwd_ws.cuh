@@ -36,15 +36,15 @@
 //   turns past its rows, as FP8 d64 takes them).
 //
 // Registers per consumer thread (d128): acc_o 64 (+ 4: l, kOnesSum) and acc_s 64 in flight
-// together, P(n) 32 beside the P(n - 1) that PV(n - 1) still reads, 32, row state 4.  128 x 40 + 256 x 232 =
-// 64,512 = 384 x 168, the registers the CTA is launched with (d64, three consumers: acc_o 32,
-// acc_s 64 and P 32 in 160; 128 x 32 + 384 x 160 = 65,536 = 512 x 128).
+// together, P(n) 32 beside the P(n - 1) that PV(n - 1) still reads, 32, row state 4.
+// 128 x 40 + 256 x 232 = 64,512 = 384 x 168, the registers the CTA is launched with (d64, three
+// consumers: acc_o 32, acc_s 64 and P 32 in 160; 128 x 32 + 384 x 160 = 65,536 = 512 x 128).
 //
 // Shared memory (1024-byte aligned tiles): Q (x 2, persistent) | K x 2 | V x 2 (each followed by
-// a block of ones, kOnesSum) | mbarriers (the K/V ring, qfull, vlanded).  A tile of R rows is split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128
-// bytes, row r's 16-byte chunk c at chunk c ^ (r % 8) (TMA's 128B swizzle): the descriptor's
-// stride between 8-row groups is 1024 bytes and a k16 step advances its start address by 32
-// bytes.
+// a block of ones, kOnesSum) | mbarriers (the K/V ring, qfull, vlanded).  A tile of R rows is
+// split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128 bytes, row r's 16-byte chunk c
+// at chunk c ^ (r % 8) (TMA's 128B swizzle): the descriptor's stride between 8-row groups is
+// 1024 bytes and a k16 step advances its start address by 32 bytes.
 // Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows,
 // 16 bytes a thread in whole rows).
 
@@ -64,8 +64,8 @@ static_assert(kThreads == 128 * (1 + kConsumers) && kBlockM == kConsumerRows * k
 constexpr int kTileQ = kBlockM * 2 * kDqk;     // bytes
 constexpr int kTileK = kBlockN * 2 * kDqk;
 constexpr int kTileV = kBlockN * 2 * kDv;
-// kOnesSum (catalogue: Tile.pv_row_sums, d64 and d128): each V stage is followed by a 64-column block of
-// ones (bf16 1.0, MN-major as V: kBlockN keys x 128 bytes), so that PV, N = kDv + 8, gives the
+// kOnesSum (catalogue: Tile.pv_row_sums, d64 and d128): each V stage is followed by a 64-column
+// block of ones (bf16 1.0, MN-major as V: kBlockN keys x 128 bytes), so that PV, N = kDv + 8, gives the
 // row sums of the rounded P it multiplies in its last 8 columns (as FP8's V^T does): the
 // softmax adds none (70 FADDs a warp and block fewer), O and l are rescaled together, and O and
 // LSE are normalised by the sum of what was multiplied.
@@ -91,7 +91,7 @@ struct Smem {
   uint32_t q;
   __device__ uint32_t q_at(int b) const { return q + b * kTileQ; }
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
-  __device__ uint32_t v_at(int s) const { return q + kV + s * (kTileV + kTileOnes); }   // (kOnesSum: ones after)
+  __device__ uint32_t v_at(int s) const { return q + kV + s * (kTileV + kTileOnes); }   // ones after
   __device__ Bars bars() const { return {q + kBars}; }
   __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }          // Q landed (and its tail zeroed)
   __device__ uint32_t vlanded() const { return q + kBars + Bars::kBytes + 8; }    // packed tails (zero_tail_rows):
@@ -115,10 +115,8 @@ ZYFA_WGMMA_WRAPPERS
 __device__ __forceinline__ void write_ones(const Smem& sm) {
   if constexpr (kOnesSum) {
     constexpr int kChunks = kTileOnes / 16;
-    for (int i = threadIdx.x; i < kStages * kChunks; i += kThreads) {
-      const uint32_t at = sm.v_at(i / kChunks) + kTileV + 16 * (i % kChunks);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0x3f803f80u) : "memory");
-    }
+    for (int i = threadIdx.x; i < kStages * kChunks; i += kThreads)
+      sts128_fill(sm.v_at(i / kChunks) + kTileV + 16 * (i % kChunks), 0x3f803f80u);
     fence_async_smem();
   }
 }

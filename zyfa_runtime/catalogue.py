@@ -166,7 +166,7 @@ def tile_for(v: Variant) -> Tile:
         persistent = (v.d_qk, v.d_v) == (128, 128)
         # The row sums by PV where the ones fit (a 64-column block, block_n x 128 bytes, after
         # each V stage; PV's N = d_v + 8 <= 256): d64 and d128, not d192/128 (the smem) or d256.
-        pv_row_sums = persistent or consumers == 3
+        pv_row_sums = v.d_qk == v.d_v <= 128
         smem = ((1 + persistent) * block_m * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v)
                 + pv_row_sums * 2 * block_n * 128 + 128 + 1024)
         return Tile(block_m=block_m, block_n=block_n, threads=128 * (1 + consumers), dynamic_smem=smem, stages=2,

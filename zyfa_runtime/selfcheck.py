@@ -8,10 +8,10 @@ bf16 products.  ||out-ref||/||ref|| is therefore about 2u ~ 3.9e-3 in
 the worst case of aligned rounding errors; the bound is 8e-3 (2u plus margin for
 the fp32 accumulation and cancellation in small outputs).  LSE is fp32 from fp32 row
 sums: absolute error bound 1e-3.  Where the row sums are those of the rounded P, from the PV
-product itself (``Tile.pv_row_sums``: sm_90a BF16 d64 and d128), l is the sum of the bf16 P that were
-multiplied, each within a factor 1 +- u of its exact value, so ln l within -ln(1 - u) =
-1.96e-3 of the exact log-sum-exp: bound 2.5e-3 (O's bound is unchanged: it is normalised by
-what it sums).  NaN anywhere fails.
+product itself (``Tile.pv_row_sums``: sm_90a BF16 d64 and d128), l is the sum of the bf16 P
+that were multiplied, each within a factor 1 +- u of its exact value, so ln l is within
+-ln(1 - u) = 1.96e-3 of the exact log-sum-exp: bound 2.5e-3 (O's bound is unchanged: it is
+normalised by what it sums).  NaN anywhere fails.
 
 Kernels whose P arithmetic is a recipe of ``fp8_models`` (the FP8 kernels of both targets:
 Lean P bytes, rounded sums) are checked against that model, which predicts them bit for
