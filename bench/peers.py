@@ -389,7 +389,10 @@ class Sampler:
         for key, fn in (("driver", lambda: n.nvmlSystemGetDriverVersion()),
                         ("nvml_name", lambda: n.nvmlDeviceGetName(self.handle)),
                         ("power_limit_w", lambda: n.nvmlDeviceGetEnforcedPowerLimit(self.handle) / 1000),
-                        ("max_sm_clock_mhz", lambda: n.nvmlDeviceGetMaxClockInfo(self.handle, n.NVML_CLOCK_SM))):
+                        ("max_sm_clock_mhz", lambda: n.nvmlDeviceGetMaxClockInfo(self.handle, n.NVML_CLOCK_SM)),
+                        # which physical card: runs on one card and on several tell apart
+                        ("uuid", lambda: n.nvmlDeviceGetUUID(self.handle)),
+                        ("serial", lambda: n.nvmlDeviceGetSerial(self.handle))):
             try:
                 v = fn()
                 d[key] = v.decode() if isinstance(v, bytes) else v
@@ -761,6 +764,7 @@ def markdown(data) -> str:
     lines = [f"# zyfa vs peers -- {data['gpu'].get('name', '?')}", "",
              f"commit {data.get('commit')}, {data['date']}, torch {data['versions'].get('torch')}, "
              f"triton {data['versions'].get('triton')}, driver {data['gpu'].get('driver')}, "
+             f"card {data['gpu'].get('serial') or data['gpu'].get('uuid') or '?'}, "
              f"mode {data['mode']}, {data.get('rounds', 1)} round(s) a point, inputs {data.get('inputs', 'gaussian')}", "",
              "Each cell: TFLOP/s / rel. error / mean W / mean SM MHz "
              "(FP8 errors against the dequantised-input fp64 reference; W only for timed windows "
