@@ -29,17 +29,6 @@ def ratios(runs: list[dict], peers) -> dict:
     return out
 
 
-def card(data: dict) -> str:
-    """The physical GPU a run was on (NVML's serial, else its UUID; runs before these were
-    recorded: unknown), so that runs on one card and on several can be told apart."""
-    g = data.get("gpu", {})
-    for key in ("serial", "uuid"):
-        v = g.get(key)
-        if v and not str(v).startswith("error"):
-            return str(v)
-    return "unknown"
-
-
 def table(runs: list[dict], names: list[str], peers) -> str:
     lines = ["| shape | causal | dtype | " + " | ".join(names) + " | min | median |",
              "|---|---|---|" + "---|" * (len(names) + 2)]
@@ -58,10 +47,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     runs = [json.loads(f.read_text()) for f in args.results]
     names = [f"run {i + 1}" for i in range(len(runs))]
-    text = "".join(f"- run {i + 1}: {f} (commit {d.get('commit', '?')}, {d.get('date', '?')}, "
-                   f"card {card(d)})\n" for i, (f, d) in enumerate(zip(args.results, runs)))
     sys.path.insert(0, str(Path(__file__).resolve().parent))   # as bench/peers_plot.py does
     import peers  # noqa: E402
+
+    text = "".join(f"- run {i + 1}: {f} (commit {d.get('commit', '?')}, {d.get('date', '?')}, "
+                   f"card {peers.card(d)})\n" for i, (f, d) in enumerate(zip(args.results, runs)))
 
     text += "\n" + table(runs, names, peers)
     print(text, end="")

@@ -759,12 +759,23 @@ def _fmt(x, spec):
 # --------------------------------------------------------------------------------------
 # Reports.
 
+def card(data: dict) -> str:
+    """The physical GPU a run was on (NVML's serial, else its UUID; runs before these were
+    recorded: unknown), so that runs on one card and on several can be told apart."""
+    g = data.get("gpu", {})
+    for key in ("serial", "uuid"):
+        v = g.get(key)
+        if v and not str(v).startswith("error"):
+            return str(v)
+    return "unknown"
+
+
 def markdown(data) -> str:
     impls = data["impls"]
     lines = [f"# zyfa vs peers -- {data['gpu'].get('name', '?')}", "",
              f"commit {data.get('commit')}, {data['date']}, torch {data['versions'].get('torch')}, "
              f"triton {data['versions'].get('triton')}, driver {data['gpu'].get('driver')}, "
-             f"card {data['gpu'].get('serial') or data['gpu'].get('uuid') or '?'}, "
+             f"card {card(data)}, "
              f"mode {data['mode']}, {data.get('rounds', 1)} round(s) a point, inputs {data.get('inputs', 'gaussian')}", "",
              "Each cell: TFLOP/s / rel. error / mean W / mean SM MHz "
              "(FP8 errors against the dequantised-input fp64 reference; W only for timed windows "

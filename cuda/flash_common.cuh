@@ -339,10 +339,11 @@ __device__ __forceinline__ void tma_tile(uint32_t tile, uint64_t tmap, uint32_t 
   for (int kb = 0; kb < kRowBytes / kBox; ++kb) tma_load_4d(tile + kb * kRows * kBox, tmap, kBox * kb, h, row, seq, bar);
 }
 
-// 16 zero bytes at a shared address.
-__device__ __forceinline__ void sts128_fill(uint32_t addr, uint32_t word) {   // 16 bytes of `word`
+// 16 bytes of `word` repeated at a shared address.
+__device__ __forceinline__ void sts128_fill(uint32_t addr, uint32_t word) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(word) : "memory");
 }
+// 16 zero bytes at a shared address.
 __device__ __forceinline__ void sts128_zero(uint32_t addr) {
   sts128_fill(addr, 0u);
 }

@@ -223,7 +223,7 @@ def test_a_run_missing_zyfa_does_not_count(peers, bar_runs):
     assert row.endswith("| 1.100 | - | 1.100 | 1.100 |")
 
 
-def test_a_run_names_the_card_it_ran_on(bar_runs):
-    assert bar_runs.card({"gpu": {"serial": "1652123456789", "uuid": "GPU-ab"}}) == "1652123456789"
-    assert bar_runs.card({"gpu": {"serial": "error: not supported", "uuid": "GPU-ab"}}) == "GPU-ab"
-    assert bar_runs.card({"gpu": {"name": "NVIDIA H200"}}) == "unknown"
+def test_a_run_names_the_card_it_ran_on(peers):
+    assert peers.card({"gpu": {"serial": "1652123456789", "uuid": "GPU-ab"}}) == "1652123456789"
+    assert peers.card({"gpu": {"serial": "error: not supported", "uuid": "GPU-ab"}}) == "GPU-ab"
+    assert peers.card({"gpu": {"name": "NVIDIA H200"}}) == "unknown"
