@@ -37,8 +37,9 @@ from generator import c_header, codeobject, kernel_source, toolchain  # noqa: E4
 from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
-                                    PERSISTENT_COUNTER_BYTES, buildable, grid_rule, has_vt_prepass,
-                                    iter_select, kernarg_size, tiles_rule,
+                                    PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_OVERHEAD_BLOCKS, buildable, grid_rule,
+                                    has_vt_prepass, iter_select, kernarg_size, split_tail_counter_bytes,
+                                    split_tail_slot_bytes, tiles_rule,
                                     kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
 
 MANIFEST_FORMAT = 1
@@ -114,6 +115,10 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
         **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
            if v.tile.persistent else {}),
+        **({"split_tail": {"tiles": tiles_rule(v), "slot_bytes": split_tail_slot_bytes(v),
+                           "counter_bytes": split_tail_counter_bytes(v),
+                           "overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS}}
+           if v.tile.split_tail else {}),
         **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
     }
 

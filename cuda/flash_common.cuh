@@ -273,6 +273,10 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) 
 
 // ---- warp specialisation: mbarriers, named barriers, WGMMA groups ----------------------------
 
+// Before an mbarrier's memory is initialised anew (no arrival or copy on it pending).
+__device__ __forceinline__ void mbar_inval(uint32_t bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
 }
@@ -406,6 +410,16 @@ struct KvBarriers {
       mbar_init(vempty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __device__ void inval() const {   // one thread, once no copy or arrival on them is pending
+    for (int s = 0; s < kKStages; ++s) {
+      mbar_inval(kfull(s));
+      mbar_inval(kempty(s));
+    }
+    for (int s = 0; s < kVStages; ++s) {
+      mbar_inval(vfull(s));
+      mbar_inval(vempty(s));
+    }
   }
   static __device__ uint32_t kfull_parity(int n) { return (n / kKStages) & 1; }
   static __device__ uint32_t kempty_parity(int n) { return (n / kKStages + 1) & 1; }   // n >= kKStages

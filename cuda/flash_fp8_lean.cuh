@@ -406,13 +406,12 @@ __device__ __forceinline__ float log2_scale(const P& p) {
 // O / l * dv as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its Q
 // rows at sQg), and LSE = ln 2 (F + log2(l / 256)) for the two rows r_lo, r_lo + 8 a thread
 // holds (acc_l's first column holds the sum: the body broadcast it where only that one does).
-// The CTA's work is derived again (cta_index_again), so that none of it stays in registers
-// through the consumer's loop.
+// w: the CTA's work, derived again by the caller (cta_index_again), so that none of it stays in
+// registers through the consumer's loop.
 template <class P>
-__device__ __forceinline__ void write_rows(const P& p, const float (&acc_o)[kDv / 2], const float (&acc_l)[4],
-                                           const float (&frame)[2], int r_lo, int wg_row0, int cw, uint32_t sQg) {
-  CtaWork w;
-  cta_work(p, w, cta_index_again());
+__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kDv / 2],
+                                           const float (&acc_l)[4], const float (&frame)[2], int r_lo, int wg_row0,
+                                           int cw, uint32_t sQg) {
   const float dv_scale = *static_cast<const float*>(p.descale_v);
   float inv[2];
 #pragma unroll

@@ -160,21 +160,22 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
 // Thread 0 copies block 0 (with Q, start of the kernel) and then block m into its stage once S
 // and PV of block m - kStages have released it; warp 2 zeroes Q's rows past a packed
 // sequence's end (rows_q < kBlockM).  krow0, kbatch: the key row and sequence of the tensor
-// map where this sequence's keys start (packed: its first key and 0).
+// map where this sequence's keys start (packed: its first key and 0); nb0: the segment's first
+// key block (a piece of a cut tile, kSplitTail; else 0).
 template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gvt, int rows_q, int h_kv,
-                                        int krow0, int kbatch, int n_blocks) {
+                                        int krow0, int kbatch, int n_blocks, int nb0) {
   const Bars bars = sm.bars();
   if (threadIdx.x / 32 == 2 && rows_q < kBlockM)
     zero_tail_rows<kBlockM, 64, kTileQ>(sm.q, sm.qlanded(), sm.qfull(), rows_q);
   if (threadIdx.x != 0) return;
-  for (int m = 1; m < n_blocks; ++m) {   // block 0: the kernel's start
+  for (int m = 1; m < n_blocks; ++m) {   // block 0: the segment's start
     const int s = m % kStages;
     if (m >= kStages) {
       mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
       mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
     }
-    copy_block(p, sm, s, gvt, m, h_kv, krow0, kbatch);
+    copy_block(p, sm, s, gvt, nb0 + m, h_kv, krow0, kbatch);
   }
 }
 
@@ -312,43 +313,163 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(k1));
 }
 
+// ---- the balanced tail (kSplitTail) -----------------------------------------------------------
+//
+// The grid is linear.  CTA i < tail_first takes tile i whole (tiles numbered as tiles_rule's grid:
+// query-row block, head, sequence).  The tail_ctas CTAs after them take the tail, the tiles from
+// tail_first on, cut by keys: its U tiles of nb blocks laid end to end, CTA j takes the blocks
+// [start(j), start(j + 1)), start(j) = floor(j U nb / tail_ctas).  The host plans fewer blocks a
+// CTA than a tile has (launch.tail_plan), so a CTA has one or two segments: the end of one tile,
+// the start of the next.  Each segment of a cut tile is a piece: its O, l and frame go to slot
+// 2 j + s of `partials` (s: the CTA's segment), and the last piece of the tile to finish, counted
+// in tail_counter, merges them all in their order (the same sums whichever finishes last) and
+// writes O and the LSE.  Between its segments a CTA starts afresh: the consumers' last epilogue
+// done, the producer's thread 0 makes new mbarriers and copies the next tile's Q and first block.
+//
+// Where the last wave has R < SMs tiles of nb blocks, it takes nb block-times; cut, about R nb /
+// SMs plus a second start, a store and a merge (at the bar's shape 33 + ~5 against 64 of the
+// ~1,083 block-times a SM has).
+
+static_assert(!kSplitTail || !kCausal, "the balanced tail cuts tiles of equal blocks: non-causal");
+
+// A CTA's segment: tile, its key blocks [kb0, kb1), and the piece's slot (-1: the whole tile).
+struct Segment {
+  int tile, kb0, kb1, slot;
+};
+
+// The tail laid end to end: nb blocks a tile, `total` blocks, `ctas` CTAs from tile `first`.
+struct TailRun {
+  int nb, first, ctas;
+  long long total;
+  __device__ long long start(int j) const { return j * total / ctas; }
+  // The tail CTA whose blocks hold block x of the run.
+  __device__ int cta_of(long long x) const {
+    int j = static_cast<int>(x * ctas / total);   // start(j) <= x
+    while (j + 1 < ctas && start(j + 1) <= x) ++j;
+    return j;
+  }
+};
+
 template <class P>
-__device__ void flash_fwd(const P& p) {
-  const Smem sm{kSlack ? smem_base_1024() : smem_base_exact()};
+__device__ __forceinline__ TailRun tail_run(const P& p) {
+  const int nb = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  return {nb, p.tail_first, p.tail_ctas, static_cast<long long>(p.tile_count - p.tail_first) * nb};
+}
 
-  const int wg = warpgroup_index();
-  CtaWork w;
-  if (!cta_work(p, w)) return;
-  const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
-
-  const Bars bars = sm.bars();
-  const bool packed_k = p.cu_seqlens_k != nullptr, packed_q = p.cu_seqlens_q != nullptr;
-  const int krow0 = packed_k ? static_cast<int>(w.seq.k_start) : 0, kbatch = packed_k ? 0 : w.b;
-  const int rows_q = packed_q ? sq - row0 : kBlockM;   // dense: TMA zero-fills past the sequence's rows
-  const uint8_t* gvt = vt_block(p, w.h_kv, vt_column0(p, w.b));
-  if (threadIdx.x == 0) {
-    mbar_init(sm.qfull(), 1);
-    mbar_init(sm.qlanded(), 1);
-    bars.init();
-    if (n_blocks > 0) {
-      tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
-                                  rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
-                                  packed_q ? static_cast<int>(w.seq.q_start) + row0 : row0, packed_q ? 0 : w.b);
-      copy_block(p, sm, 0, gvt, 0, w.h_kv, krow0, kbatch);
+// Segment s (0, 1) of CTA `cta` and its work (cta_work's, n_blocks the segment's); false where
+// the CTA has no such segment or its tile no rows.
+template <class P>
+__device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segment& g, CtaWork& w) {
+  if constexpr (!kSplitTail) {
+    if (s > 0 || !cta_work(p, w, cta)) return false;
+    g = {0, 0, w.n_blocks, -1};
+    return true;
+  } else {
+    const int i = static_cast<int>(cta.x);
+    if (i < p.tail_first) {
+      g = {i, 0, 0, -1};
+      if (s > 0) return false;
+    } else {
+      const TailRun t = tail_run(p);
+      const int j = i - t.first;
+      const long long a = t.start(j), e = t.start(j + 1);
+      long long u = a / t.nb;
+      int kb0 = static_cast<int>(a - u * t.nb);
+      if (s > 0) {
+        if (e <= (u + 1) * t.nb) return false;
+        ++u;
+        kb0 = 0;
+      }
+      const int kb1 = static_cast<int>(min(static_cast<long long>(t.nb), e - u * t.nb));
+      g = {t.first + static_cast<int>(u), kb0, kb1, kb0 == 0 && kb1 == t.nb ? -1 : 2 * j + s};
     }
+    const int xy = p.tiles_x * p.tiles_y;
+    const uint3 tile = make_uint3(g.tile % p.tiles_x, g.tile % xy / p.tiles_x, g.tile / xy);
+    if (!cta_work(p, w, tile, tile)) return false;
+    if (g.slot < 0) g.kb1 = w.n_blocks;
+    else w.n_blocks = g.kb1 - g.kb0;
+    return true;
   }
-  for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads)
-    if (Smem::is_ones(i)) sts32(sm.ones_at(i), 0x38383838u);
-  fence_async_smem();
-  __syncthreads();
+}
 
-  if (wg == 0) {
-    producer_registers();
-    if (n_blocks > 0) produce(p, sm, gvt, rows_q, w.h_kv, krow0, kbatch, n_blocks);
-    return;
+// A piece of a cut tile (g.slot >= 0), at the consumer's end: its O, l and frame stored to its
+// slot, in the accumulators' order (16-byte groups, the warpgroup's 128 threads side by side).
+// True where it is the tile's last piece to finish: acc_o, acc_l and frame then hold the merge
+// of all its pieces, O = sum O_k 2^(F_k - F), l likewise, F = max F_k, in the pieces' order.
+// sflag: a word of the warpgroup's Q rows (free: its last S is done) to broadcast the count.
+template <class P>
+__device__ __forceinline__ bool store_piece_and_merge(const P& p, const Segment& g, float (&acc_o)[kDv / 2],
+                                                      float (&acc_l)[4], float (&frame)[2], int cw,
+                                                      uint32_t sflag) {
+  if constexpr (!kSplitTail) {
+    return true;
+  } else {
+    constexpr int kQuads = kDv / 8 + 1;     // a thread's 16-byte groups: O's, then l and F
+    const int tid = threadIdx.x % 128;
+    const auto slot = [&](int k) {
+      return static_cast<float4*>(const_cast<void*>(p.partials)) + (static_cast<long long>(k) * kConsumers + cw) * kQuads * 128 + tid;
+    };
+    float4* mine = slot(g.slot);
+#pragma unroll
+    for (int q = 0; q < kDv / 8; ++q)
+      mine[q * 128] = make_float4(acc_o[4 * q], acc_o[4 * q + 1], acc_o[4 * q + 2], acc_o[4 * q + 3]);
+    mine[(kQuads - 1) * 128] = make_float4(acc_l[0], acc_l[2], frame[0], frame[1]);
+    __threadfence();                         // the slot before the count
+    bar_sync(kOutBar + cw, 128);
+    const TailRun t = tail_run(p);
+    const int u = g.tile - t.first;
+    const long long x0 = static_cast<long long>(u) * t.nb;
+    const int j0 = t.cta_of(x0), j1 = t.cta_of(x0 + t.nb - 1);
+    if (tid == 0) {
+      int* count = static_cast<int*>(const_cast<void*>(p.tail_counter)) + u * kConsumers + cw;
+      const bool last = atomicAdd(count, 1) == j1 - j0;
+      if (last) atomicExch(count, 0);        // zero for the next launch
+      __threadfence();                       // the other pieces' slots after the count
+      sts32(sflag, last);
+    }
+    bar_sync(kOutBar + cw, 128);
+    uint32_t last;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(last) : "r"(sflag) : "memory");
+    bar_sync(kOutBar + cw, 128);             // read before the epilogue stages O over it
+    if (!last) return false;
+    const auto piece = [&](int j) { return slot(2 * j + (t.start(j) < x0 ? 1 : 0)); };
+    float f[2] = {-INFINITY, -INFINITY};
+    for (int j = j0; j <= j1; ++j) {
+      const float4 lf = __ldcg(piece(j) + (kQuads - 1) * 128);
+      f[0] = fmaxf(f[0], lf.z);
+      f[1] = fmaxf(f[1], lf.w);
+    }
+#pragma unroll
+    for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
+    acc_l[0] = acc_l[2] = 0.f;
+    for (int j = j0; j <= j1; ++j) {
+      const float4* src = piece(j);
+      const float4 lf = __ldcg(src + (kQuads - 1) * 128);
+      float scale[2];
+      scale[0] = lf.z == -INFINITY ? 0.f : exp2f(lf.z - f[0]);
+      scale[1] = lf.w == -INFINITY ? 0.f : exp2f(lf.w - f[1]);
+#pragma unroll
+      for (int q = 0; q < kDv / 8; ++q) {
+        const float4 o = __ldcg(src + q * 128);
+        acc_o[4 * q] = __fmaf_rn(o.x, scale[0], acc_o[4 * q]);
+        acc_o[4 * q + 1] = __fmaf_rn(o.y, scale[0], acc_o[4 * q + 1]);
+        acc_o[4 * q + 2] = __fmaf_rn(o.z, scale[1], acc_o[4 * q + 2]);
+        acc_o[4 * q + 3] = __fmaf_rn(o.w, scale[1], acc_o[4 * q + 3]);
+      }
+      acc_l[0] = __fmaf_rn(lf.x, scale[0], acc_l[0]);
+      acc_l[2] = __fmaf_rn(lf.y, scale[1], acc_l[2]);
+    }
+    frame[0] = f[0];
+    frame[1] = f[1];
+    return true;
   }
-  consumer_registers();
+}
 
+// The consumers' work on one segment (s) of the CTA: w, its tile's; nb0, its first key block.
+template <class P>
+__device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWork& w, int wg, int nb0, int s) {
+  const Bars bars = sm.bars();
+  const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
   const ConsumerLane me(wg, row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
@@ -389,7 +510,7 @@ __device__ void flash_fwd(const P& p) {
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
-      softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
+      softmax<false>(pa, pa, factor, acc_s, frame, m_run, (nb0 + n) * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
 
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
@@ -451,7 +572,7 @@ __device__ void flash_fwd(const P& p) {
       for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
         uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
         float factor[2];
-        softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
+        softmax<true>(pa, pl, factor, acc_s, frame, m_run, (nb0 + n) * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
         float acc_b[kAccB];
         const int t = n % kVtStages;
         mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
@@ -468,7 +589,78 @@ __device__ void flash_fwd(const P& p) {
 #pragma unroll
     for (int i = 0; i < 4; i += 2) acc_l[i] = __shfl_sync(0xffffffffu, acc_l[i], lane & ~3);
   }
-  write_rows(p, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
+  // The work derived again (its registers free through the loop).
+  Segment g;
+  CtaWork wo;
+  segment_work(p, cta_index_again(), s, g, wo);
+  if (g.slot >= 0 && !store_piece_and_merge(p, g, acc_o, acc_l, frame, cw, sQg)) return;
+  write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
+}
+
+template <class P>
+__device__ void flash_fwd(const P& p) {
+  const Smem sm{kSlack ? smem_base_1024() : smem_base_exact()};
+
+  const int wg = warpgroup_index();
+  Segment g;
+  CtaWork w;
+  if (!segment_work(p, blockIdx, 0, g, w)) return;
+  const Bars bars = sm.bars();
+  const bool packed_k = p.cu_seqlens_k != nullptr, packed_q = p.cu_seqlens_q != nullptr;
+  // The segment's start, by thread 0: Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes
+  // of 64 bytes x kBlockM rows in the 64B swizzle of the K-blocks) and its first block, the CTA's
+  // first waits, issued before anything else (by the producer's cp.async after the CTA's
+  // barrier, the consumers saw Q about 600 cycles later at 4k tokens).
+  const auto start = [&](const CtaWork& w, int nb0) {
+    const int rows_q = packed_q ? w.seq.sq - w.row0 : kBlockM;
+    mbar_init(sm.qfull(), 1);
+    mbar_init(sm.qlanded(), 1);
+    bars.init();
+    if (w.n_blocks > 0) {
+      tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
+                                  rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
+                                  packed_q ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed_q ? 0 : w.b);
+      copy_block(p, sm, 0, vt_block(p, w.h_kv, vt_column0(p, w.b)), nb0, w.h_kv,
+                 packed_k ? static_cast<int>(w.seq.k_start) : 0, packed_k ? 0 : w.b);
+    }
+  };
+  if (threadIdx.x == 0) start(w, g.kb0);
+  for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads)
+    if (Smem::is_ones(i)) sts32(sm.ones_at(i), 0x38383838u);
+  fence_async_smem();
+  __syncthreads();
+
+  // Between a tail CTA's two segments (kSplitTail): the consumers and the producer's warp 0
+  // meet once the consumers' epilogue is done (its stores through Q's rows), thread 0 makes new
+  // mbarriers and starts the next segment, and they meet again.
+  constexpr int kSegBar = 1, kSegThreads = 128 * kConsumers + 32;
+  if (wg == 0) {
+    producer_registers();
+    for (int s = 0;;) {
+      if (w.n_blocks > 0) {
+        const int rows_q = packed_q ? w.seq.sq - w.row0 : kBlockM;   // dense: TMA zero-fills past the sequence's rows
+        produce(p, sm, vt_block(p, w.h_kv, vt_column0(p, w.b)), rows_q, w.h_kv,
+                packed_k ? static_cast<int>(w.seq.k_start) : 0, packed_k ? 0 : w.b, w.n_blocks, g.kb0);
+      }
+      if (!kSplitTail || threadIdx.x >= 32 || !segment_work(p, blockIdx, ++s, g, w)) return;
+      bar_sync(kSegBar, kSegThreads);
+      if (threadIdx.x == 0) {
+        bars.inval();
+        mbar_inval(sm.qfull());
+        mbar_inval(sm.qlanded());
+        start(w, g.kb0);
+      }
+      bar_sync(kSegBar, kSegThreads);
+    }
+  }
+  consumer_registers();
+  for (int s = 0;;) {
+    consume(p, sm, w, wg, g.kb0, s);
+    if (!kSplitTail || !segment_work(p, cta_index_again(), ++s, g, w)) return;
+    fence_async_smem();    // the epilogue's generic reads and writes of Q's rows before the TMA's
+    bar_sync(kSegBar, kSegThreads);
+    bar_sync(kSegBar, kSegThreads);
+  }
 }
 
 }  // namespace zyfa

@@ -174,6 +174,8 @@ def _grid_term(name: str, term, args: set[str]) -> str:
         for t in term["min"][1:]:
             out = f"zyfa_min_({out}, {_grid_term(name, t, args)})"
         return out
+    if isinstance(term, dict) and set(term) == {"add"} and term["add"]:
+        return "(" + " + ".join(_grid_term(name, t, args) for t in term["add"]) + ")"
     if isinstance(term, dict) and set(term) == {"cdiv"} and len(term["cdiv"]) == 2:
         x, y = (_grid_term(name, t, args) for t in term["cdiv"])
         return f"zyfa_cdiv_({x}, {y})"
@@ -214,6 +216,7 @@ def _kernel(entry: dict) -> list[str]:
         ("SHARED_BYTES", str(int(entry["shared_bytes"]))),
         ("KERNARG_SIZE", str(int(entry["kernarg_size"]))),
         ("PERSISTENT", "1" if "persistent" in entry else "0"),
+        ("SPLIT_TAIL", "1" if "split_tail" in entry else "0"),
     ]
     width = max(len(k) for k, _ in macros)
     out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
@@ -228,9 +231,53 @@ def _kernel(entry: dict) -> list[str]:
         terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
         out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
     out += _tensor_maps(name, entry)
+    if "split_tail" in entry:
+        out += _split_tail(name, entry, st, args)
     if "prepass" in entry:
         out += _prepass(name, entry, st, args)
     return out
+
+
+def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
+    """A balanced-tail kernel (catalogue.Tile.split_tail): its tiles and the plan of its tail
+    into the struct (launch.tail_plan's rule, the manifest's constants), the sizes of its
+    partials and counter."""
+    up, tail = name.upper(), entry["split_tail"]
+    for f in ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tail_first", "tail_ctas", "partials",
+              "tail_counter", "seqlen_k"):
+        if f not in args:
+            raise HeaderError(f"{name}: a balanced-tail kernel without the argument {f!r}")
+    t = tail["tiles"]
+    terms = [_grid_term(name, t[axis], args) for axis in ("x", "y", "z")]
+    block_n = int(entry["tile"]["block_n"])
+    return [f"/* {name} balances its last wave: the tiles past the last whole wave of the device's SMs are",
+            " * cut by keys into pieces, a CTA each.  Before a launch: zyfa_" + name + "_tail(&args, sm_count)",
+            " * (returns -1, the struct unchanged, where the tiles overflow the kernel's int; tail_ctas = 0",
+            " * where nothing is cut, always for packed batches: pass packed = 1).  Then, where tail_ctas > 0,",
+            f" * args.partials = 2 * tail_ctas * ZYFA_{up}_SLOT_BYTES bytes of device memory, and always",
+            f" * args.tail_counter = (tile_count - tail_first, at least 1) * ZYFA_{up}_TAIL_COUNTER_BYTES",
+            " * bytes, zeroed once before the first launch that uses them; every launch leaves them zero,",
+            " * so launches on one stream share both (launches that may run at the same time need their own). */",
+            f"#define ZYFA_{up}_SLOT_BYTES {int(tail['slot_bytes'])}",
+            f"#define ZYFA_{up}_TAIL_COUNTER_BYTES {int(tail['counter_bytes'])}",
+            f"static inline int zyfa_{name}_tail({st} *a, unsigned int sm_count, int packed) {{",
+            *(f"  const int64_t t{axis} = (int64_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
+            "  if (tx > 0 && ty > 0 && tz > 0 && (tx > INT32_MAX / ty || tx * ty > INT32_MAX / tz)) return -1;",
+            "  const int64_t tiles = tx * ty * tz;",
+            f"  const int64_t nb = zyfa_cdiv_((int64_t)a->seqlen_k, {block_n});",
+            "  const int64_t rest = sm_count > 0 ? tiles % sm_count : 0;",
+            "  a->tiles_x = (int32_t)tx;",
+            "  a->tiles_y = (int32_t)ty;",
+            "  a->tiles_z = (int32_t)tz;",
+            "  a->tile_count = (int32_t)tiles;",
+            "  a->tail_first = (int32_t)tiles;",
+            "  a->tail_ctas = 0;",
+            f"  if (!packed && rest > 0 && nb >= 2 && zyfa_cdiv_(rest * nb, sm_count) + {int(tail['overhead_blocks'])} < nb) {{",
+            "    a->tail_first = (int32_t)(tiles - rest);",
+            "    a->tail_ctas = (int32_t)zyfa_min_(sm_count, rest * nb);",
+            "  }",
+            "  return 0;",
+            "}", ""]
 
 
 def _persistent(name: str, entry: dict, st: str, args: set) -> list[str]:

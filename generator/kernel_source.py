@@ -169,6 +169,8 @@ def config(v: Variant) -> str:
                   f"constexpr int kProducerRegs = {prod}, kConsumerRegs = {cons};   // setmaxnreg",
                   f"constexpr bool kPersistent = {'true' if t.persistent else 'false'};"
                   "   // one CTA an SM, taking tiles from a counter",
+                  f"constexpr bool kSplitTail = {'true' if t.split_tail else 'false'};"
+                  "   // the tiles past the last whole wave cut by keys (catalogue.Tile.split_tail)",
                   f"constexpr bool kOnesSum = {'true' if t.pv_row_sums else 'false'};"
                   "   // BF16: the row sums of the rounded P by PV, over a block of ones"]
     if catalogue.has_vt_prepass(v):

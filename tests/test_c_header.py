@@ -14,9 +14,11 @@ import pytest
 from generator.c_header import HeaderError, write_header
 from zyfa_runtime import __version__
 from build import prepass_entry
-from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, TOOLKIT, all_variants, buildable, eval_grid,
-                                    grid_rule, has_vt_prepass, kernarg_size, kernargs, tensor_maps, tiles_rule,
+from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_OVERHEAD_BLOCKS, TOOLKIT, all_variants,
+                                    buildable, eval_grid, grid_rule, has_vt_prepass, kernarg_size, kernargs,
+                                    split_tail_counter_bytes, split_tail_slot_bytes, tensor_maps, tiles_rule,
                                     vt_columns)
+from zyfa_runtime.launch import tail_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "c"
@@ -46,6 +48,10 @@ def catalogue_manifest() -> dict:
             **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
             **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
                if v.tile.persistent else {}),
+            **({"split_tail": {"tiles": tiles_rule(v), "slot_bytes": split_tail_slot_bytes(v),
+                               "counter_bytes": split_tail_counter_bytes(v),
+                               "overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS}}
+               if v.tile.split_tail else {}),
         })
     return {"format": 1, "package_version": __version__, "toolkits": dict(TOOLKIT),
             "compilers": {"sm_90a": {"name": "nvcc", "version": "V13.0 \"quoted\" \\ back"}},
@@ -113,6 +119,19 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
             lines.append(f'    printf("tiles {n} %d %d %d %d\\n", (int)a.tiles_x, (int)a.tiles_y, (int)a.tiles_z, '
                          f"(int)a.tile_count);")
             lines.append(f"    zyfa_{n}_grid(&a, {SMS}u, &gx, &gy, &gz);")
+        elif "split_tail" in e:   # the tiles and the tail's plan for a device of SMS SMs, dense and packed
+            lines.append("    {")   # a shape whose last wave is cut (TAIL_CUT), on a copy of the struct
+            lines.append(f"      {t} c = a;")
+            lines.append("      " + " ".join(f"c.{k} = {x};" for k, x in TAIL_CUT.items()))
+            lines.append(f"      zyfa_{n}_tail(&c, {SMS}u, 0);")
+            lines.append(f'      printf("tail {n} 2 %d %d %d %d %d %d\\n", (int)c.tiles_x, (int)c.tiles_y, '
+                         f"(int)c.tiles_z, (int)c.tile_count, (int)c.tail_first, (int)c.tail_ctas);")
+            lines.append("    }")
+            for packed in (1, 0):
+                lines.append(f'    if (zyfa_{n}_tail(&a, {SMS}u, {packed}) != 0) printf("toomany {n}\\n");')
+                lines.append(f'    printf("tail {n} {packed} %d %d %d %d %d %d\\n", (int)a.tiles_x, (int)a.tiles_y, '
+                             f"(int)a.tiles_z, (int)a.tile_count, (int)a.tail_first, (int)a.tail_ctas);")
+            lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
         else:
             lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
         lines.append(f'    printf("grid {n} %u %u %u\\n", gx, gy, gz);')
@@ -129,6 +148,10 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
 
 #: The SM count the persistent kernels' grid functions are given (fewer than some problems' tiles).
 SMS = 37
+
+#: A dense shape whose last wave a balanced-tail kernel cuts on SMS SMs: 192 tiles, 7 past the
+#: last whole wave, 64 key blocks each, 13 a CTA once cut.
+TAIL_CUT = {"batch": 1, "hq": 3, "seqlen_q": 8192, "seqlen_k": 8192}
 
 #: (batch, seqlen_k, total_k or -1 for a dense batch) for the V^T workspace rule.
 VT_CASES = ((1, 1, -1), (3, 128, -1), (2, 129, -1), (4, 300, 777), (5, 0, 0), (1, 5000, 5000))
@@ -179,6 +202,7 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
             outputs.append(run([exe]).stdout)
         assert outputs[0] == outputs[1]   # C and C++ agree
         got_fields, got_size, got_grid, got_pregrid, got_vt, got_tiles = {}, {}, {}, {}, {}, {}
+        got_tail = {}
         for line in outputs[0].splitlines():
             kind, name, *rest = line.split()
             if kind == "size":
@@ -191,6 +215,8 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 got_pregrid[name] = tuple(int(x) for x in rest)
             elif kind == "tiles":
                 got_tiles[name] = tuple(int(x) for x in rest)
+            elif kind == "tail":
+                got_tail[name, int(rest[0])] = tuple(int(x) for x in rest[1:])
             else:
                 got_grid[name] = tuple(int(x) for x in rest)
         built = [e for e in m["kernels"] if e["built"]]
@@ -216,6 +242,20 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 assert got_tiles[n] == (*tiles, count), n
                 want = eval_grid(e["grid"], {**values, "tile_count": count, "sm_count": SMS})
                 assert want == (min(count, SMS), 1, 1)
+            elif "split_tail" in e:   # the tiles and the tail's plan are the runtime's (launch.tail_plan)
+                tiles = eval_grid(e["split_tail"]["tiles"], values)
+                count = tiles[0] * tiles[1] * tiles[2]
+                tile_values = {**values, "tile_count": count}
+                for packed in (0, 1):
+                    plan = tail_plan(e, tile_values, SMS, bool(packed))
+                    assert got_tail[n, packed] == (*tiles, count, plan["tail_first"], plan["tail_ctas"]), n
+                want = eval_grid(e["grid"], {**values, **tail_plan(e, tile_values, SMS, False)})
+                cut = {**values, **TAIL_CUT}
+                tiles = eval_grid(e["split_tail"]["tiles"], cut)
+                count = tiles[0] * tiles[1] * tiles[2]
+                plan = tail_plan(e, {**cut, "tile_count": count}, SMS, False)
+                assert plan == {"tail_first": 185, "tail_ctas": 37}
+                assert got_tail[n, 2] == (*tiles, count, 185, 37), n
             else:
                 assert n not in got_tiles
                 want = eval_grid(e["grid"], values)

@@ -652,3 +652,56 @@ def test_repeated_and_new_tensors_take_the_cached_paths_and_are_right(dtype, cau
         assert not np.isnan(o).any(), step
         assert reference.relative_error(o, ref) <= bound, step
         assert np.array_equal(got, validated(dev, scales, out)), step
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,sk", [(1, 3, 1, 1000, 1100), (2, 5, 5, 513, 4096), (1, 8, 2, 2048, 2048),
+                                            (1, 9, 3, 2048, 640)],
+                         ids=["pieces-of-1-2-blocks", "12-block-pieces", "pieces-near-a-tile", "whole-then-tail"])
+def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, monkeypatch):
+    """FP8 d256 non-causal with the tiles past its last whole wave cut by keys
+    (ZYFA_SPLIT_TAIL=always): pieces of one block to nearly a tile, ending one tile and starting
+    the next, after whole tiles or alone, GQA, a last tile of one row.  O (poisoned first) and
+    the LSE are within the recipe's bound of fp64 and within bf16 rounding of the uncut launch;
+    three launches on one stream and one on another write the same bits (each leaves its
+    counters zero; the pieces merge in their order whichever ends last)."""
+    from zyfa_runtime import api, flash_attn_func
+    from zyfa_runtime.memory import DeviceArray, to_device
+    from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
+    v = Variant(ARCH, "fp8_e4m3", 256, 256, False)
+    if "split_tail" not in (api.kernel_table(DRIVER).entry(v) or {}):
+        pytest.skip(f"{v.name} has no balanced tail")
+    rng = np.random.default_rng()
+    host = [_quantise(rng.standard_normal((b, s, h, 256)).astype(np.float32), "fp8_e4m3")
+            for s, h in ((sq, hq), (sk, hkv), (sk, hkv))]
+    q, k, vv = (to_device(DRIVER, 0, h[0], "fp8_e4m3") for h in host)
+    scales = _descales(DRIVER, 0, tuple(h[2] for h in host))
+    out = DeviceArray(DRIVER, 0, (b, sq, hq, 256), "bf16")
+    try:
+        import torch
+        other = torch.cuda.Stream().cuda_stream
+    except ImportError:
+        other = None
+
+    def run(mode, stream=None):
+        monkeypatch.setenv("ZYFA_SPLIT_TAIL", mode)
+        with api._lock:
+            api._plans.clear()
+            api._layouts.clear()
+        DRIVER.memset_d8(out.ptr, 0xFF, out.nbytes)
+        _, lse = flash_attn_func(q, k, vv, out=out, return_lse=True, stream=stream, **scales)
+        DRIVER.synchronize(0)
+        return out.numpy().view(np.uint16).copy(), lse.numpy().view(np.uint32).copy()
+
+    tiles = -(-sq // v.tile.block_m) * hq * b
+    cut = [run("always") for _ in range(3)] + ([run("always", other)] if other is not None else [])
+    for o, l in cut[1:]:
+        assert np.array_equal(o, cut[0][0]) and np.array_equal(l, cut[0][1])
+    whole = run("off")
+    to_f = lambda o: (o.astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
+    o_cut, o_whole = to_f(cut[0][0]), to_f(whole[0])
+    assert not np.isnan(o_cut).any() and not np.isnan(cut[0][1].view(np.float32)).any()
+    ref, ref_lse = reference.attention(*(h[1] for h in host), causal=False, return_lse=True)
+    assert reference.relative_error(o_cut, ref) <= RECIPE_FP64_BOUND
+    assert reference.relative_error(o_cut, o_whole) <= 4e-3
+    assert np.abs(cut[0][1].view(np.float32) - ref_lse).max() < bounds(v)[1]
+    assert tiles % DRIVER.attribute(0, "multiprocessor_count") != 0   # there is a tail to cut

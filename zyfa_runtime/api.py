@@ -14,6 +14,7 @@ import collections
 import contextlib
 import ctypes
 import dataclasses
+import os
 import threading
 
 import numpy as np
@@ -149,8 +150,9 @@ class Layout:
     values: dict                      # every argument that is no address
     tensor_maps: dict                 # argument -> (tensor, dims, strides, box, swizzle bytes)
     grids: tuple                      # launch.grids: (the pre-pass's or None, the kernel's)
-    vt_bytes: int                     # of the V^T workspace (0: no pre-pass)
-    counter_bytes: int                # of a persistent kernel's tile counter (0: none)
+    vt_bytes: int                     # of the V^T in the workspace (0: no pre-pass)
+    partial_bytes: int                # of a balanced tail's partials in it, after the V^T (0: none)
+    counter: tuple                    # (argument, bytes) of a tile counter: a persistent kernel's, a tail's
     lse: tuple                        # (shape, strides) of the LSE
 
 
@@ -181,12 +183,21 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
         values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(st)
     maps = {arg: _tensor_map_geometry(problem, values, spec)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
-    sm_count, counter_bytes = None, 0
+    sm_count, counter, partial_bytes = None, None, 0
     if "persistent" in kernel.entry:
         # One CTA an SM taking tiles from a counter: the tiles, and the counter's size.
         values.update(_launch.persistent_tiles(kernel, values))
-        counter_bytes = kernel.entry["persistent"]["counter_bytes"]
+        counter = ("tile_counter", kernel.entry["persistent"]["counter_bytes"])
         sm_count = driver.attribute(device, "multiprocessor_count")
+    if "split_tail" in kernel.entry:
+        # The tiles past the last whole wave cut by keys (launch.tail_plan): their pieces'
+        # partials in the workspace after the V^T, a count a cut tile.
+        tail = kernel.entry["split_tail"]
+        values.update(_launch.persistent_tiles(kernel, values, "split_tail"))
+        values.update(_launch.tail_plan(kernel.entry, values, driver.attribute(device, "multiprocessor_count"),
+                                        problem.varlen, os.environ.get("ZYFA_SPLIT_TAIL", "auto")))
+        partial_bytes = 2 * values["tail_ctas"] * tail["slot_bytes"]
+        counter = ("tail_counter", max(values["tile_count"] - values["tail_first"], 1) * tail["counter_bytes"])
     vt_bytes = 0
     if "prepass" in kernel.entry:
         # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
@@ -194,7 +205,15 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
                                                          problem.total_k if problem.varlen else None)
         vt_bytes = problem.hkv * values["vt_stride_h"]
     grids = _launch.grids(driver, kernel, values, sm_count)
-    return Layout(problem, kernel, values, maps, grids, vt_bytes, counter_bytes, (lse_shape, lse_strides))
+    return Layout(problem, kernel, values, maps, grids, vt_bytes, partial_bytes, counter, (lse_shape, lse_strides))
+
+
+#: Bytes the partials of a balanced tail start at, after the V^T in the workspace.
+PARTIALS_ALIGN = 256
+
+
+def _partials_at(vt_bytes: int) -> int:
+    return -(-vt_bytes // PARTIALS_ALIGN) * PARTIALS_ALIGN
 
 
 def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int, driver):
@@ -223,17 +242,24 @@ def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int
     for arg, (tensor, *geometry) in layout.tensor_maps.items():
         values[arg] = driver.tensor_map_u8(values[tensor], *geometry)
     counter = None
-    if layout.counter_bytes:
-        values["tile_counter"] = workspace.counter(driver, device, stream, layout.counter_bytes)
-        counter = (layout.counter_bytes, values["tile_counter"])
-        extents["tile_counter"] = (counter[1], counter[1] + counter[0])
-    hold = workspace.hold(driver, device, stream, layout.vt_bytes) if layout.vt_bytes else contextlib.nullcontext()
-    with hold as vt:
-        if vt is not None:
-            values["vt"] = vt
-            extents["vt"] = (vt, vt + layout.vt_bytes)
+    if layout.counter is not None:
+        name, nbytes = layout.counter
+        values[name] = workspace.counter(driver, device, stream, nbytes)
+        counter = (nbytes, values[name])
+        extents[name] = (counter[1], counter[1] + counter[0])
+    # The workspace: the V^T, then a balanced tail's partials.
+    ws_bytes = _partials_at(layout.vt_bytes) + layout.partial_bytes if layout.partial_bytes else layout.vt_bytes
+    hold = workspace.hold(driver, device, stream, ws_bytes) if ws_bytes else contextlib.nullcontext()
+    with hold as ws:
+        if layout.vt_bytes:
+            values["vt"] = ws
+            extents["vt"] = (ws, ws + layout.vt_bytes)
+        if "split_tail" in kernel.entry:
+            values["partials"] = ws + _partials_at(layout.vt_bytes) if layout.partial_bytes else None
+            if layout.partial_bytes:
+                extents["partials"] = (values["partials"], values["partials"] + layout.partial_bytes)
         launches = _launch.assemble(kernel, layout.grids, _launch.pack_args(kernel, values))
-        plan = Plan(device, launches, extents, (layout.vt_bytes, vt) if vt is not None else None, counter)
+        plan = Plan(device, launches, extents, (ws_bytes, ws) if ws is not None else None, counter)
         plan.queue(driver, stream)
     return out_arr, lse_arr, plan
 

@@ -132,6 +132,11 @@ class Tile:
     #: sm_90a BF16: l, the row sum of the bf16-rounded P, from the PV product (N = d_v + 8 over a
     #: block of ones after each V stage), and O and LSE normalised by it (FP8's rounded sums)
     pv_row_sums: bool = False
+    #: sm_90a FP8 non-causal: the tiles past the last whole wave are cut by keys into as many
+    #: equal pieces as the device has SMs, a CTA each, which may end one tile and start the next;
+    #: each piece of a cut tile writes its O, l and frame to a workspace and the tile's last piece
+    #: to finish merges them (split_tail_rule, tail_plan in launch.py)
+    split_tail: bool = False
 
 
 def sm90_body(v: Variant) -> str:
@@ -191,8 +196,11 @@ def tile_for(v: Variant) -> Tile:
                     + stages * 8 * 128 + barriers + (0 if inside else 1024))
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
+        # The balanced tail at d_v = 256 (the last of 15.5 waves cost 2 % at the bar's shape,
+        # bench/results/2026-12-02_h200_d256_halves_s/waves).
+        split_tail = v.d_v == 256 and not v.causal
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
-                    dynamic_smem=smem(stages), stages=stages)
+                    dynamic_smem=smem(stages), stages=stages, split_tail=split_tail)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
@@ -254,6 +262,9 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
     if v.tile.persistent:
         args += [("tile_counter", "ptr")]   # PERSISTENT_COUNTER_BYTES of a workspace, zero between launches
+    if v.tile.split_tail:
+        args += [("partials", "ptr"),       # the cut tiles' pieces: split_tail_slot_bytes each, two a tail CTA
+                 ("tail_counter", "ptr")]   # split_tail_counter_bytes a cut tile, zero between launches
     for t in ("q", "k", "v", "o"):
         args += [(f"{t}_stride_b", "i64"), (f"{t}_stride_s", "i64"), (f"{t}_stride_h", "i64")]
     if has_vt_prepass(v):
@@ -268,9 +279,13 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         ("seqlen_k", "i32"),
         ("softmax_scale", "f32"),
     ]
-    if v.tile.persistent:
+    if v.tile.persistent or v.tile.split_tail:
         # tiles_rule evaluated, and the product of the three (the tiles, < 2^31)
         args += [("tiles_x", "i32"), ("tiles_y", "i32"), ("tiles_z", "i32"), ("tile_count", "i32")]
+    if v.tile.split_tail:
+        # CTAs 0 .. tail_first - 1 take a tile each, tail_ctas CTAs after them the tiles from
+        # tail_first on, cut by keys (launch.tail_plan; tail_first = tile_count: none cut)
+        args += [("tail_first", "i32"), ("tail_ctas", "i32")]
     return args
 
 
@@ -383,7 +398,28 @@ def grid_rule(v: Variant) -> dict:
     one a tile where there are fewer tiles (``tiles_rule``)."""
     if v.tile.persistent:
         return {"x": {"min": ["tile_count", "sm_count"]}, "y": 1, "z": 1}
+    if v.tile.split_tail:
+        return {"x": {"add": ["tail_first", "tail_ctas"]}, "y": 1, "z": 1}
     return tiles_rule(v)
+
+
+def split_tail_slot_bytes(v: Variant) -> int:
+    """Bytes of one piece's partial result in ``partials``: per consumer thread its O
+    accumulators (d_v / 2 fp32) and one 16-byte group of its rows' l and frame, in the
+    accumulators' own order (the thread that merges reads the same places of each piece)."""
+    return v.tile.block_m // SM90_CONSUMER_ROWS * 128 * (v.d_v // 2 + 4) * 4
+
+
+def split_tail_counter_bytes(v: Variant) -> int:
+    """Bytes of ``tail_counter`` a cut tile: one 32-bit count of its finished pieces a
+    consumer warpgroup, zero between launches (the last piece zeroes it)."""
+    return v.tile.block_m // SM90_CONSUMER_ROWS * 4
+
+
+#: A piece of a cut tile costs its CTA about this many key blocks beside its own (the second
+#: tile's start and end, the partial's store and the merge): the tail is cut only where each
+#: CTA's share of it plus this is below a whole tile's blocks (launch.tail_plan).
+SPLIT_TAIL_OVERHEAD_BLOCKS = 4
 
 
 #: Bytes of a persistent kernel's ``tile_counter``: the next tile's counter and the CTAs that
@@ -422,6 +458,8 @@ def eval_grid(rule: dict, values: dict) -> tuple[int, int, int]:
             for t in term["mul"]:
                 out *= ev(t)
             return out
+        if isinstance(term, dict) and set(term) == {"add"} and term["add"]:
+            return sum(ev(t) for t in term["add"])
         if isinstance(term, dict) and set(term) == {"min"} and term["min"]:
             return min(ev(t) for t in term["min"])
         if isinstance(term, dict) and set(term) == {"if_le"} and len(term["if_le"]) == 4:

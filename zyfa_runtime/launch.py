@@ -97,17 +97,44 @@ def _prepass(kernel: Kernel, grid: tuple[int, int, int], args: bytes) -> Launch:
 MAX_TILES = 2**31 - 1
 
 
-def persistent_tiles(kernel: Kernel, values: dict) -> dict:
-    """A persistent kernel's tile arguments: ``tiles_x``, ``tiles_y``, ``tiles_z`` (its
-    manifest's ``persistent.tiles`` rule) and ``tile_count``, their product; refused
-    (ValueError) where the tiles overflow the kernel's int.  They are not a launch grid: the
-    device's grid limits do not apply to them."""
-    x, y, z = eval_grid(kernel.entry["persistent"]["tiles"], values)
+def persistent_tiles(kernel: Kernel, values: dict, key: str = "persistent") -> dict:
+    """The tile arguments of a persistent or balanced-tail kernel: ``tiles_x``, ``tiles_y``,
+    ``tiles_z`` (its manifest's ``persistent.tiles`` or ``split_tail.tiles`` rule, ``key``) and
+    ``tile_count``, their product; refused (ValueError) where the tiles overflow the kernel's
+    int.  They are not a launch grid: the device's grid limits do not apply to them."""
+    x, y, z = eval_grid(kernel.entry[key]["tiles"], values)
     if x * y * z > MAX_TILES:
         raise ValueError(f"{kernel.variant.name}: this problem has {x * y * z} tiles of "
                          f"{kernel.entry['tile']['block_m']} query rows, more than {MAX_TILES}; split the "
                          f"batch or the sequence")
     return {"tiles_x": x, "tiles_y": y, "tiles_z": z, "tile_count": x * y * z}
+
+
+#: ``ZYFA_SPLIT_TAIL``: ``auto`` (the default) cuts the tail where tail_plan's model gains,
+#: ``off`` never, ``always`` wherever there is a partial last wave (for tests and A/B runs).
+SPLIT_TAIL_MODES = ("auto", "off", "always")
+
+
+def tail_plan(entry: dict, values: dict, sm_count: int, packed: bool, mode: str = "auto") -> dict:
+    """A balanced-tail kernel's ``tail_first`` and ``tail_ctas`` (catalogue.Tile.split_tail):
+    the R = tile_count mod sm_count tiles past the last whole wave, nb key blocks each, cut into
+    min(sm_count, R nb) pieces of equal blocks, a CTA each.  Cut where each CTA's share,
+    ceil(R nb / sm_count), plus the manifest's ``overhead_blocks`` (a second tile's start, the
+    partial's store and the merge) is below nb, the blocks the last wave takes whole; never for
+    packed batches (their tiles differ in length).  ``entry``: the kernel's manifest entry;
+    ``values``: the tile arguments and ``seqlen_k``."""
+    if mode not in SPLIT_TAIL_MODES:
+        raise ValueError(f"ZYFA_SPLIT_TAIL={mode!r}: one of {', '.join(SPLIT_TAIL_MODES)}")
+    tiles = values["tile_count"]
+    whole = {"tail_first": tiles, "tail_ctas": 0}
+    nb = -(-values["seqlen_k"] // entry["tile"]["block_n"])
+    rest = tiles % sm_count
+    if packed or mode == "off" or rest == 0 or nb < 2:
+        return whole
+    share = -(-rest * nb // sm_count)
+    if mode == "auto" and share + entry["split_tail"]["overhead_blocks"] >= nb:
+        return whole
+    return {"tail_first": tiles - rest, "tail_ctas": min(sm_count, rest * nb)}
 
 
 def _grid(driver, kernel: Kernel, rule: dict, values: dict) -> tuple[int, int, int]:
