@@ -366,6 +366,7 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
     return true;
   } else {
     const int i = static_cast<int>(cta.x);
+    if (s > 1) return false;
     if (i < p.tail_first) {
       g = {i, 0, 0, -1};
       if (s > 0) return false;
