@@ -39,7 +39,7 @@ from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
                                     PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_OVERHEAD_BLOCKS, buildable, grid_rule,
                                     has_vt_prepass, iter_select, kernarg_size, split_tail_counter_bytes,
-                                    split_tail_slot_bytes, tiles_rule,
+                                    split_tail_grid_rule, split_tail_slot_bytes, split_tail_symbol, tiles_rule,
                                     kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
 
 MANIFEST_FORMAT = 1
@@ -73,7 +73,8 @@ def inspect(v: Variant, image: bytes) -> dict:
                               "agpr": meta.get("agpr_count", 0)},
                 "scratch": meta["private_segment_fixed_size"]}
     kernels = codeobject.cubin_kernels(image)
-    symbols = [v.symbol] + ([vt_prepass_symbol(v)] if has_vt_prepass(v) else [])
+    symbols = ([v.symbol] + ([vt_prepass_symbol(v)] if has_vt_prepass(v) else [])
+               + ([split_tail_symbol(v)] if v.tile.split_tail else []))
     for symbol in symbols:
         if symbol not in kernels:
             raise BuildError(f"{v.name}: symbol {symbol} missing from the cubin")
@@ -115,10 +116,7 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
         **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
            if v.tile.persistent else {}),
-        **({"split_tail": {"tiles": tiles_rule(v), "slot_bytes": split_tail_slot_bytes(v),
-                           "counter_bytes": split_tail_counter_bytes(v),
-                           "overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS}}
-           if v.tile.split_tail else {}),
+        **({"split_tail": split_tail_entry(v)} if v.tile.split_tail else {}),
         **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
     }
 
@@ -128,6 +126,15 @@ def prepass_entry(v: Variant) -> dict:
     with the same arguments (catalogue.has_vt_prepass)."""
     return {"symbol": vt_prepass_symbol(v), "block_size": VT_THREADS, "grid": vt_prepass_grid_rule(v),
             "vt_block": VT_BLOCK}
+
+
+def split_tail_entry(v: Variant) -> dict:
+    """The balanced tail (catalogue.Tile.split_tail): the tail kernel, a third entry point of the
+    code object launched after the kernel with the same arguments, its grid, the tiles' grid,
+    the bytes of a piece's slot and of a cut tile's counter, and the planning constant."""
+    return {"symbol": split_tail_symbol(v), "grid": split_tail_grid_rule(v), "tiles": tiles_rule(v),
+            "slot_bytes": split_tail_slot_bytes(v), "counter_bytes": split_tail_counter_bytes(v),
+            "overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS}
 
 
 def unbuilt_entry(v: Variant, reason: str) -> dict:

@@ -315,16 +315,19 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
 
 // ---- the balanced tail (kSplitTail) -----------------------------------------------------------
 //
-// The grid is linear.  CTA i < tail_first takes tile i whole (tiles numbered as tiles_rule's grid:
-// query-row block, head, sequence).  The tail_ctas CTAs after them take the tail, the tiles from
-// tail_first on, cut by keys: its U tiles of nb blocks laid end to end, CTA j takes the blocks
-// [start(j), start(j + 1)), start(j) = floor(j U nb / tail_ctas).  The host plans fewer blocks a
-// CTA than a tile has (launch.tail_plan), so a CTA has one or two segments: the end of one tile,
-// the start of the next.  Each segment of a cut tile is a piece: its O, l and frame go to slot
-// 2 j + s of `partials` (s: the CTA's segment), and the last piece of the tile to finish, counted
-// in tail_counter, merges them all in their order (the same sums whichever finishes last) and
+// The launch's tiles (numbered as tiles_rule's grid: query-row block, head, sequence) from
+// tail_first on are not the kernel's (its CTAs of them return at once) but a second entry's, the
+// tail kernel (flash_fwd_tail), launched after it with tail_ctas CTAs.  These cut the tail by
+// keys: its U tiles of nb blocks laid end to end, tail CTA j takes the blocks [start(j),
+// start(j + 1)), start(j) = floor(j U nb / tail_ctas).  The host plans no more blocks a CTA than
+// a tile has (launch.tail_plan), so a CTA has one or two segments: the end of one tile, the start
+// of the next.  Each segment of a cut tile is a piece: its O, l and frame go to slot 2 j + s of
+// `partials` (s: the CTA's segment), and the last piece of the tile to finish, counted in
+// tail_counter, merges them all in their order (the same sums whichever finishes last) and
 // writes O and the LSE.  Between its segments a CTA starts afresh: the consumers' last epilogue
 // done, the producer's thread 0 makes new mbarriers and copies the next tile's Q and first block.
+// A kernel of its own, so that the whole tiles' code is compiled as where there is no tail: with
+// the tail's code beside it in one kernel, ptxas scheduled the main loop 1.2-1.7 % slower.
 //
 // Where the last wave has R < SMs tiles of nb blocks, it takes nb block-times; cut, about R nb /
 // SMs plus a second start, a store and a merge (at the bar's shape 33 + ~5 against 64 of the
@@ -356,118 +359,123 @@ __device__ __forceinline__ TailRun tail_run(const P& p) {
   return {nb, p.tail_first, p.tail_ctas, static_cast<long long>(p.tile_count - p.tail_first) * nb};
 }
 
-// Segment s (0, 1) of CTA `cta` and its work (cta_work's, n_blocks the segment's); false where
-// the CTA has no such segment or its tile no rows.
-template <class P>
+// Segment s of CTA `cta` and its work (cta_work's, n_blocks the segment's); false where the CTA
+// has no such segment or its tile no rows.  The kernel's CTAs (kTail false) have one, the whole
+// tile, where it lies before tail_first; the tail kernel's one or two.
+template <bool kTail, class P>
 __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segment& g, CtaWork& w) {
-  if constexpr (!kSplitTail) {
+  if constexpr (!kTail) {
+    if constexpr (kSplitTail) {
+      if (static_cast<int>(cta.x + gridDim.x * (cta.y + gridDim.y * cta.z)) >= p.tail_first) return false;
+    }
     if (s > 0 || !cta_work(p, w, cta)) return false;
     g = {0, 0, w.n_blocks, -1};
     return true;
   } else {
-    const int i = static_cast<int>(cta.x);
     if (s > 1) return false;
-    if (i < p.tail_first) {
-      g = {i, 0, 0, -1};
-      if (s > 0) return false;
-    } else {
-      const TailRun t = tail_run(p);
-      const int j = i - t.first;
-      const long long a = t.start(j), e = t.start(j + 1);
-      long long u = a / t.nb;
-      int kb0 = static_cast<int>(a - u * t.nb);
-      if (s > 0) {
-        if (e <= (u + 1) * t.nb) return false;
-        ++u;
-        kb0 = 0;
-      }
-      const int kb1 = static_cast<int>(min(static_cast<long long>(t.nb), e - u * t.nb));
-      g = {t.first + static_cast<int>(u), kb0, kb1, kb0 == 0 && kb1 == t.nb ? -1 : 2 * j + s};
+    const TailRun t = tail_run(p);
+    const int j = static_cast<int>(cta.x);
+    const long long a = t.start(j), e = t.start(j + 1);
+    long long u = a / t.nb;
+    int kb0 = static_cast<int>(a - u * t.nb);
+    if (s > 0) {
+      if (e <= (u + 1) * t.nb) return false;
+      ++u;
+      kb0 = 0;
     }
+    const int kb1 = static_cast<int>(min(static_cast<long long>(t.nb), e - u * t.nb));
+    g = {t.first + static_cast<int>(u), kb0, kb1, kb0 == 0 && kb1 == t.nb ? -1 : 2 * j + s};
     const int xy = p.tiles_x * p.tiles_y;
     const uint3 tile = make_uint3(g.tile % p.tiles_x, g.tile % xy / p.tiles_x, g.tile / xy);
     if (!cta_work(p, w, tile, tile)) return false;
-    if (g.slot < 0) g.kb1 = w.n_blocks;
-    else w.n_blocks = g.kb1 - g.kb0;
+    w.n_blocks = g.kb1 - g.kb0;
     return true;
   }
+}
+
+// A thread's 16-byte groups in a piece's slot: its O accumulators', then its rows' l and frame.
+constexpr int kSlotQuads = kDv / 8 + 1;
+
+// A thread's group 0 of slot k in `partials` (consumer cw).
+template <class P>
+__device__ __forceinline__ float4* slot_of(const P& p, long long k, int cw) {
+  return static_cast<float4*>(const_cast<void*>(p.partials)) + (k * kConsumers + cw) * kSlotQuads * 128 +
+         threadIdx.x % 128;
 }
 
 // A piece of a cut tile (g.slot >= 0), at the consumer's end: its O, l and frame stored to its
-// slot, in the accumulators' order (16-byte groups, the warpgroup's 128 threads side by side).
-// True where it is the tile's last piece to finish: acc_o, acc_l and frame then hold the merge
-// of all its pieces, O = sum O_k 2^(F_k - F), l likewise, F = max F_k, in the pieces' order.
+// slot, in the accumulators' order (16-byte groups, the warpgroup's 128 threads side by side,
+// so that the thread that merges reads the same places of each piece).  True where it is the
+// tile's last piece to finish (its count in tail_counter, zeroed again for the next launch).
 // sflag: a word of the warpgroup's Q rows (free: its last S is done) to broadcast the count.
 template <class P>
-__device__ __forceinline__ bool store_piece_and_merge(const P& p, const Segment& g, float (&acc_o)[kDv / 2],
-                                                      float (&acc_l)[4], float (&frame)[2], int cw,
-                                                      uint32_t sflag) {
-  if constexpr (!kSplitTail) {
-    return true;
-  } else {
-    constexpr int kQuads = kDv / 8 + 1;     // a thread's 16-byte groups: O's, then l and F
-    const int tid = threadIdx.x % 128;
-    const auto slot = [&](int k) {
-      return static_cast<float4*>(const_cast<void*>(p.partials)) + (static_cast<long long>(k) * kConsumers + cw) * kQuads * 128 + tid;
-    };
-    float4* mine = slot(g.slot);
+__device__ __forceinline__ bool store_piece(const P& p, const Segment& g, const float (&acc_o)[kDv / 2],
+                                            const float (&acc_l)[4], const float (&frame)[2], int cw,
+                                            uint32_t sflag) {
+  float4* mine = slot_of(p, g.slot, cw);
 #pragma unroll
-    for (int q = 0; q < kDv / 8; ++q)
-      mine[q * 128] = make_float4(acc_o[4 * q], acc_o[4 * q + 1], acc_o[4 * q + 2], acc_o[4 * q + 3]);
-    mine[(kQuads - 1) * 128] = make_float4(acc_l[0], acc_l[2], frame[0], frame[1]);
-    __threadfence();                         // the slot before the count
-    bar_sync(kOutBar + cw, 128);
+  for (int q = 0; q < kDv / 8; ++q)
+    mine[q * 128] = make_float4(acc_o[4 * q], acc_o[4 * q + 1], acc_o[4 * q + 2], acc_o[4 * q + 3]);
+  mine[(kSlotQuads - 1) * 128] = make_float4(acc_l[0], acc_l[2], frame[0], frame[1]);
+  __threadfence();                         // the slot before the count
+  bar_sync(kOutBar + cw, 128);
+  if (threadIdx.x % 128 == 0) {
     const TailRun t = tail_run(p);
     const int u = g.tile - t.first;
     const long long x0 = static_cast<long long>(u) * t.nb;
-    const int j0 = t.cta_of(x0), j1 = t.cta_of(x0 + t.nb - 1);
-    if (tid == 0) {
-      int* count = static_cast<int*>(const_cast<void*>(p.tail_counter)) + u * kConsumers + cw;
-      const bool last = atomicAdd(count, 1) == j1 - j0;
-      if (last) atomicExch(count, 0);        // zero for the next launch
-      __threadfence();                       // the other pieces' slots after the count
-      sts32(sflag, last);
-    }
-    bar_sync(kOutBar + cw, 128);
-    uint32_t last;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(last) : "r"(sflag) : "memory");
-    bar_sync(kOutBar + cw, 128);             // read before the epilogue stages O over it
-    if (!last) return false;
-    const auto piece = [&](int j) { return slot(2 * j + (t.start(j) < x0 ? 1 : 0)); };
-    float f[2] = {-INFINITY, -INFINITY};
-    for (int j = j0; j <= j1; ++j) {
-      const float4 lf = __ldcg(piece(j) + (kQuads - 1) * 128);
-      f[0] = fmaxf(f[0], lf.z);
-      f[1] = fmaxf(f[1], lf.w);
-    }
-#pragma unroll
-    for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
-    acc_l[0] = acc_l[2] = 0.f;
-    for (int j = j0; j <= j1; ++j) {
-      const float4* src = piece(j);
-      const float4 lf = __ldcg(src + (kQuads - 1) * 128);
-      float scale[2];
-      scale[0] = lf.z == -INFINITY ? 0.f : exp2f(lf.z - f[0]);
-      scale[1] = lf.w == -INFINITY ? 0.f : exp2f(lf.w - f[1]);
-#pragma unroll
-      for (int q = 0; q < kDv / 8; ++q) {
-        const float4 o = __ldcg(src + q * 128);
-        acc_o[4 * q] = __fmaf_rn(o.x, scale[0], acc_o[4 * q]);
-        acc_o[4 * q + 1] = __fmaf_rn(o.y, scale[0], acc_o[4 * q + 1]);
-        acc_o[4 * q + 2] = __fmaf_rn(o.z, scale[1], acc_o[4 * q + 2]);
-        acc_o[4 * q + 3] = __fmaf_rn(o.w, scale[1], acc_o[4 * q + 3]);
-      }
-      acc_l[0] = __fmaf_rn(lf.x, scale[0], acc_l[0]);
-      acc_l[2] = __fmaf_rn(lf.y, scale[1], acc_l[2]);
-    }
-    frame[0] = f[0];
-    frame[1] = f[1];
-    return true;
+    int* count = static_cast<int*>(const_cast<void*>(p.tail_counter)) + u * kConsumers + cw;
+    const bool last = atomicAdd(count, 1) == t.cta_of(x0 + t.nb - 1) - t.cta_of(x0);
+    if (last) atomicExch(count, 0);        // zero for the next launch
+    __threadfence();                       // the other pieces' slots after the count
+    sts32(sflag, last);
   }
+  bar_sync(kOutBar + cw, 128);
+  uint32_t last;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(last) : "r"(sflag) : "memory");
+  bar_sync(kOutBar + cw, 128);             // read before the epilogue stages O over it
+  return last != 0;
+}
+
+// The tile's pieces merged, in their order, into the last one's registers: O = sum O_k 2^(F_k
+// - F), l likewise, F = max F_k (acc_l's first column of each row, as the epilogue reads it).
+template <class P>
+__device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float (&acc_o)[kDv / 2],
+                                             float (&acc_l)[4], float (&frame)[2], int cw) {
+  const TailRun t = tail_run(p);
+  const long long x0 = static_cast<long long>(g.tile - t.first) * t.nb;
+  const int j0 = t.cta_of(x0), j1 = t.cta_of(x0 + t.nb - 1);
+  const auto piece = [&](int j) { return slot_of(p, 2LL * j + (t.start(j) < x0 ? 1 : 0), cw); };
+  float f[2] = {-INFINITY, -INFINITY};
+  for (int j = j0; j <= j1; ++j) {
+    const float4 lf = __ldcg(piece(j) + (kSlotQuads - 1) * 128);
+    f[0] = fmaxf(f[0], lf.z);
+    f[1] = fmaxf(f[1], lf.w);
+  }
+#pragma unroll
+  for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
+  acc_l[0] = acc_l[2] = 0.f;
+  for (int j = j0; j <= j1; ++j) {
+    const float4* src = piece(j);
+    const float4 lf = __ldcg(src + (kSlotQuads - 1) * 128);
+    const float s0 = lf.z == -INFINITY ? 0.f : exp2f(lf.z - f[0]);
+    const float s1 = lf.w == -INFINITY ? 0.f : exp2f(lf.w - f[1]);
+#pragma unroll
+    for (int q = 0; q < kDv / 8; ++q) {
+      const float4 o = __ldcg(src + q * 128);
+      acc_o[4 * q] = __fmaf_rn(o.x, s0, acc_o[4 * q]);
+      acc_o[4 * q + 1] = __fmaf_rn(o.y, s0, acc_o[4 * q + 1]);
+      acc_o[4 * q + 2] = __fmaf_rn(o.z, s1, acc_o[4 * q + 2]);
+      acc_o[4 * q + 3] = __fmaf_rn(o.w, s1, acc_o[4 * q + 3]);
+    }
+    acc_l[0] = __fmaf_rn(lf.x, s0, acc_l[0]);
+    acc_l[2] = __fmaf_rn(lf.y, s1, acc_l[2]);
+  }
+  frame[0] = f[0];
+  frame[1] = f[1];
 }
 
 // The consumers' work on one segment (s) of the CTA: w, its tile's; nb0, its first key block.
-template <class P>
+template <bool kTail, class P>
 __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWork& w, int wg, int nb0, int s) {
   const Bars bars = sm.bars();
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
@@ -593,75 +601,103 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   // The work derived again (its registers free through the loop).
   Segment g;
   CtaWork wo;
-  segment_work(p, cta_index_again(), s, g, wo);
-  if (g.slot >= 0 && !store_piece_and_merge(p, g, acc_o, acc_l, frame, cw, sQg)) return;
+  segment_work<kTail>(p, cta_index_again(), s, g, wo);
+  if constexpr (kTail) {
+    if (g.slot >= 0) {   // a piece of a cut tile: stored; the tile's last piece merges them all
+      if (!store_piece(p, g, acc_o, acc_l, frame, cw, sQg)) return;
+      merge_pieces(p, g, acc_o, acc_l, frame, cw);
+    }
+  }
   write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
 }
 
+// Where a CTA's copies read: its head's V^T, Q's rows (dense: TMA zero-fills past the sequence's
+// rows), and the key row and sequence of the tensor map where this sequence's keys start
+// (packed: its first key and 0).
+struct Copies {
+  const uint8_t* gvt;
+  int rows_q, krow0, kbatch;
+};
+
 template <class P>
-__device__ void flash_fwd(const P& p) {
+__device__ __forceinline__ Copies copies(const P& p, const CtaWork& w) {
+  const bool packed_k = p.cu_seqlens_k != nullptr;
+  return {vt_block(p, w.h_kv, vt_column0(p, w.b)), p.cu_seqlens_q != nullptr ? w.seq.sq - w.row0 : kBlockM,
+          packed_k ? static_cast<int>(w.seq.k_start) : 0, packed_k ? 0 : w.b};
+}
+
+template <bool kTail, class P>
+__device__ __forceinline__ void attention(const P& p) {
   const Smem sm{kSlack ? smem_base_1024() : smem_base_exact()};
 
   const int wg = warpgroup_index();
   Segment g;
   CtaWork w;
-  if (!segment_work(p, blockIdx, 0, g, w)) return;
+  if (!segment_work<kTail>(p, blockIdx, 0, g, w)) return;
   const Bars bars = sm.bars();
-  const bool packed_k = p.cu_seqlens_k != nullptr, packed_q = p.cu_seqlens_q != nullptr;
+  const bool packed_q = p.cu_seqlens_q != nullptr;
+  Copies c = copies(p, w);
   // The segment's start, by thread 0: Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes
   // of 64 bytes x kBlockM rows in the 64B swizzle of the K-blocks) and its first block, the CTA's
   // first waits, issued before anything else (by the producer's cp.async after the CTA's
   // barrier, the consumers saw Q about 600 cycles later at 4k tokens).
-  const auto start = [&](const CtaWork& w, int nb0) {
-    const int rows_q = packed_q ? w.seq.sq - w.row0 : kBlockM;
+  const auto start = [&](const CtaWork& w, const Copies& c, int nb0) {
     mbar_init(sm.qfull(), 1);
     mbar_init(sm.qlanded(), 1);
     bars.init();
     if (w.n_blocks > 0) {
       tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
-                                  rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
+                                  c.rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
                                   packed_q ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed_q ? 0 : w.b);
-      copy_block(p, sm, 0, vt_block(p, w.h_kv, vt_column0(p, w.b)), nb0, w.h_kv,
-                 packed_k ? static_cast<int>(w.seq.k_start) : 0, packed_k ? 0 : w.b);
+      copy_block(p, sm, 0, c.gvt, nb0, w.h_kv, c.krow0, c.kbatch);
     }
   };
-  if (threadIdx.x == 0) start(w, g.kb0);
+  if (threadIdx.x == 0) start(w, c, g.kb0);
   for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads)
     if (Smem::is_ones(i)) sts32(sm.ones_at(i), 0x38383838u);
   fence_async_smem();
   __syncthreads();
 
-  // Between a tail CTA's two segments (kSplitTail): the consumers and the producer's warp 0
+  // Between a tail CTA's two segments: the consumers and the producer's warp 0
   // meet once the consumers' epilogue is done (its stores through Q's rows), thread 0 makes new
   // mbarriers and starts the next segment, and they meet again.
   constexpr int kSegBar = 1, kSegThreads = 128 * kConsumers + 32;
   if (wg == 0) {
     producer_registers();
     for (int s = 0;;) {
-      if (w.n_blocks > 0) {
-        const int rows_q = packed_q ? w.seq.sq - w.row0 : kBlockM;   // dense: TMA zero-fills past the sequence's rows
-        produce(p, sm, vt_block(p, w.h_kv, vt_column0(p, w.b)), rows_q, w.h_kv,
-                packed_k ? static_cast<int>(w.seq.k_start) : 0, packed_k ? 0 : w.b, w.n_blocks, g.kb0);
-      }
-      if (!kSplitTail || threadIdx.x >= 32 || !segment_work(p, blockIdx, ++s, g, w)) return;
+      if (w.n_blocks > 0) produce(p, sm, c.gvt, c.rows_q, w.h_kv, c.krow0, c.kbatch, w.n_blocks, g.kb0);
+      if (!kTail || threadIdx.x >= 32 || !segment_work<kTail>(p, blockIdx, ++s, g, w)) return;
+      c = copies(p, w);
       bar_sync(kSegBar, kSegThreads);
       if (threadIdx.x == 0) {
         bars.inval();
         mbar_inval(sm.qfull());
         mbar_inval(sm.qlanded());
-        start(w, g.kb0);
+        start(w, c, g.kb0);
       }
       bar_sync(kSegBar, kSegThreads);
     }
   }
   consumer_registers();
   for (int s = 0;;) {
-    consume(p, sm, w, wg, g.kb0, s);
-    if (!kSplitTail || !segment_work(p, cta_index_again(), ++s, g, w)) return;
+    consume<kTail>(p, sm, w, wg, g.kb0, s);
+    if (!kTail || !segment_work<kTail>(p, cta_index_again(), ++s, g, w)) return;
     fence_async_smem();    // the epilogue's generic reads and writes of Q's rows before the TMA's
     bar_sync(kSegBar, kSegThreads);
     bar_sync(kSegBar, kSegThreads);
   }
+}
+
+// The kernel: the launch's whole tiles (those before tail_first, where the variant has a tail).
+template <class P>
+__device__ void flash_fwd(const P& p) {
+  attention<false>(p);
+}
+
+// The tail kernel (kSplitTail): the tiles from tail_first on, cut by keys (see above).
+template <class P>
+__device__ void flash_fwd_tail(const P& p) {
+  attention<true>(p);
 }
 
 }  // namespace zyfa

@@ -174,8 +174,6 @@ def _grid_term(name: str, term, args: set[str]) -> str:
         for t in term["min"][1:]:
             out = f"zyfa_min_({out}, {_grid_term(name, t, args)})"
         return out
-    if isinstance(term, dict) and set(term) == {"add"} and term["add"]:
-        return "(" + " + ".join(_grid_term(name, t, args) for t in term["add"]) + ")"
     if isinstance(term, dict) and set(term) == {"cdiv"} and len(term["cdiv"]) == 2:
         x, y = (_grid_term(name, t, args) for t in term["cdiv"])
         return f"zyfa_cdiv_({x}, {y})"
@@ -250,15 +248,18 @@ def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
     t = tail["tiles"]
     terms = [_grid_term(name, t[axis], args) for axis in ("x", "y", "z")]
     block_n = int(entry["tile"]["block_n"])
-    return [f"/* {name} balances its last wave: the tiles past the last whole wave of the device's SMs are",
-            " * cut by keys into pieces, a CTA each.  Before a launch: zyfa_" + name + "_tail(&args, sm_count)",
-            " * (returns -1, the struct unchanged, where the tiles overflow the kernel's int; tail_ctas = 0",
-            " * where nothing is cut, always for packed batches: pass packed = 1).  Then, where tail_ctas > 0,",
-            f" * args.partials = 2 * tail_ctas * ZYFA_{up}_SLOT_BYTES bytes of device memory, and always",
-            f" * args.tail_counter = (tile_count - tail_first, at least 1) * ZYFA_{up}_TAIL_COUNTER_BYTES",
-            " * bytes, zeroed once before the first launch that uses them; every launch leaves them zero,",
-            " * so launches on one stream share both (launches that may run at the same time need their own). */",
-            f"#define ZYFA_{up}_SLOT_BYTES {int(tail['slot_bytes'])}",
+    out = [f"/* {name} balances its last wave: the tiles past the last whole wave of the device's SMs are",
+           f" * not the kernel's but its tail kernel's, ZYFA_{up}_TAIL_SYMBOL (same module, arguments, block and",
+           " * dynamic shared memory), launched after it on the same stream where its grid is not empty; its",
+           " * CTAs cut them by keys.  Before a launch: zyfa_" + name + "_tail(&args, sm_count, packed) (returns",
+           " * -1, the struct unchanged, where the tiles overflow the kernel's int; tail_ctas = 0 where nothing",
+           " * is cut, always for packed batches).  Then, where tail_ctas > 0,",
+           f" * args.partials = 2 * tail_ctas * ZYFA_{up}_SLOT_BYTES bytes of device memory, and always",
+           f" * args.tail_counter = (tile_count - tail_first, at least 1) * ZYFA_{up}_TAIL_COUNTER_BYTES",
+           " * bytes, zeroed once before the first launch that uses them; every launch leaves them zero,",
+           " * so launches on one stream share both (launches that may run at the same time need their own). */",
+           f"#define ZYFA_{up}_TAIL_SYMBOL {_cstr(tail['symbol'])}"]
+    out += [f"#define ZYFA_{up}_SLOT_BYTES {int(tail['slot_bytes'])}",
             f"#define ZYFA_{up}_TAIL_COUNTER_BYTES {int(tail['counter_bytes'])}",
             f"static inline int zyfa_{name}_tail({st} *a, unsigned int sm_count, int packed) {{",
             *(f"  const int64_t t{axis} = (int64_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
@@ -278,6 +279,9 @@ def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
             "  }",
             "  return 0;",
             "}", ""]
+    g = tail["grid"]
+    terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
+    return out + _grid_function(f"zyfa_{name}_tail_grid", "tail kernel's grid", st, g, terms)
 
 
 def _persistent(name: str, entry: dict, st: str, args: set) -> list[str]:

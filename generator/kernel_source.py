@@ -217,6 +217,8 @@ def entry(v: Variant) -> str:
     if catalogue.has_vt_prepass(v):
         out += entry_point(f"__global__ void __launch_bounds__({catalogue.VT_THREADS})",
                            catalogue.vt_prepass_symbol(v), "transpose_v")
+    if v.tile.split_tail:
+        out += entry_point(attrs, catalogue.split_tail_symbol(v), "flash_fwd_tail")
     return out
 
 

@@ -55,8 +55,26 @@ class Hazard:
 
 
 def parse(sass: str) -> list[tuple[int, str]]:
-    """(address, instruction text) of every instruction in cuobjdump -sass output, in order."""
+    """(address, instruction text) of every instruction in cuobjdump -sass output, in order
+    (one function's: each function's addresses start at 0, see ``functions``)."""
     return [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
+
+
+_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
+
+
+def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
+    """Each function's instructions in cuobjdump -sass output of a code object (its kernels, a
+    pre-pass, a tail kernel), by name: walked apart, as their addresses overlap."""
+    out: dict[str, list[str]] = {}
+    lines = out.setdefault("", [])
+    for line in sass.splitlines():
+        m = _FUNCTION.match(line)
+        if m:
+            lines = out.setdefault(m.group(1), [])
+        else:
+            lines.append(line)
+    return {name: parse("\n".join(body)) for name, body in out.items() if parse("\n".join(body))}
 
 
 def hazards(instructions: list[tuple[int, str]]) -> list[Hazard]:
@@ -125,7 +143,7 @@ def check_cubin(path: Path, tool: str) -> list[Hazard]:
     proc = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} -sass {path} failed: {(proc.stderr or proc.stdout).strip()}")
-    return hazards(parse(proc.stdout))
+    return [h for body in functions(proc.stdout).values() for h in hazards(body)]
 
 
 def main(argv=None) -> int:

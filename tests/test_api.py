@@ -445,18 +445,23 @@ def test_persistent_kernels_take_a_cta_an_sm_and_a_zeroed_tile_counter_per_strea
 def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
     """sm_90a FP8 d256 non-causal (split_tail): 192 tiles of 64 key blocks on 132 SMs leave 60
     tiles past the last whole wave, 30 blocks a CTA once cut (+ the manifest's overhead, below
-    64): 132 whole-tile CTAs, then 132 tail CTAs; its partials in the workspace after the V^T,
-    two slots a tail CTA, and a zeroed counter a cut tile and consumer.  128 tiles of 32 blocks
-    (32 a CTA cut) stay whole unless ZYFA_SPLIT_TAIL=always; ``off`` and packed batches never
-    cut; an unknown mode is refused before any launch."""
+    64): the pre-pass, the kernel over its grid of tiles (the first 132 its own), then the tail
+    kernel's 132 CTAs, one argument buffer; the partials in the workspace after the V^T, two
+    slots a tail CTA, and a zeroed counter a cut tile and consumer.  128 tiles of 32 blocks (32 a
+    CTA cut) stay whole unless ZYFA_SPLIT_TAIL=always; ``off`` and packed batches never cut (no
+    tail launch); an unknown mode is refused before any launch."""
     variant = Variant("sm_90a", "fp8_e4m3", 256, 256, False)
     entry = entry_of(variant)
     tail = entry["split_tail"]
     q, k, v = arrays((1, 8192, 3, 256), (1, 8192, 3, 256), (1, 8192, 3, 256), dtype="fp8_e4m3")
     flash_attn_func(q, k, v)
-    main = fake.launches[-1]
+    pre, main, cut = fake.launches[-3:]
+    assert [x.symbol for x in (pre, main, cut)] == [vt_prepass_symbol(variant), variant.symbol,
+                                                     entry["split_tail"]["symbol"]]
+    assert pre.args == main.args == cut.args and main.block == cut.block and main.shared == cut.shared
     args = unpack_args(entry, main.args)
-    assert main.grid == (264, 1, 1) and (args["tail_first"], args["tail_ctas"], args["tile_count"]) == (132, 132, 192)
+    assert main.grid == (64, 3, 1) and cut.grid == (132, 1, 1)
+    assert (args["tail_first"], args["tail_ctas"], args["tile_count"]) == (132, 132, 192)
     offset = args["partials"] - args["vt"]   # after the V^T, at a multiple of 256 bytes
     assert 3 * args["vt_stride_h"] <= offset < 3 * args["vt_stride_h"] + 256 and offset % 256 == 0
     assert fake.buffer(args["vt"]).nbytes >= args["partials"] - args["vt"] + 2 * 132 * tail["slot_bytes"]
@@ -473,13 +478,14 @@ def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
         else:
             flash_attn_func(q, k, v)
         a = unpack_args(entry, fake.launches[-1].args)
-        return fake.launches[-1].grid, a["tail_first"], a["tail_ctas"], a["partials"]
+        tail = fake.launches[-1].grid if fake.launches[-1].symbol == entry["split_tail"]["symbol"] else None
+        return tail, a["tail_first"], a["tail_ctas"], a["partials"]
 
-    assert plan("off", (1, 8192, 3, 256), (1, 8192, 3, 256), (1, 8192, 3, 256)) == ((192, 1, 1), 192, 0, 0)
-    assert plan("auto", (1, 4096, 4, 256), (1, 4096, 4, 256), (1, 4096, 4, 256)) == ((128, 1, 1), 128, 0, 0)
+    assert plan("off", (1, 8192, 3, 256), (1, 8192, 3, 256), (1, 8192, 3, 256)) == (None, 192, 0, 0)
+    assert plan("auto", (1, 4096, 4, 256), (1, 4096, 4, 256), (1, 4096, 4, 256)) == (None, 128, 0, 0)
     grid, first, ctas, partials = plan("always", (1, 4096, 4, 256), (1, 4096, 4, 256), (1, 4096, 4, 256))
     assert (grid, first, ctas) == ((132, 1, 1), 0, 132) and partials != 0
-    assert plan("always", (8192, 3, 256), (8192, 3, 256), (8192, 3, 256), varlen=True)[2] == 0
+    assert plan("always", (8192, 3, 256), (8192, 3, 256), (8192, 3, 256), varlen=True)[:3] == (None, 198, 0)
     monkeypatch.setenv("ZYFA_SPLIT_TAIL", "sometimes")
     api._layouts.clear()
     refused_before_any_launch(fake, "ZYFA_SPLIT_TAIL", q, k, v)

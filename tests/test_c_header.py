@@ -13,10 +13,9 @@ import pytest
 
 from generator.c_header import HeaderError, write_header
 from zyfa_runtime import __version__
-from build import prepass_entry
-from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_OVERHEAD_BLOCKS, TOOLKIT, all_variants,
-                                    buildable, eval_grid, grid_rule, has_vt_prepass, kernarg_size, kernargs,
-                                    split_tail_counter_bytes, split_tail_slot_bytes, tensor_maps, tiles_rule,
+from build import prepass_entry, split_tail_entry
+from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, TOOLKIT, all_variants, buildable, eval_grid,
+                                    grid_rule, has_vt_prepass, kernarg_size, kernargs, tensor_maps, tiles_rule,
                                     vt_columns)
 from zyfa_runtime.launch import tail_plan
 
@@ -48,10 +47,7 @@ def catalogue_manifest() -> dict:
             **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
             **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
                if v.tile.persistent else {}),
-            **({"split_tail": {"tiles": tiles_rule(v), "slot_bytes": split_tail_slot_bytes(v),
-                               "counter_bytes": split_tail_counter_bytes(v),
-                               "overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS}}
-               if v.tile.split_tail else {}),
+            **({"split_tail": split_tail_entry(v)} if v.tile.split_tail else {}),
         })
     return {"format": 1, "package_version": __version__, "toolkits": dict(TOOLKIT),
             "compilers": {"sm_90a": {"name": "nvcc", "version": "V13.0 \"quoted\" \\ back"}},
@@ -131,6 +127,8 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
                 lines.append(f'    if (zyfa_{n}_tail(&a, {SMS}u, {packed}) != 0) printf("toomany {n}\\n");')
                 lines.append(f'    printf("tail {n} {packed} %d %d %d %d %d %d\\n", (int)a.tiles_x, (int)a.tiles_y, '
                              f"(int)a.tiles_z, (int)a.tile_count, (int)a.tail_first, (int)a.tail_ctas);")
+            lines.append(f"    zyfa_{n}_tail_grid(&a, &gx, &gy, &gz);")
+            lines.append(f'    printf("tailgrid {n} %u %u %u\\n", gx, gy, gz);')
             lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
         else:
             lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
@@ -215,6 +213,8 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 got_pregrid[name] = tuple(int(x) for x in rest)
             elif kind == "tiles":
                 got_tiles[name] = tuple(int(x) for x in rest)
+            elif kind == "tailgrid":
+                got_tail[name, "grid"] = tuple(int(x) for x in rest)
             elif kind == "tail":
                 got_tail[name, int(rest[0])] = tuple(int(x) for x in rest[1:])
             else:
@@ -249,7 +249,9 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 for packed in (0, 1):
                     plan = tail_plan(e, tile_values, SMS, bool(packed))
                     assert got_tail[n, packed] == (*tiles, count, plan["tail_first"], plan["tail_ctas"]), n
-                want = eval_grid(e["grid"], {**values, **tail_plan(e, tile_values, SMS, False)})
+                planned = {**values, **tail_plan(e, tile_values, SMS, False)}
+                assert got_tail[n, "grid"] == eval_grid(e["split_tail"]["grid"], planned), n
+                want = eval_grid(e["grid"], planned)
                 cut = {**values, **TAIL_CUT}
                 tiles = eval_grid(e["split_tail"]["tiles"], cut)
                 count = tiles[0] * tiles[1] * tiles[2]

@@ -85,3 +85,32 @@ def test_the_built_sm90a_code_objects_have_none():
                     "and built sm_90a code objects")
     for c in cubins:
         assert wh.check_cubin(c, tool) == [], c.name
+
+
+def test_each_function_of_a_code_object_is_walked_on_its_own():
+    """A code object holds several kernels (the attention kernel, its pre-pass, its tail
+    kernel), each with addresses from 0: a branch of one never lands in another."""
+    first = """
+        Function : zyfa_a
+        /*0000*/                   WARPGROUP.ARRIVE ;
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R88, R180, gdesc[UR12].tnspB, R88, gsb0 ;
+        /*0020*/                   BRA 0x40 ;
+        /*0030*/                   EXIT ;
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0050*/                   F2FP.BF16.F32.PACK_AB R180, R25, R24 ;
+        /*0060*/                   EXIT ;
+"""
+    second = """
+        Function : zyfa_b
+        /*0000*/                   FMUL R88, R88, R7 ;
+        /*0010*/                   FMUL R88, R88, R7 ;
+        /*0020*/                   FMUL R88, R88, R7 ;
+        /*0030*/                   FMUL R88, R88, R7 ;
+        /*0040*/                   F2FP.BF16.F32.PACK_AB R181, R25, R24 ;
+        /*0050*/                   EXIT ;
+"""
+    both = first + second
+    assert [h.write_at for h in wh.hazards(wh.parse(both))] == [0x40]   # the two mixed: a false hazard
+    split = wh.functions(both)
+    assert set(split) == {"zyfa_a", "zyfa_b"} and [len(v) for v in split.values()] == [7, 6]
+    assert [h for body in split.values() for h in wh.hazards(body)] == []

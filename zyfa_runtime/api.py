@@ -149,7 +149,7 @@ class Layout:
     kernel: object
     values: dict                      # every argument that is no address
     tensor_maps: dict                 # argument -> (tensor, dims, strides, box, swizzle bytes)
-    grids: tuple                      # launch.grids: (the pre-pass's or None, the kernel's)
+    grids: tuple                      # launch.grids: (the pre-pass's or None, the kernel's, the tail's or None)
     vt_bytes: int                     # of the V^T in the workspace (0: no pre-pass)
     partial_bytes: int                # of a balanced tail's partials in it, after the V^T (0: none)
     counter: tuple                    # (argument, bytes) of a tile counter: a persistent kernel's, a tail's

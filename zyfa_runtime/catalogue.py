@@ -133,9 +133,9 @@ class Tile:
     #: block of ones after each V stage), and O and LSE normalised by it (FP8's rounded sums)
     pv_row_sums: bool = False
     #: sm_90a FP8 non-causal: the tiles past the last whole wave are cut by keys into as many
-    #: equal pieces as the device has SMs, a CTA each, which may end one tile and start the next;
-    #: each piece of a cut tile writes its O, l and frame to a workspace and the tile's last piece
-    #: to finish merges them (split_tail_rule, tail_plan in launch.py)
+    #: equal pieces as the device has SMs, a CTA each of a second kernel (split_tail_symbol),
+    #: which may end one tile and start the next; each piece of a cut tile writes its O, l and
+    #: frame to a workspace and the tile's last piece to finish merges them (launch.tail_plan)
     split_tail: bool = False
 
 
@@ -283,8 +283,8 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         # tiles_rule evaluated, and the product of the three (the tiles, < 2^31)
         args += [("tiles_x", "i32"), ("tiles_y", "i32"), ("tiles_z", "i32"), ("tile_count", "i32")]
     if v.tile.split_tail:
-        # CTAs 0 .. tail_first - 1 take a tile each, tail_ctas CTAs after them the tiles from
-        # tail_first on, cut by keys (launch.tail_plan; tail_first = tile_count: none cut)
+        # the kernel takes the tiles before tail_first, the tail kernel's tail_ctas CTAs those
+        # from it on, cut by keys (launch.tail_plan; tail_first = tile_count: none cut)
         args += [("tail_first", "i32"), ("tail_ctas", "i32")]
     return args
 
@@ -398,9 +398,18 @@ def grid_rule(v: Variant) -> dict:
     one a tile where there are fewer tiles (``tiles_rule``)."""
     if v.tile.persistent:
         return {"x": {"min": ["tile_count", "sm_count"]}, "y": 1, "z": 1}
-    if v.tile.split_tail:
-        return {"x": {"add": ["tail_first", "tail_ctas"]}, "y": 1, "z": 1}
     return tiles_rule(v)
+
+
+def split_tail_symbol(v: Variant) -> str:
+    """The tail kernel of a balanced-tail variant (Tile.split_tail): a third entry point of the
+    code object, launched after the kernel with the same arguments and split_tail_grid_rule."""
+    return "zyfa_tail_" + v.name
+
+
+def split_tail_grid_rule(v: Variant) -> dict:
+    """A CTA a piece of the tail (none where tail_ctas is 0: nothing cut)."""
+    return {"x": "tail_ctas", "y": 1, "z": 1}
 
 
 def split_tail_slot_bytes(v: Variant) -> int:
@@ -458,8 +467,6 @@ def eval_grid(rule: dict, values: dict) -> tuple[int, int, int]:
             for t in term["mul"]:
                 out *= ev(t)
             return out
-        if isinstance(term, dict) and set(term) == {"add"} and term["add"]:
-            return sum(ev(t) for t in term["add"])
         if isinstance(term, dict) and set(term) == {"min"} and term["min"]:
             return min(ev(t) for t in term["min"])
         if isinstance(term, dict) and set(term) == {"if_le"} and len(term["if_le"]) == 4:

@@ -17,12 +17,14 @@ from .errors import ZyfaError
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """One loaded kernel: its manifest entry and the driver's function handle, and that of its
-    pre-pass where the entry has one (launched first, with the same arguments)."""
+    """One loaded kernel: its manifest entry and the driver's function handle, and those of its
+    pre-pass (launched first) and its tail kernel (launched after it), where the entry has them,
+    all with the same arguments."""
     variant: Variant
     entry: dict
     function: object
     prepass: object = None
+    tail: object = None
 
     @property
     def kernargs(self) -> list[KernArg]:
@@ -94,7 +96,11 @@ class KernelTable:
         function = self.driver.get_function(module, entry["symbol"])
         if entry["dynamic_smem"] > 0:
             self.driver.set_max_dynamic_shared(function, entry["dynamic_smem"])
-        prepass = None
+        prepass = tail = None
         if "prepass" in entry:
             prepass = self.driver.get_function(module, entry["prepass"]["symbol"])
-        return Kernel(variant, entry, function, prepass)
+        if "split_tail" in entry:
+            tail = self.driver.get_function(module, entry["split_tail"]["symbol"])
+            if entry["dynamic_smem"] > 0:
+                self.driver.set_max_dynamic_shared(tail, entry["dynamic_smem"])
+        return Kernel(variant, entry, function, prepass, tail)

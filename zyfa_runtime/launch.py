@@ -53,25 +53,28 @@ class Launch:
 
 def grids(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple:
     """The grids of ``kernel``'s launches for ``values``: (the pre-pass's or None, the
-    kernel's), each evaluated from the manifest's rule and refused where too large; they read
-    sizes only, never an address.  ``sm_count``: the device's multiprocessors, for the grid of
-    a persistent kernel."""
+    kernel's, the tail kernel's or None), each evaluated from the manifest's rule and refused
+    where too large; they read sizes only, never an address.  ``sm_count``: the device's
+    multiprocessors, for the grid of a persistent kernel."""
     grid = _grid(driver, kernel, kernel.entry["grid"],
                  values if sm_count is None else {**values, "sm_count": int(sm_count)})
     pre = _grid(driver, kernel, kernel.entry["prepass"]["grid"], values) if kernel.prepass is not None else None
-    return pre, grid
+    tail = _grid(driver, kernel, kernel.entry["split_tail"]["grid"], values) if kernel.tail is not None else None
+    return pre, grid, tail
 
 
 def assemble(kernel: Kernel, grids: tuple, args: bytes) -> tuple[Launch, ...]:
     """The launches of ``kernel`` for its ``grids`` and packed ``args``, in order: its
-    pre-pass first, with the same argument buffer, where it has one; none where a grid is
-    empty (e.g. zero query rows)."""
-    pre, grid = grids
+    pre-pass first and its tail kernel last, with the same argument buffer, where it has them;
+    none where a grid is empty (e.g. zero query rows, or nothing cut)."""
+    pre, grid, tail = grids
     if 0 in grid:
         return ()
     launches = [_prepass(kernel, pre, args)] if pre is not None and 0 not in pre else []
     block = (kernel.entry["block_size"], 1, 1)
     launches.append(Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args))
+    if tail is not None and 0 not in tail:
+        launches.append(Launch(kernel.tail, tail, block, kernel.entry["dynamic_smem"], args))
     return tuple(launches)
 
 
