@@ -66,6 +66,7 @@
 // Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows).
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace zyfa {
@@ -393,30 +394,46 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
   }
 }
 
-// A thread's 16-byte groups in a piece's slot: its O accumulators', then its rows' l and frame.
-constexpr int kSlotQuads = kDv / 8 + 1;
+// A piece's slot, per consumer thread: its O normalised by the piece's l, O / l, as f16 (|O / l|
+// <= 448, the largest e4m3 V, so f16's range holds it and its 2^-11 rounding stays 4x below the
+// output's bf16), 8 of its accumulators a 16-byte group; then one group of its rows' l and frame,
+// fp32.  The warpgroup's 128 threads side by side, so that the thread that merges reads the same
+// places of each piece.  (fp32 O took twice the bytes, and the tail kernel's stores and loads of
+// them cost more than its cut saved.)
+constexpr int kSlotVecs = kDv / 16 + 1;
 
 // A thread's group 0 of slot k in `partials` (consumer cw).
 template <class P>
-__device__ __forceinline__ float4* slot_of(const P& p, long long k, int cw) {
-  return static_cast<float4*>(const_cast<void*>(p.partials)) + (k * kConsumers + cw) * kSlotQuads * 128 +
+__device__ __forceinline__ uint4* slot_of(const P& p, long long k, int cw) {
+  return static_cast<uint4*>(const_cast<void*>(p.partials)) + (k * kConsumers + cw) * kSlotVecs * 128 +
          threadIdx.x % 128;
 }
 
-// A piece of a cut tile (g.slot >= 0), at the consumer's end: its O, l and frame stored to its
-// slot, in the accumulators' order (16-byte groups, the warpgroup's 128 threads side by side,
-// so that the thread that merges reads the same places of each piece).  True where it is the
-// tile's last piece to finish (its count in tail_counter, zeroed again for the next launch).
-// sflag: a word of the warpgroup's Q rows (free: its last S is done) to broadcast the count.
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 unpack_f16(uint32_t u) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+// A piece of a cut tile (g.slot >= 0), at the consumer's end: stored to its slot.  True where it
+// is the tile's last piece to finish (its count in tail_counter, zeroed again for the next
+// launch).  sflag: a word of the warpgroup's Q rows (free: its last S is done) to broadcast it.
 template <class P>
 __device__ __forceinline__ bool store_piece(const P& p, const Segment& g, const float (&acc_o)[kDv / 2],
                                             const float (&acc_l)[4], const float (&frame)[2], int cw,
                                             uint32_t sflag) {
-  float4* mine = slot_of(p, g.slot, cw);
+  uint4* mine = slot_of(p, g.slot, cw);
+  const float inv0 = acc_l[0] > 0.f ? 1.f / acc_l[0] : 0.f, inv1 = acc_l[2] > 0.f ? 1.f / acc_l[2] : 0.f;
 #pragma unroll
-  for (int q = 0; q < kDv / 8; ++q)
-    mine[q * 128] = make_float4(acc_o[4 * q], acc_o[4 * q + 1], acc_o[4 * q + 2], acc_o[4 * q + 3]);
-  mine[(kSlotQuads - 1) * 128] = make_float4(acc_l[0], acc_l[2], frame[0], frame[1]);
+  for (int v = 0; v < kDv / 16; ++v) {     // accumulators 8 v .. 8 v + 7: column groups 2 v, 2 v + 1
+    const float* o = acc_o + 8 * v;
+    mine[v * 128] = make_uint4(pack_f16(o[0] * inv0, o[1] * inv0), pack_f16(o[2] * inv1, o[3] * inv1),
+                               pack_f16(o[4] * inv0, o[5] * inv0), pack_f16(o[6] * inv1, o[7] * inv1));
+  }
+  const float4 lf = make_float4(acc_l[0], acc_l[2], frame[0], frame[1]);
+  mine[(kSlotVecs - 1) * 128] = *reinterpret_cast<const uint4*>(&lf);
   __threadfence();                         // the slot before the count
   bar_sync(kOutBar + cw, 128);
   if (threadIdx.x % 128 == 0) {
@@ -436,8 +453,10 @@ __device__ __forceinline__ bool store_piece(const P& p, const Segment& g, const 
   return last != 0;
 }
 
-// The tile's pieces merged, in their order, into the last one's registers: O = sum O_k 2^(F_k
-// - F), l likewise, F = max F_k (acc_l's first column of each row, as the epilogue reads it).
+// The tile's pieces merged, in their order (its own read back as stored: the same sums whichever
+// piece ends last), into the last one's registers: with w_k = l_k 2^(F_k - F), F = max F_k,
+// O = sum w_k (O / l)_k and l = sum w_k, in the frame F (acc_l's first column of each row, as
+// the epilogue reads it).
 template <class P>
 __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float (&acc_o)[kDv / 2],
                                              float (&acc_l)[4], float (&frame)[2], int cw) {
@@ -445,9 +464,13 @@ __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float
   const long long x0 = static_cast<long long>(g.tile - t.first) * t.nb;
   const int j0 = t.cta_of(x0), j1 = t.cta_of(x0 + t.nb - 1);
   const auto piece = [&](int j) { return slot_of(p, 2LL * j + (t.start(j) < x0 ? 1 : 0), cw); };
+  const auto lf_of = [&](const uint4* src) {
+    const uint4 u = __ldcg(src + (kSlotVecs - 1) * 128);
+    return *reinterpret_cast<const float4*>(&u);
+  };
   float f[2] = {-INFINITY, -INFINITY};
   for (int j = j0; j <= j1; ++j) {
-    const float4 lf = __ldcg(piece(j) + (kSlotQuads - 1) * 128);
+    const float4 lf = lf_of(piece(j));
     f[0] = fmaxf(f[0], lf.z);
     f[1] = fmaxf(f[1], lf.w);
   }
@@ -455,20 +478,26 @@ __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float
   for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
   acc_l[0] = acc_l[2] = 0.f;
   for (int j = j0; j <= j1; ++j) {
-    const float4* src = piece(j);
-    const float4 lf = __ldcg(src + (kSlotQuads - 1) * 128);
-    const float s0 = lf.z == -INFINITY ? 0.f : exp2f(lf.z - f[0]);
-    const float s1 = lf.w == -INFINITY ? 0.f : exp2f(lf.w - f[1]);
+    const uint4* src = piece(j);
+    const float4 lf = lf_of(src);
+    const float w0 = lf.z == -INFINITY ? 0.f : lf.x * exp2f(lf.z - f[0]);
+    const float w1 = lf.w == -INFINITY ? 0.f : lf.y * exp2f(lf.w - f[1]);
 #pragma unroll
-    for (int q = 0; q < kDv / 8; ++q) {
-      const float4 o = __ldcg(src + q * 128);
-      acc_o[4 * q] = __fmaf_rn(o.x, s0, acc_o[4 * q]);
-      acc_o[4 * q + 1] = __fmaf_rn(o.y, s0, acc_o[4 * q + 1]);
-      acc_o[4 * q + 2] = __fmaf_rn(o.z, s1, acc_o[4 * q + 2]);
-      acc_o[4 * q + 3] = __fmaf_rn(o.w, s1, acc_o[4 * q + 3]);
+    for (int v = 0; v < kDv / 16; ++v) {
+      const uint4 h = __ldcg(src + v * 128);
+      const float2 a = unpack_f16(h.x), b = unpack_f16(h.y), c = unpack_f16(h.z), d = unpack_f16(h.w);
+      float* o = acc_o + 8 * v;
+      o[0] = __fmaf_rn(a.x, w0, o[0]);
+      o[1] = __fmaf_rn(a.y, w0, o[1]);
+      o[2] = __fmaf_rn(b.x, w1, o[2]);
+      o[3] = __fmaf_rn(b.y, w1, o[3]);
+      o[4] = __fmaf_rn(c.x, w0, o[4]);
+      o[5] = __fmaf_rn(c.y, w0, o[5]);
+      o[6] = __fmaf_rn(d.x, w1, o[6]);
+      o[7] = __fmaf_rn(d.y, w1, o[7]);
     }
-    acc_l[0] = __fmaf_rn(lf.x, s0, acc_l[0]);
-    acc_l[2] = __fmaf_rn(lf.y, s1, acc_l[2]);
+    acc_l[0] += w0;
+    acc_l[2] += w1;
   }
   frame[0] = f[0];
   frame[1] = f[1];

@@ -230,6 +230,6 @@ def test_fp8_d256_non_causal_balances_its_last_wave(v):
         assert grid_rule(v) == tiles_rule(v)
         assert eval_grid(split_tail_grid_rule(v), {"tail_first": 1980, "tail_ctas": 132}) == (132, 1, 1)
         assert split_tail_symbol(v) not in (v.symbol, vt_prepass_symbol(v))
-        # a thread's O (d_v / 2 fp32) and one 16-byte group of l and frame, 128 threads a consumer
-        assert split_tail_slot_bytes(v) == 2 * 128 * (128 + 4) * 4
+        # a thread's O / l (d_v / 2 f16) and one 16-byte group of l and frame, 128 threads a consumer
+        assert split_tail_slot_bytes(v) == 2 * 128 * (128 * 2 + 16)
         assert split_tail_counter_bytes(v) == 2 * 4

@@ -414,9 +414,10 @@ def split_tail_grid_rule(v: Variant) -> dict:
 
 def split_tail_slot_bytes(v: Variant) -> int:
     """Bytes of one piece's partial result in ``partials``: per consumer thread its O
-    accumulators (d_v / 2 fp32) and one 16-byte group of its rows' l and frame, in the
-    accumulators' own order (the thread that merges reads the same places of each piece)."""
-    return v.tile.block_m // SM90_CONSUMER_ROWS * 128 * (v.d_v // 2 + 4) * 4
+    accumulators over the piece's l as f16 (d_v / 2 of them) and one 16-byte group of its rows'
+    l and frame (fp32), in the accumulators' own order (the thread that merges reads the same
+    places of each piece)."""
+    return v.tile.block_m // SM90_CONSUMER_ROWS * 128 * (v.d_v // 16 + 1) * 16
 
 
 def split_tail_counter_bytes(v: Variant) -> int:
