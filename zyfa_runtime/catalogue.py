@@ -426,10 +426,13 @@ def split_tail_counter_bytes(v: Variant) -> int:
     return v.tile.block_m // SM90_CONSUMER_ROWS * 4
 
 
-#: A piece of a cut tile costs its CTA about this many key blocks beside its own (the second
-#: tile's start and end, the partial's store and the merge): the tail is cut only where each
-#: CTA's share of it plus this is below a whole tile's blocks (launch.tail_plan).
-SPLIT_TAIL_OVERHEAD_BLOCKS = 4
+#: What cutting the tail costs beyond its blocks, in block-times: a CTA's second start and end,
+#: its pieces' stores, the merge, and the tail kernel's launch after the kernel.  Measured at FP8
+#: d256, 8k tokens (68 tiles of 64 blocks past 15 waves: 33 blocks a CTA once cut), where the cut
+#: gained 0.7-0.9 % of ~1,083 block-times against the 67.7 the half wave took whole: about 26
+#: (bench/results/2026-12-02_h200_split_tail).  The tail is cut only where each CTA's share plus
+#: this is below a whole tile's blocks (launch.tail_plan).
+SPLIT_TAIL_OVERHEAD_BLOCKS = 24
 
 
 #: Bytes of a persistent kernel's ``tile_counter``: the next tile's counter and the CTAs that
