@@ -63,7 +63,9 @@
 // Shared memory (1024-byte aligned tiles): Q | K x kStages | (V^T, 8 rows of ones) x kStages |
 // mbarriers (kStages = Tile.stages; at d256, three stages in all 227 KiB, the mbarriers in
 // stage 0's ones: kBarsInOnes).
-// Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows).
+// Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows);
+// 1 a tail CTA's change of segment (the consumers and the producer's warp 0).
+// The balanced tail (kSplitTail, FP8 d256 non-causal): see "the balanced tail" below.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
