@@ -134,8 +134,8 @@ class Tile:
     pv_row_sums: bool = False
     #: sm_90a FP8 non-causal: the tiles past the last whole wave are cut by keys into as many
     #: equal pieces as the device has SMs, a CTA each of a second kernel (split_tail_symbol),
-    #: which may end one tile and start the next; each piece of a cut tile writes its O, l and
-    #: frame to a workspace and the tile's last piece to finish merges them (launch.tail_plan)
+    #: which may end one tile and start the next; each piece of a cut tile writes its O / l, l
+    #: and frame to a workspace and the tile's last piece to finish merges them (launch.tail_plan)
     split_tail: bool = False
 
 
