@@ -10,7 +10,8 @@ import argparse
 import numpy as np
 import torch
 
-from zyfa_runtime import api, as_tensor, flash_attn_func
+from profile_target import gaussian_qkv   # bench/, beside this script
+from zyfa_runtime import api, flash_attn_func
 from zyfa_runtime.driver import get_driver
 
 
@@ -25,12 +26,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     a = ap.parse_args()
     shape = (a.batch, a.seqlen, a.heads, a.head_dim)
-    xs = [torch.randn(shape, device="cuda") for _ in range(3)]
-    if a.dtype == "fp8_e4m3":
-        qkv = [as_tensor((t / (t.abs().max() / 448)).to(torch.float8_e4m3fn).view(torch.uint8), dtype="fp8_e4m3")
-               for t in xs]
-    else:
-        qkv = [t.to(torch.bfloat16) for t in xs]
+    qkv = gaussian_qkv(shape, a.dtype)
     out = torch.empty(shape[:3] + (a.head_dim,), device="cuda", dtype=torch.bfloat16)
     stream = torch.cuda.current_stream()
     flash_attn_func(*qkv, causal=a.causal, out=out, stream=stream.cuda_stream)   # planned: its plan is kept

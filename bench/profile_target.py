@@ -12,6 +12,16 @@ import torch
 from zyfa_runtime import as_tensor, flash_attn_func
 
 
+def gaussian_qkv(shape: tuple, dtype: str) -> list:
+    """Q, K and V of ``shape`` on the GPU, Gaussian; FP8 scaled so that the largest is e4m3's
+    448 (as zyfa tensors over uint8 bytes), else bf16."""
+    xs = [torch.randn(shape, device="cuda") for _ in range(3)]
+    if dtype == "fp8_e4m3":
+        return [as_tensor((t / (t.abs().max() / 448)).to(torch.float8_e4m3fn).view(torch.uint8), dtype="fp8_e4m3")
+                for t in xs]
+    return [t.to(torch.bfloat16) for t in xs]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=("bf16", "fp8_e4m3"), default="fp8_e4m3")
@@ -22,12 +32,7 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=3)
     a = ap.parse_args()
     shape = (1, a.seqlen, a.heads, a.head_dim)
-    xs = [torch.randn(shape, device="cuda") for _ in range(3)]
-    if a.dtype == "fp8_e4m3":
-        qkv = [as_tensor((t / (t.abs().max() / 448)).to(torch.float8_e4m3fn).view(torch.uint8), dtype="fp8_e4m3")
-               for t in xs]
-    else:
-        qkv = [t.to(torch.bfloat16) for t in xs]
+    qkv = gaussian_qkv(shape, a.dtype)
     out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
     for _ in range(a.launches):
         flash_attn_func(*qkv, out=out, causal=a.causal)

@@ -236,15 +236,30 @@ def _kernel(entry: dict) -> list[str]:
     return out
 
 
+def _require(name: str, args: set, fields: tuple, what: str) -> None:
+    for f in fields:
+        if f not in args:
+            raise HeaderError(f"{name}: {what} without the argument {f!r}")
+
+
+def _tiles_into_struct(terms: list[str]) -> list[str]:
+    """C lines that evaluate the tiles' grid terms into tx, ty, tz, return -1 where their product
+    overflows the kernel's int, and fill the struct's tiles_x, tiles_y, tiles_z and tile_count."""
+    return [*(f"  const int64_t t{axis} = (int64_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
+            "  if (tx > 0 && ty > 0 && tz > 0 && (tx > INT32_MAX / ty || tx * ty > INT32_MAX / tz)) return -1;",
+            "  a->tiles_x = (int32_t)tx;",
+            "  a->tiles_y = (int32_t)ty;",
+            "  a->tiles_z = (int32_t)tz;",
+            "  a->tile_count = (int32_t)(tx * ty * tz);"]
+
+
 def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
     """A balanced-tail kernel (catalogue.Tile.split_tail): its tiles and the plan of its tail
     into the struct (launch.tail_plan's rule, the manifest's constants), the sizes of its
     partials and counter."""
     up, tail = name.upper(), entry["split_tail"]
-    for f in ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tail_first", "tail_ctas", "partials",
-              "tail_counter", "seqlen_k"):
-        if f not in args:
-            raise HeaderError(f"{name}: a balanced-tail kernel without the argument {f!r}")
+    _require(name, args, ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tail_first", "tail_ctas", "partials",
+                          "tail_counter", "seqlen_k"), "a balanced-tail kernel")
     t = tail["tiles"]
     terms = [_grid_term(name, t[axis], args) for axis in ("x", "y", "z")]
     block_n = int(entry["tile"]["block_n"])
@@ -262,15 +277,10 @@ def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
     out += [f"#define ZYFA_{up}_SLOT_BYTES {int(tail['slot_bytes'])}",
             f"#define ZYFA_{up}_TAIL_COUNTER_BYTES {int(tail['counter_bytes'])}",
             f"static inline int zyfa_{name}_tail({st} *a, unsigned int sm_count, int packed) {{",
-            *(f"  const int64_t t{axis} = (int64_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
-            "  if (tx > 0 && ty > 0 && tz > 0 && (tx > INT32_MAX / ty || tx * ty > INT32_MAX / tz)) return -1;",
+            *_tiles_into_struct(terms),
             "  const int64_t tiles = tx * ty * tz;",
             f"  const int64_t nb = zyfa_cdiv_((int64_t)a->seqlen_k, {block_n});",
             "  const int64_t rest = sm_count > 0 ? tiles % sm_count : 0;",
-            "  a->tiles_x = (int32_t)tx;",
-            "  a->tiles_y = (int32_t)ty;",
-            "  a->tiles_z = (int32_t)tz;",
-            "  a->tile_count = (int32_t)tiles;",
             "  a->tail_first = (int32_t)tiles;",
             "  a->tail_ctas = 0;",
             f"  if (!packed && rest > 0 && nb >= 2 && zyfa_cdiv_(rest * nb, sm_count) + {int(tail['overhead_blocks'])} < nb) {{",
@@ -287,9 +297,7 @@ def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
 def _persistent(name: str, entry: dict, st: str, args: set) -> list[str]:
     """A persistent kernel: its grid of tiles into the struct, and its tile counter."""
     up, pers = name.upper(), entry["persistent"]
-    for f in ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tile_counter"):
-        if f not in args:
-            raise HeaderError(f"{name}: a persistent kernel without the argument {f!r}")
+    _require(name, args, ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tile_counter"), "a persistent kernel")
     t = pers["tiles"]
     terms = [_grid_term(name, t[axis], args) for axis in ("x", "y", "z")]
     bytes_ = int(pers["counter_bytes"])
@@ -303,12 +311,7 @@ def _persistent(name: str, entry: dict, st: str, args: set) -> list[str]:
             " * tile_count their product.  Returns 0, or -1 (the struct unchanged) where the tiles are more",
             " * than the kernel counts (2^31 - 1): split the batch or the sequence. */",
             f"static inline int zyfa_{name}_tiles({st} *a) {{",
-            *(f"  const int64_t t{axis} = (int64_t)zyfa_grid_dim_({term});" for axis, term in zip("xyz", terms)),
-            "  if (tx > 0 && ty > 0 && tz > 0 && (tx > INT32_MAX / ty || tx * ty > INT32_MAX / tz)) return -1;",
-            "  a->tiles_x = (int32_t)tx;",
-            "  a->tiles_y = (int32_t)ty;",
-            "  a->tiles_z = (int32_t)tz;",
-            "  a->tile_count = (int32_t)(tx * ty * tz);",
+            *_tiles_into_struct(terms),
             "  return 0;",
             "}", ""]
 
