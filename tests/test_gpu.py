@@ -694,6 +694,9 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
 
     tiles = -(-sq // v.tile.block_m) * hq * b
     cut = [run("always") for _ in range(3)] + ([run("always", other)] if other is not None else [])
+    monkeypatch.setenv("ZYFA_DEPENDENT_LAUNCH", "off")   # each launch after the one before has ended
+    cut.append(run("always"))
+    monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH")
     for o, l in cut[1:]:
         assert np.array_equal(o, cut[0][0]) and np.array_equal(l, cut[0][1])
     whole = run("off")
@@ -705,3 +708,49 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
     assert reference.relative_error(o_cut, o_whole) <= 4e-3
     assert np.abs(cut[0][1].view(np.float32) - ref_lse).max() < bounds(v)[1]
     assert tiles % DRIVER.attribute(0, "multiprocessor_count") != 0   # there is a tail to cut
+
+
+FP8_HERE = [v for v in all_variants() if buildable(v) and v.arch == ARCH and v.dtype == "fp8_e4m3"]
+
+
+@pytest.mark.parametrize("v", FP8_HERE, ids=lambda v: v.name)
+@pytest.mark.parametrize("split_tail", ["auto", "always"])
+def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatch):
+    """Calls queued back to back on one stream share the V^T workspace: each call's pre-pass
+    overwrites what the call before it reads.  Two calls with different V, no synchronisation
+    between, both within the recipe's bound of their own fp64 reference: a kernel started as
+    its pre-pass's dependent reads V^T only once the pre-pass has ended, and a tail kernel ends
+    after its kernel, so the next call's pre-pass waits for both.  Few query rows against many
+    keys: the kernel's CTAs are ready long before the pre-pass is done; with a balanced tail
+    (``always``) whole tiles and a tail beside them."""
+    from zyfa_runtime import api, flash_attn_func
+    from zyfa_runtime.memory import DeviceArray, to_device
+    from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
+    entry = api.kernel_table(DRIVER).entry(v) or {}
+    if split_tail == "always" and "split_tail" not in entry:
+        pytest.skip(f"{v.name} has no balanced tail")
+    monkeypatch.setenv("ZYFA_SPLIT_TAIL", split_tail)
+    monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH", raising=False)
+    with api._lock:
+        api._plans.clear()
+        api._layouts.clear()
+    rng = np.random.default_rng()
+    b, hq, hkv = 1, 9, 3
+    sq, sk = (2048, 640) if split_tail == "always" else (192, 32768)
+    quant = lambda *shape: _quantise(rng.standard_normal(shape).astype(np.float32), "fp8_e4m3")  # noqa: E731
+    hq_, hk, hv1, hv2 = (quant(b, sq, hq, v.d_qk), quant(b, sk, hkv, v.d_qk),
+                         quant(b, sk, hkv, v.d_v), quant(b, sk, hkv, v.d_v))
+    q, k = to_device(DRIVER, 0, hq_[0], "fp8_e4m3"), to_device(DRIVER, 0, hk[0], "fp8_e4m3")
+    outs = []
+    for hv in (hv1, hv2):
+        vv = to_device(DRIVER, 0, hv[0], "fp8_e4m3")
+        out = DeviceArray(DRIVER, 0, (b, sq, hq, v.d_v), "bf16")
+        DRIVER.memset_d8(out.ptr, 0xFF, out.nbytes)
+        flash_attn_func(q, k, vv, out=out, causal=v.causal, **_descales(DRIVER, 0, (hq_[2], hk[2], hv[2])))
+        outs.append((out, vv))
+    DRIVER.synchronize(0)
+    for (out, _), hv in zip(outs, (hv1, hv2)):
+        o = (out.numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        assert not np.isnan(o).any()
+        ref = reference.attention(hq_[1], hk[1], hv[1], causal=v.causal)
+        assert reference.relative_error(o, ref) <= RECIPE_FP64_BOUND, v.name
