@@ -18,18 +18,21 @@
 // (sequence, query head), 128-key blocks; two consumers, three at d64 and at d_v = 128
 // non-causal (Tile.block_m):
 //   pre-pass (transpose_v in flash_fp8_lean.cuh, a kernel of its own launched first with the
-//     same arguments): V -> V^T in a workspace, keys in P's order (FP8 WGMMA reads its B
-//     operand K-major only); the producer's own transpose, by ldmatrix.trans / stmatrix, took
-//     issue slots from the consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
-//   thread 0, as the CTA starts: Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes of 64
+//     same arguments, on a few SMs beside this kernel): V -> V^T in a workspace, keys in P's
+//     order (FP8 WGMMA reads its B operand K-major only), block by block in the order the
+//     tiles read it, each block tagged once written ("the launches' order" there); the
+//     producer's own transpose, by ldmatrix.trans / stmatrix, took issue slots from the
+//     consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
+//   thread 0, as the CTA starts: the call's tag (call_tag); Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes of 64
 //     bytes x kBlockM rows in the 64B swizzle of the K-blocks) and block 0, the CTA's first
 //     waits, issued before anything else (by the producer's cp.async after the CTA's barrier,
 //     the consumers saw Q about 600 cycles later at 4k tokens)
 //   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
 //     its thread 0 alone, per block into stage n % kStages: K by TMA (tmap_k: boxes of 64
 //     bytes x 128 keys) and V^T (128B-swizzled rows of 128 key bytes, stored so by the
-//     pre-pass) by one bulk copy, each completing its full barrier with its bytes (one arrival
-//     that expects them).  It waits on kempty and vempty before it overwrites a stage, so
+//     pre-pass) by one bulk copy once its tag is the call's, each completing its full barrier
+//     with its bytes (one arrival that expects them).  It waits on kempty and vempty before it
+//     overwrites a stage, so
 //     kStages blocks are in flight.  Warp 2 zeroes the rows of Q past a packed sequence's end
 //     (the next sequence's: zero_tail_rows).
 //   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
