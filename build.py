@@ -41,8 +41,7 @@ from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Varia
                                     dependent_launch, has_vt_prepass, iter_select, kernarg_size,
                                     split_tail_counter_bytes,
                                     split_tail_grid_rule, split_tail_slot_bytes, split_tail_symbol, tiles_rule,
-                                    kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol,
-                                    VT_FLAGS_HEADER, VT_TAG_BYTES, vt_groups, vt_tile_bytes)
+                                    kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
 
 MANIFEST_FORMAT = 1
 
@@ -127,9 +126,8 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
 def prepass_entry(v: Variant) -> dict:
     """The V^T pre-pass: a second entry point of the code object, launched before the kernel
     with the same arguments (catalogue.has_vt_prepass)."""
-    return {"symbol": vt_prepass_symbol(v), "block_size": VT_THREADS * vt_groups(v), "grid": vt_prepass_grid_rule(v),
-            "dynamic_smem": vt_groups(v) * vt_tile_bytes(v), "vt_block": VT_BLOCK,
-            "flags_header_bytes": VT_FLAGS_HEADER, "tag_bytes": VT_TAG_BYTES}
+    return {"symbol": vt_prepass_symbol(v), "block_size": VT_THREADS, "grid": vt_prepass_grid_rule(v),
+            "vt_block": VT_BLOCK}
 
 
 def split_tail_entry(v: Variant) -> dict:

@@ -60,81 +60,23 @@ __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(a), "r"(v) : "memory");
 }
 
-// ---- the launches' order: programmatic dependent launch, V^T by blocks ---------------------
+// ---- the launches' order: programmatic dependent launch ----------------------------------------
 //
 // The runtime queues the pre-pass, the kernel and the tail kernel (where there is one) in that
 // order, the kernel and the tail as programmatic dependents of the launch before them (the
 // manifest's dependent_launch; launch.Launch.dependent): a dependent's CTAs may start once
 // every CTA of the launch before it has started (each triggers as it starts: launch_dependents)
-// and take each SM as that launch's CTAs leave it.  The pre-pass is kVtCtas CTAs (a few SMs)
-// that transpose V block by block in the order the kernel's tiles read it, so the kernel runs
-// on the other SMs beside it and waits for a V^T block only until that block is written: each
-// block's tag in vt_flags (below) says when.  The tail kernel reads nothing the kernel writes.
-// Each waits for the launch before it to end (wait_prior_launch) before it ends, so that what
-// follows the call on the stream follows all three.  Launched plainly, one after another,
-// every wait returns at once.
-//
-// vt_flags, a buffer of the stream's (zeroed when allocated, never by a launch): word 0 the tag
-// of the stream's last call, word 1 this call's, then a word a V^T block (h, 128 key columns),
-// in V^T's order.  The pre-pass's CTAs read word 0 before they trigger and write word 1 = word 0
-// + 1 (each the same value); the kernel's and the tail's CTAs, which start after every pre-pass
-// CTA has triggered, read word 1 and write it to word 0 (each the same value, for the next
-// call).  A block's word is set to the call's tag once the block is written (release), and a
-// copy of the block waits until it reads that tag (acquire): tags only grow, so a block written
-// by an earlier call never reads as this call's.
+// and take each SM as that launch's CTAs leave it, so the SMs that finish first do not wait for
+// the last one, nor the next launch for the host's queue.  So each waits (wait_prior_launch)
+// before it reads what the launch before it writes: the kernel before its first V^T copy; the
+// tail kernel reads nothing the kernel writes, and waits for the kernel's end before its own,
+// so that what follows it on the stream follows both.  Launched plainly, both instructions
+// return at once.
 
 // Wait until the launch before this one on the stream has ended and its writes are visible.
 __device__ __forceinline__ void wait_prior_launch() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 // Let the next launch's CTAs start once every CTA of this one has come here (or ended).
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-
-__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* a) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* a) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release(unsigned long long* a, unsigned long long v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;\n" :: "l"(a), "l"(v) : "memory");
-}
-__device__ __forceinline__ void st_relaxed(unsigned long long* a, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" :: "l"(a), "l"(v) : "memory");
-}
-// Generic-proxy global writes (the pre-pass's V^T) and async-proxy reads (the kernel's bulk
-// copies) ordered, on each side of the tag.
-__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-
-template <class P>
-__device__ __forceinline__ unsigned long long* vt_flags(const P& p) {
-  return static_cast<unsigned long long*>(const_cast<void*>(p.vt_flags));
-}
-
-// The tag word of the V^T block at `block` (vt_block's address).
-template <class P>
-__device__ __forceinline__ unsigned long long* vt_tag(const P& p, const uint8_t* block) {
-  return vt_flags(p) + 2 + (block - static_cast<const uint8_t*>(p.vt)) / (kVtBlock * kDv);
-}
-
-// The kernel's and the tail's CTAs, as they start (thread 0): this call's tag, handed on to the
-// next call.
-template <class P>
-__device__ __forceinline__ unsigned long long call_tag(const P& p) {
-  const unsigned long long tag = ld_acquire(vt_flags(p) + 1);
-  st_relaxed(vt_flags(p), tag);
-  return tag;
-}
-
-// Before a copy of the V^T block at `block` (thread 0): until the pre-pass has written it.
-template <class P>
-__device__ __forceinline__ void wait_vt_block(const P& p, const uint8_t* block, unsigned long long tag) {
-  const unsigned long long* t = vt_tag(p, block);
-  while (ld_acquire(t) != tag) __nanosleep(256);
-  fence_async_global();
-}
 
 // ---- V^T: the pre-pass ---------------------------------------------------------------------
 
@@ -161,94 +103,67 @@ __device__ __forceinline__ uint8_t* vt_block(const P& p, int h, long long col) {
   return static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + col * kDv;
 }
 
-// The pre-pass: kVtCtas CTAs of kVtGroups groups of kVtThreads threads, each group taking V^T
-// blocks in turn in the order the kernel's tiles read them (sequence, key/value head, 128
-// keys), each with a tile of shared memory of its own and its own named barrier (1 + group).
-// A block: keys n0 .. n0 + 127 of key/value head h of sequence b, V (keys x Dv, rows v_stride_s
-// apart) -> V^T (Dv rows of those 128 key bytes, in P's order, zeros past the sequence's end,
-// in the 128B swizzle of a V^T stage: the block is copied to shared memory as it is).  The rows
-// go into shared memory 16 bytes at a time (every load of a thread in flight at once); then a
-// thread takes units of 4 dv rows x 16 keys: 16 four-byte words (4 dv bytes of a key each), 32
-// PRMT to 16 words of V^T (4 rows x the 16 keys in P's order), 4 stores of 16 bytes; then the
-// block's tag.
-constexpr int kVtPitch = kDv + 16;
-constexpr int kVtTileBytes = (kVtBlock * kVtPitch + 16 * 7 + 127) / 128 * 128;   // the last group's rows 112 bytes on
-
+// One CTA of the pre-pass (kVtThreads threads): keys n0 .. n0 + 127 (n0 = 128 blockIdx.x) of
+// key/value head blockIdx.y of sequence blockIdx.z, V (keys x Dv, rows v_stride_s apart) ->
+// V^T (Dv rows of those 128 key bytes, in P's order, zeros past the sequence's end, in the 128B
+// swizzle of a V^T stage: the block is copied to shared memory as it is).  The rows go into
+// shared memory 16 bytes at a time (every load of a thread in flight at once); then a thread
+// takes units of 4 dv rows x 16 keys: 16 four-byte words (4 dv bytes of a key each), 32 PRMT
+// to 16 words of V^T (4 rows x the 16 keys in P's order), 4 stores of 16 bytes.
 template <class P>
 __device__ void transpose_v(const P& p) {
-  unsigned long long* flags = vt_flags(p);
-  const unsigned long long tag = ld_relaxed(flags) + 1;   // one more than the stream's last call's
-  if (threadIdx.x == 0) {
-    st_relaxed(flags + 1, tag);
-    __threadfence();
-  }
-  __syncthreads();
-  launch_dependents();   // the kernel's CTAs may start on the other SMs, and on these as they end
-  // Key row k of the tile at k kVtPitch + 16 ((k >> 4) & 7), 16-byte aligned.  A warp's word
-  // reads take 8 groups g of 16 keys x 4 consecutive words a: with kVtPitch = 16 (mod 128) the
+  launch_dependents();   // the kernel's CTAs may start on the SMs this launch leaves
+  // Key row k of the tile at k kPitch + 16 ((k >> 4) & 7), 16-byte aligned.  A warp's word
+  // reads take 8 groups g of 16 keys x 4 consecutive words a: with kPitch = 16 (mod 128) the
   // word of (g, a) lies in bank 4 g + a (+ the key's own offset, the same for the warp).
+  constexpr int kPitch = kDv + 16;
   constexpr int kChunks = kDv / 16;
   constexpr int kUnits = kDv / 4 * (kVtBlock / 16);            // (4 dv rows, 16 keys)
   static_assert(kVtBlock * kChunks % kVtThreads == 0 && kUnits % kVtThreads == 0 && kVtThreads % 8 == 0,
                 "whole rounds");
-  static_assert(kVtGroups >= 1 && kVtGroups <= 15, "a named barrier a group, 1 .. 15");
-  extern __shared__ __align__(128) uint8_t vt_smem[];
-  const int group = threadIdx.x / kVtThreads, t = threadIdx.x % kVtThreads;
-  uint8_t* tile = vt_smem + group * kVtTileBytes;
-  const auto row_at = [](int k) { return k * kVtPitch + 16 * ((k >> 4) & 7); };
-  const int nb = (p.seqlen_k + kVtBlock - 1) / kVtBlock;
-  const long long blocks = static_cast<long long>(nb) * p.hkv * p.batch;
-  for (long long item = static_cast<long long>(blockIdx.x) * kVtGroups + group; item < blocks;
-       item += static_cast<long long>(gridDim.x) * kVtGroups) {
-    const int n0 = static_cast<int>(item % nb) * kVtBlock, h = static_cast<int>(item / nb % p.hkv);
-    const int b = static_cast<int>(item / (static_cast<long long>(nb) * p.hkv));
-    const SeqBounds s = sequence_bounds(p, b);
-    if (n0 >= s.sk) continue;   // past a shorter sequence's end: no block (the group's threads alike)
-    const uint8_t* v = static_cast<const uint8_t*>(p.v) + tensor_offsets(p, s, b, 0, h).v;   // key/value head h
-    constexpr int kLoads = kVtBlock * kChunks / kVtThreads;
-    uint4 x[kLoads];
+  __shared__ __align__(16) uint8_t tile[kVtBlock * kPitch + 16 * 7];   // the last group's rows 112 bytes on
+  const auto row_at = [](int k) { return k * kPitch + 16 * ((k >> 4) & 7); };
+  const int n0 = blockIdx.x * kVtBlock, h = blockIdx.y, b = blockIdx.z;
+  const SeqBounds s = sequence_bounds(p, b);
+  if (n0 >= s.sk) return;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + tensor_offsets(p, s, b, 0, h).v;   // key/value head h
+  constexpr int kLoads = kVtBlock * kChunks / kVtThreads;
+  uint4 x[kLoads];
 #pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int i = t + j * kVtThreads, r = i / kChunks, c = i % kChunks;
-      x[j] = n0 + r < s.sk ? *reinterpret_cast<const uint4*>(v + (n0 + r) * p.v_stride_s + 16 * c) : make_uint4(0u, 0u, 0u, 0u);
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
+    x[j] = n0 + r < s.sk ? *reinterpret_cast<const uint4*>(v + (n0 + r) * p.v_stride_s + 16 * c) : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
+    *reinterpret_cast<uint4*>(&tile[row_at(r) + 16 * c]) = x[j];
+  }
+  __syncthreads();
+  // Unit u: keys 16 g .. 16 g + 15 (g = u % 8) of dv rows 4 a .. 4 a + 3 (a = u / 8).  Word t of
+  // a V^T chunk holds keys 2t, 2t + 1, 2t + 8, 2t + 9 (P's order): of their words y, the pairs
+  // (y[2t], y[2t + 1]) and (y[2t + 8], y[2t + 9]) interleaved by byte, then joined by halves
+  // (the module comment: k position 4t + i of a 16-key group holds key {2t, 2t + 1, 2t + 8, 2t + 9}[i]).
+  uint8_t* vt = vt_block(p, h, vt_column0(p, b) + n0);
+#pragma unroll
+  for (int j = 0; j < kUnits / kVtThreads; ++j) {
+    const int u = threadIdx.x + j * kVtThreads, g = u % 8, a = u / 8;
+    uint32_t y[16];
+#pragma unroll
+    for (int o = 0; o < 16; ++o) y[o] = *reinterpret_cast<const uint32_t*>(&tile[row_at(16 * g + o) + 4 * a]);
+    uint32_t w[4][4];                                         // [dv row 4a + i][word t]
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t lo01 = __byte_perm(y[2 * t], y[2 * t + 1], 0x5140), hi01 = __byte_perm(y[2 * t + 8], y[2 * t + 9], 0x5140);
+      const uint32_t lo23 = __byte_perm(y[2 * t], y[2 * t + 1], 0x7362), hi23 = __byte_perm(y[2 * t + 8], y[2 * t + 9], 0x7362);
+      w[0][t] = __byte_perm(lo01, hi01, 0x5410);
+      w[1][t] = __byte_perm(lo01, hi01, 0x7632);
+      w[2][t] = __byte_perm(lo23, hi23, 0x5410);
+      w[3][t] = __byte_perm(lo23, hi23, 0x7632);
     }
 #pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int i = t + j * kVtThreads, r = i / kChunks, c = i % kChunks;
-      *reinterpret_cast<uint4*>(&tile[row_at(r) + 16 * c]) = x[j];
-    }
-    bar_sync(1 + group, kVtThreads);
-    // Unit u: keys 16 g .. 16 g + 15 (g = u % 8) of dv rows 4 a .. 4 a + 3 (a = u / 8).  Word q of
-    // a V^T chunk holds keys 2q, 2q + 1, 2q + 8, 2q + 9 (P's order): of their words y, the pairs
-    // (y[2q], y[2q + 1]) and (y[2q + 8], y[2q + 9]) interleaved by byte, then joined by halves
-    // (the module comment: k position 4q + i of a 16-key group holds key {2q, 2q + 1, 2q + 8, 2q + 9}[i]).
-    uint8_t* vt = vt_block(p, h, vt_column0(p, b) + n0);
-#pragma unroll
-    for (int j = 0; j < kUnits / kVtThreads; ++j) {
-      const int u = t + j * kVtThreads, g = u % 8, a = u / 8;
-      uint32_t y[16];
-#pragma unroll
-      for (int o = 0; o < 16; ++o) y[o] = *reinterpret_cast<const uint32_t*>(&tile[row_at(16 * g + o) + 4 * a]);
-      uint32_t w[4][4];                                         // [dv row 4a + i][word q]
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t lo01 = __byte_perm(y[2 * q], y[2 * q + 1], 0x5140), hi01 = __byte_perm(y[2 * q + 8], y[2 * q + 9], 0x5140);
-        const uint32_t lo23 = __byte_perm(y[2 * q], y[2 * q + 1], 0x7362), hi23 = __byte_perm(y[2 * q + 8], y[2 * q + 9], 0x7362);
-        w[0][q] = __byte_perm(lo01, hi01, 0x5410);
-        w[1][q] = __byte_perm(lo01, hi01, 0x7632);
-        w[2][q] = __byte_perm(lo23, hi23, 0x5410);
-        w[3][q] = __byte_perm(lo23, hi23, 0x7632);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<uint4*>(vt + swz128(4 * a + i, g)) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
-    }
-    fence_async_global();            // this thread's V^T stores before the kernel's bulk copies of them
-    bar_sync(1 + group, kVtThreads); // the group's stores done, and its reads of the tile before the next block's
-    if (t == 0) {
-      __threadfence();
-      st_release(vt_tag(p, vt), tag);
-    }
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(vt + swz128(4 * a + i, g)) = make_uint4(w[i][0], w[i][1], w[i][2], w[i][3]);
   }
 }
 

@@ -18,21 +18,18 @@
 // (sequence, query head), 128-key blocks; two consumers, three at d64 and at d_v = 128
 // non-causal (Tile.block_m):
 //   pre-pass (transpose_v in flash_fp8_lean.cuh, a kernel of its own launched first with the
-//     same arguments, on a few SMs beside this kernel): V -> V^T in a workspace, keys in P's
-//     order (FP8 WGMMA reads its B operand K-major only), block by block in the order the
-//     tiles read it, each block tagged once written ("the launches' order" there); the
-//     producer's own transpose, by ldmatrix.trans / stmatrix, took issue slots from the
-//     consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
-//   thread 0, as the CTA starts: the call's tag (call_tag); Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes of 64
+//     same arguments): V -> V^T in a workspace, keys in P's order (FP8 WGMMA reads its B
+//     operand K-major only); the producer's own transpose, by ldmatrix.trans / stmatrix, took
+//     issue slots from the consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
+//   thread 0, as the CTA starts: Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes of 64
 //     bytes x kBlockM rows in the 64B swizzle of the K-blocks) and block 0, the CTA's first
 //     waits, issued before anything else (by the producer's cp.async after the CTA's barrier,
 //     the consumers saw Q about 600 cycles later at 4k tokens)
 //   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
 //     its thread 0 alone, per block into stage n % kStages: K by TMA (tmap_k: boxes of 64
 //     bytes x 128 keys) and V^T (128B-swizzled rows of 128 key bytes, stored so by the
-//     pre-pass) by one bulk copy once its tag is the call's, each completing its full barrier
-//     with its bytes (one arrival that expects them).  It waits on kempty and vempty before it
-//     overwrites a stage, so
+//     pre-pass) by one bulk copy, each completing its full barrier with its bytes (one arrival
+//     that expects them).  It waits on kempty and vempty before it overwrites a stage, so
 //     kStages blocks are in flight.  Warp 2 zeroes the rows of Q past a packed sequence's end
 //     (the next sequence's: zero_tail_rows).
 //   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
@@ -151,19 +148,22 @@ struct Smem {
 // Block n's K and V^T into stage s, by thread 0: K's kBlockN rows by TMA (kDqk / 64 boxes of
 // 64 bytes x 128 rows in the 64B swizzle, zeros past the tensor's end; in a packed batch the
 // rows past a sequence's end are the next one's, masked), V^T's kDv rows of the block's 128
-// key bytes by one bulk copy, once the pre-pass has written them (wait_vt_block: this call's
-// tag); each completes its full barrier with its bytes.
+// key bytes by one bulk copy; each completes its full barrier with its bytes.  first: the
+// kernel's first V^T copy, made once the pre-pass has ended (wait_prior_launch), after which the
+// tail kernel's CTAs may start.
 template <class P>
 __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gvt, int n,
-                                           int h_kv, int krow0, int kbatch, unsigned long long tag) {
+                                           int h_kv, int krow0, int kbatch, bool first = false) {
   const Bars bars = sm.bars();
   const int n0 = n * kBlockN;
   tma_tile<kBlockN, kDqk, 64>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0,
                               kbatch);
-  const uint8_t* vt = gvt + static_cast<long long>(n0) * kDv;   // n0 columns on: vt_block
-  wait_vt_block(p, vt, tag);
+  if (first) {
+    wait_prior_launch();
+    launch_dependents();
+  }
   mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
-  bulk_copy(sm.vt_at(s), vt, kDv * kBlockN, bars.vfull(s));
+  bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
 }
 
 // Thread 0 copies block 0 (with Q, start of the kernel) and then block m into its stage once S
@@ -173,7 +173,7 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
 // key block (a piece of a cut tile, kSplitTail; else 0).
 template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_t* gvt, int rows_q, int h_kv,
-                                        int krow0, int kbatch, int n_blocks, int nb0, unsigned long long tag) {
+                                        int krow0, int kbatch, int n_blocks, int nb0) {
   const Bars bars = sm.bars();
   if (threadIdx.x / 32 == 2 && rows_q < kBlockM)
     zero_tail_rows<kBlockM, 64, kTileQ>(sm.q, sm.qlanded(), sm.qfull(), rows_q);
@@ -184,7 +184,7 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_
       mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
       mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
     }
-    copy_block(p, sm, s, gvt, nb0 + m, h_kv, krow0, kbatch, tag);
+    copy_block(p, sm, s, gvt, nb0 + m, h_kv, krow0, kbatch);
   }
 }
 
@@ -679,14 +679,6 @@ __device__ __forceinline__ void attention(const P& p) {
   const Smem sm{kSlack ? smem_base_1024() : smem_base_exact()};
 
   const int wg = warpgroup_index();
-  // Thread 0, first of all (every CTA, so that the tag is handed on where the pre-pass ran):
-  // this call's tag (the launches' order, flash_fp8_lean.cuh); the kernel's CTAs then let the
-  // tail kernel's start as they end.
-  unsigned long long tag = 0;
-  if (threadIdx.x == 0) {
-    tag = call_tag(p);
-    if constexpr (!kTail) launch_dependents();
-  }
   Segment g;
   CtaWork w;
   if (!segment_work<kTail>(p, blockIdx, 0, g, w)) return;
@@ -705,7 +697,7 @@ __device__ __forceinline__ void attention(const P& p) {
       tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
                                   c.rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
                                   packed_q ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed_q ? 0 : w.b);
-      copy_block(p, sm, 0, c.gvt, nb0, w.h_kv, c.krow0, c.kbatch, tag);
+      copy_block(p, sm, 0, c.gvt, nb0, w.h_kv, c.krow0, c.kbatch, !kTail);
     }
   };
   if (threadIdx.x == 0) start(w, c, g.kb0);
@@ -721,7 +713,7 @@ __device__ __forceinline__ void attention(const P& p) {
   if (wg == 0) {
     producer_registers();
     for (int s = 0;;) {
-      if (w.n_blocks > 0) produce(p, sm, c.gvt, c.rows_q, w.h_kv, c.krow0, c.kbatch, w.n_blocks, g.kb0, tag);
+      if (w.n_blocks > 0) produce(p, sm, c.gvt, c.rows_q, w.h_kv, c.krow0, c.kbatch, w.n_blocks, g.kb0);
       if (!kTail || threadIdx.x >= 32 || !segment_work<kTail>(p, blockIdx, ++s, g, w)) return;
       c = copies(p, w);
       bar_sync(kSegBar, kSegThreads);
@@ -748,7 +740,6 @@ __device__ __forceinline__ void attention(const P& p) {
 template <class P>
 __device__ void flash_fwd(const P& p) {
   attention<false>(p);
-  if (threadIdx.x == 0) wait_prior_launch();   // ends after the pre-pass (the launches' order)
 }
 
 // The tail kernel (kSplitTail): the tiles from tail_first on, cut by keys (see above).

@@ -325,31 +325,22 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
     up, pre = name.upper(), entry["prepass"]
     g, block = pre["grid"], int(pre["vt_block"])
     out = [f"/* {name} has a pre-pass: launch ZYFA_{up}_PREPASS_SYMBOL (same module, same args,",
-           f" * ZYFA_{up}_PREPASS_BLOCK_SIZE threads, ZYFA_{up}_PREPASS_DYNAMIC_SMEM bytes of dynamic shared",
-           " * memory: set its CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) before the kernel, on the",
-           " * same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes of device",
-           f" * memory, with vt_stride_h = d_v * zyfa_{name}_vt_columns(...); the workspace may be reused",
-           " * once the kernel has run.  `vt_flags`: zyfa_" + name + "_vt_flags_bytes(hkv, vt_columns) bytes of",
-           " * device memory, zeroed once before the first launch that uses them and never again (the",
-           " * launches keep tags in them that only grow): one buffer a stream, as `vt`. */",
-           *([f"/* ZYFA_{up}_DEPENDENT_LAUNCH: launch the kernel with",
+           f" * ZYFA_{up}_PREPASS_BLOCK_SIZE threads, no dynamic shared memory) before the kernel,",
+           " * on the same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes",
+           f" * of device memory, with vt_stride_h = d_v * zyfa_{name}_vt_columns(...); the workspace",
+           " * may be reused once the kernel has run. */",
+           *([f"/* ZYFA_{up}_DEPENDENT_LAUNCH: the kernel may be launched with",
               " * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION right after its pre-pass, and a tail",
               " * kernel so right after the kernel (never after another launch): each waits for the launch",
-              " * before it where it must, and the kernel runs beside the pre-pass, which takes a few SMs.",
-              " * Plain launches are correct too, but the pre-pass then runs alone on those SMs first. */"]
-             if entry.get("dependent_launch") else []),
+              " * before it where it must.  A plain launch is correct too. */"] if entry.get("dependent_launch") else []),
            f"#define ZYFA_{up}_PREPASS_SYMBOL {_cstr(pre['symbol'])}",
            f"#define ZYFA_{up}_PREPASS_BLOCK_SIZE {int(pre['block_size'])}",
-           f"#define ZYFA_{up}_PREPASS_DYNAMIC_SMEM {int(pre.get('dynamic_smem', 0))}",
            f"#define ZYFA_{up}_VT_BLOCK {block}",
            f"/* key columns of a key/value head's V^T: dense (total_k < 0) batch * cdiv(seqlen_k, {block}) * {block};",
            f" * packed, (cdiv(total_k, {block}) + batch) * {block} */",
            f"static inline int64_t zyfa_{name}_vt_columns(int64_t batch, int64_t seqlen_k, int64_t total_k) {{",
            f"  int64_t blocks = total_k < 0 ? zyfa_cdiv_(seqlen_k, {block}) * batch : zyfa_cdiv_(total_k, {block}) + batch;",
            f"  return (blocks > 1 ? blocks : 1) * {block};",
-           "}",
-           f"static inline int64_t zyfa_{name}_vt_flags_bytes(int64_t hkv, int64_t vt_columns) {{",
-           f"  return {int(pre['flags_header_bytes'])} + {int(pre['tag_bytes'])} * hkv * (vt_columns / {block});",
            "}"]
     terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
     return out + _grid_function(f"zyfa_{name}_prepass_grid", "pre-pass grid", st, g, terms)

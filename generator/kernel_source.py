@@ -174,9 +174,8 @@ def config(v: Variant) -> str:
                   f"constexpr bool kOnesSum = {'true' if t.pv_row_sums else 'false'};"
                   "   // BF16: the row sums of the rounded P by PV, over a block of ones"]
     if catalogue.has_vt_prepass(v):
-        lines.append(f"constexpr int kVtBlock = {catalogue.VT_BLOCK}, kVtThreads = {catalogue.VT_THREADS}, "
-                     f"kVtGroups = {catalogue.vt_groups(v)};"
-                     "   // the V^T pre-pass: keys a block, threads a group, groups a CTA")
+        lines.append(f"constexpr int kVtBlock = {catalogue.VT_BLOCK}, kVtThreads = {catalogue.VT_THREADS};"
+                     "   // the V^T pre-pass: keys and threads of a CTA")
     if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
         lines += _recipe_constants(v)
     lines.append("}  // namespace zyfa_cfg")
@@ -216,7 +215,7 @@ def entry(v: Variant) -> str:
         return f'extern "C" {attrs} {symbol}(\n    {plist}) {{\n  Params p;\n{fill}  zyfa::{body}(p);\n}}\n'
     out = entry_point(attrs, v.symbol, "flash_fwd")
     if catalogue.has_vt_prepass(v):
-        out += entry_point(f"__global__ void __launch_bounds__({catalogue.VT_THREADS * catalogue.vt_groups(v)}, 1)",
+        out += entry_point(f"__global__ void __launch_bounds__({catalogue.VT_THREADS})",
                            catalogue.vt_prepass_symbol(v), "transpose_v")
     if v.tile.split_tail:
         out += entry_point(attrs, catalogue.split_tail_symbol(v), "flash_fwd_tail")

@@ -12,7 +12,7 @@ from tests.backends import build_sm90a, using_backend
 
 from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, validate, workspace
 from zyfa_runtime import driver as drivers
-from zyfa_runtime.catalogue import VT_CTAS, VT_THREADS, Variant, vt_columns, vt_flags_bytes, vt_prepass_symbol
+from zyfa_runtime.catalogue import Variant, vt_columns, vt_prepass_symbol
 from zyfa_runtime.errors import CodeObjectError
 from zyfa_runtime.driver.fake import unpack_tensor_map
 from zyfa_runtime import launch as launch_mod
@@ -183,9 +183,7 @@ def test_fp8_without_descales_reads_ones(fake):
 
 def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
     """sm_90a FP8: the V^T pre-pass, then the kernel, on one stream with one argument buffer;
-    vt points into a workspace of hkv * d_v * vt_columns bytes (dense and packed); the pre-pass
-    takes its groups' shared memory and as many CTAs as its groups need, at most VT_CTAS; its
-    blocks' tags are the stream's (zeros when first allocated), grown with the V^T."""
+    vt points into a workspace of hkv * d_v * vt_columns bytes (dense and packed)."""
     variant = Variant("sm_90a", "fp8_e4m3", 64, 64, False)
     entry = entry_of(variant)
     q, k, v = arrays((2, 100, 4, 64), (2, 300, 2, 64), (2, 300, 2, 64), dtype="fp8_e4m3")
@@ -198,19 +196,13 @@ def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
     for (pre, main), (batch, sk, total) in zip(zip(fake.launches[::2], fake.launches[1::2]),
                                                ((2, 300, None), (3, 291, 300))):
         assert pre.args == main.args and pre.stream == main.stream == 7
-        groups = entry["prepass"]["block_size"] // VT_THREADS
-        assert pre.grid == (min(VT_CTAS, -(-(-(-sk // 128) * 2 * batch) // groups)), 1, 1)
-        assert pre.block == (groups * VT_THREADS, 1, 1) and pre.shared == entry["prepass"]["dynamic_smem"] > 0
+        assert pre.grid == (-(-sk // 128), 2, batch) and pre.block == (entry["prepass"]["block_size"], 1, 1)
+        assert pre.shared == 0
         args = unpack_args(entry, main.args)
         cols = vt_columns(batch, sk, total)
         assert args["vt_stride_h"] == 64 * cols
         buf = fake.buffer(args["vt"])
         assert buf.ctypes.data == args["vt"] and buf.nbytes >= 2 * 64 * cols
-        tags = fake.buffer(args["vt_flags"])
-        assert tags.nbytes >= vt_flags_bytes(2, cols) and not tags.any()
-    # the tags: one buffer a stream; a larger one where a call needs more
-    t1 = unpack_args(entry, fake.launches[1].args)["vt_flags"]
-    assert t1 == unpack_args(entry, fake.launches[3].args)["vt_flags"]
     # one workspace per stream, reused by the calls on it and grown when one needs more
     a1 = unpack_args(entry, fake.launches[1].args)["vt"]
     a2 = unpack_args(entry, fake.launches[3].args)["vt"]
@@ -222,7 +214,6 @@ def test_fp8_prepass_runs_first_with_the_same_arguments_and_a_workspace(fake):
     flash_attn_func(*big, stream=7)
     grown = unpack_args(entry, fake.launches[-1].args)["vt"]
     assert grown != a1 and workspace.held_bytes() > held
-    assert unpack_args(entry, fake.launches[-1].args)["vt_flags"] != t1
     assert fake.buffer(grown).nbytes >= 2 * 64 * vt_columns(2, 3000, None)
     assert fake.buffer(a1).nbytes > 0     # the old buffer stays allocated (queued kernels, graphs)
     workspace.release()
@@ -515,12 +506,11 @@ def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
 
 
 def test_a_pre_pass_grid_larger_than_the_device_takes_is_refused_before_either_launch(fake, monkeypatch):
-    # FP8 d64 non-causal: the kernel's grid (1, 3, 1); the pre-pass's 72 blocks (24 a head) in
-    # groups of 8, 9 CTAs
-    q8, k8, v8 = arrays((1, 1, 3, 64), (1, 3000, 3, 64), (1, 3000, 3, 64), "fp8_e4m3")
+    # FP8 d64 non-causal: the kernel's grid (2, 3, 1), the pre-pass's (3 key blocks, 3, 1)
+    q8, k8, v8 = arrays((1, 300, 3, 64), (1, 300, 3, 64), (1, 300, 3, 64), "fp8_e4m3")
     n = len(fake.launches)
-    monkeypatch.setattr(fake, "max_grid", (8, 65535, 65535))
-    with pytest.raises(ValueError, match="launch grid of \\(9, 1, 1\\)"):
+    monkeypatch.setattr(fake, "max_grid", (2, 65535, 65535))
+    with pytest.raises(ValueError, match="launch grid of \\(3, 3, 1\\)"):
         flash_attn_func(q8, k8, v8)
     assert len(fake.launches) == n
 

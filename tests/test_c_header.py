@@ -16,7 +16,7 @@ from zyfa_runtime import __version__
 from build import prepass_entry, split_tail_entry
 from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, TOOLKIT, all_variants, buildable, eval_grid,
                                     grid_rule, has_vt_prepass, kernarg_size, kernargs, tensor_maps, tiles_rule,
-                                    vt_columns, vt_flags_bytes)
+                                    vt_columns)
 from zyfa_runtime.launch import tail_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,8 +139,6 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
             for batch, sk, total in VT_CASES:
                 lines.append(f'    printf("vtcols {n} {batch} {sk} {total} %lld\\n", '
                              f"(long long)zyfa_{n}_vt_columns({batch}, {sk}, {total}));")
-                lines.append(f'    printf("vtflags {n} {batch} {sk} {total} %lld\\n", '
-                             f"(long long)zyfa_{n}_vt_flags_bytes(3, zyfa_{n}_vt_columns({batch}, {sk}, {total})));")
         lines.append("  }")
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
@@ -202,7 +200,7 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
             outputs.append(run([exe]).stdout)
         assert outputs[0] == outputs[1]   # C and C++ agree
         got_fields, got_size, got_grid, got_pregrid, got_vt, got_tiles = {}, {}, {}, {}, {}, {}
-        got_tail, got_flags = {}, {}
+        got_tail = {}
         for line in outputs[0].splitlines():
             kind, name, *rest = line.split()
             if kind == "size":
@@ -211,8 +209,6 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 got_fields.setdefault(name, []).append((rest[0], int(rest[1]), int(rest[2])))
             elif kind == "vtcols":
                 got_vt.setdefault(name, []).append(int(rest[3]))
-            elif kind == "vtflags":
-                got_flags.setdefault(name, []).append(int(rest[3]))
             elif kind == "pregrid":
                 got_pregrid[name] = tuple(int(x) for x in rest)
             elif kind == "tiles":
@@ -269,9 +265,8 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
             if "prepass" in e:   # the pre-pass's grid and workspace rule, as the runtime's
                 assert got_pregrid[n] == eval_grid(e["prepass"]["grid"], values), n
                 assert got_vt[n] == [vt_columns(b, sk, None if t < 0 else t) for b, sk, t in VT_CASES], n
-                assert got_flags[n] == [vt_flags_bytes(3, c) for c in got_vt[n]], n
             else:
-                assert n not in got_pregrid and n not in got_vt and n not in got_flags
+                assert n not in got_pregrid and n not in got_vt
         if which == "gappy":
             assert pad_fields(header, "gappy") == [("pad_0", 4), ("pad_1", 4), ("pad_2", 16)]
 

@@ -9,8 +9,7 @@ from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
                                     vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES,
-                                    SM90_MAX_SMEM, VT_CTAS, VT_FLAGS_HEADER, VT_SMEM_BYTES, VT_TAG_BYTES,
-                                    vt_flags_bytes, vt_groups, vt_tile_bytes)
+                                    SM90_MAX_SMEM)
 
 
 def test_catalogue_is_the_full_product():
@@ -60,20 +59,12 @@ def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
     nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False))]
     assert amd == [n for n in nv if not n.startswith("vt") and not n.startswith("tmap_")]
-    # the pre-pass: VT_CTAS CTAs of vt_groups groups take the blocks of every key/value head and
-    # sequence in turn; fewer CTAs where the blocks fill fewer, none where there is no key
-    for v in (Variant("sm_90a", "fp8_e4m3", 64, 64, True), Variant("sm_90a", "fp8_e4m3", 256, 256, False)):
-        assert v.tile.block_n == VT_BLOCK
-        groups = vt_groups(v)
-        assert 1 <= groups <= 8 and groups * vt_tile_bytes(v) <= VT_SMEM_BYTES
-        assert vt_tile_bytes(v) >= VT_BLOCK * (v.d_v + 16) + 112 and vt_tile_bytes(v) % 128 == 0
-        for sk in (0, 1, VT_BLOCK - 1, VT_BLOCK, VT_BLOCK + 1, 1000, 65536):
-            blocks = -(-sk // VT_BLOCK) * 3 * 5
-            x, y, z = eval_grid(vt_prepass_grid_rule(v), {"seqlen_k": sk, "hkv": 3, "batch": 5})
-            assert (y, z) == (1, 1) and x == min(VT_CTAS, -(-blocks // groups))
-            assert (x == 0) == (sk == 0) and (x * groups >= blocks or x == VT_CTAS)
-    # the tags: a header of two, then one a V^T block
-    assert vt_flags_bytes(3, 5 * VT_BLOCK) == VT_FLAGS_HEADER + 3 * 5 * VT_TAG_BYTES
+    # the pre-pass covers every key block of every key/value head and sequence
+    v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
+    assert v.tile.block_n == VT_BLOCK
+    for sk in (1, VT_BLOCK - 1, VT_BLOCK, VT_BLOCK + 1, 1000):
+        x, y, z = eval_grid(vt_prepass_grid_rule(v), {"seqlen_k": sk, "hkv": 3, "batch": 5})
+        assert (x - 1) * VT_BLOCK < sk <= x * VT_BLOCK and (y, z) == (3, 5)
 
 
 def _vt_spans(batch, sk, cu):

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import launch as _launch
 from . import staging, validate, workspace
-from .catalogue import Variant, vt_columns, vt_flags_bytes
+from .catalogue import Variant, vt_columns
 from .driver import get_driver
 from .kernels import KernelTable
 from .memory import DeviceArray, device_kind
@@ -248,13 +248,6 @@ def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int
         values[name] = workspace.counter(driver, device, stream, nbytes)
         counter = (nbytes, values[name])
         extents[name] = (counter[1], counter[1] + counter[0])
-    flags = None
-    if "prepass" in kernel.entry:
-        # The V^T blocks' tags (catalogue.vt_flags_bytes): the stream's, zeroed once.
-        nbytes = vt_flags_bytes(problem.hkv, layout.values["vt_stride_h"] // problem.d_v)
-        values["vt_flags"] = workspace.flags(driver, device, stream, nbytes)
-        flags = (nbytes, values["vt_flags"])
-        extents["vt_flags"] = (flags[1], flags[1] + flags[0])
     # The workspace: the V^T, then a balanced tail's partials.
     ws_bytes = _partials_at(layout.vt_bytes) + layout.partial_bytes if layout.partial_bytes else layout.vt_bytes
     hold = workspace.hold(driver, device, stream, ws_bytes) if ws_bytes else contextlib.nullcontext()
@@ -267,7 +260,7 @@ def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int
             if layout.partial_bytes:
                 extents["partials"] = (values["partials"], values["partials"] + layout.partial_bytes)
         launches = _launch.assemble(kernel, layout.grids, _launch.pack_args(kernel, values), dependent)
-        plan = Plan(device, launches, extents, (ws_bytes, ws) if ws is not None else None, counter, flags)
+        plan = Plan(device, launches, extents, (ws_bytes, ws) if ws is not None else None, counter)
         plan.queue(driver, stream)
     return out_arr, lse_arr, plan
 
@@ -276,25 +269,20 @@ def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int
 class Plan:
     """A call's launches as queued, to queue again for the same call: the same inputs (every
     pointer, shape, stride and dtype), options, stream and backend give the same argument
-    buffers, so a repeated call skips validation, tensor maps and packing.  The workspace, tile
-    counter and V^T tag addresses the buffers hold are checked on every reuse (a grown or
-    released workspace has moved: the call is planned anew).  It holds no reference to the
-    tensors."""
+    buffers, so a repeated call skips validation, tensor maps and packing.  The workspace and
+    tile counter addresses the buffers hold are checked on every reuse (a grown or released
+    workspace has moved: the call is planned anew).  It holds no reference to the tensors."""
     device: int
     launches: tuple
     extents: dict                     # name -> (lo, hi), for the driver's tensor_extents
     vt: tuple[int, int] | None        # (bytes, address) of the V^T workspace
     counter: tuple[int, int] | None   # (bytes, address) of a persistent kernel's tile counter
-    flags: tuple[int, int] | None = None   # (bytes, address) of the V^T blocks' tags
 
     def queue_again(self, driver, stream: int) -> bool:
-        """Queue the launches on ``stream`` if the workspace, counter and tags are where they
-        were; False (nothing queued) otherwise."""
+        """Queue the launches on ``stream`` if the workspace and counter are where they were;
+        False (nothing queued) otherwise."""
         if self.counter is not None:
             if workspace.counter(driver, self.device, stream, self.counter[0]) != self.counter[1]:
-                return False
-        if self.flags is not None:
-            if workspace.flags(driver, self.device, stream, self.flags[0]) != self.flags[1]:
                 return False
         driver.make_current(self.device)
         hold = workspace.hold(driver, self.device, stream, self.vt[0]) if self.vt else contextlib.nullcontext()

@@ -259,8 +259,7 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         # Per-tensor fp32 dequantisation factors (device pointers to one float each).
         args += [("descale_q", "ptr"), ("descale_k", "ptr"), ("descale_v", "ptr")]
     if has_vt_prepass(v):
-        args += [("vt", "ptr"),      # the pre-pass's V^T (a workspace of vt_bytes)
-                 ("vt_flags", "ptr")]   # its blocks' tags (vt_flags_bytes): the stream's, zeroed once
+        args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
     if v.tile.persistent:
         args += [("tile_counter", "ptr")]   # PERSISTENT_COUNTER_BYTES of a workspace, zero between launches
     if v.tile.split_tail:
@@ -319,18 +318,8 @@ def kernarg_size(args: list[KernArg]) -> int:
 
 #: Keys per block of the pre-pass (the sm_90a FP8 kernels' block_n).
 VT_BLOCK = 128
-#: Threads of a group of a pre-pass CTA: a group transposes one block at a time.
+#: Threads of a pre-pass CTA.
 VT_THREADS = 128
-#: CTAs of the pre-pass: a few SMs, beside the kernel on the others, that write V^T block by
-#: block in the order the kernel reads it, each block's tag in ``vt_flags`` once it is written
-#: (cuda/flash_fp8_lean.cuh, "the launches' order").  Each takes as many groups as fit in
-#: VT_SMEM_BYTES (vt_groups), so that a few SMs keep many blocks' loads in flight.
-VT_CTAS = 16
-VT_SMEM_BYTES = 200 * 1024
-#: Bytes of ``vt_flags`` before the blocks' tags: the stream's last call's tag and this call's.
-VT_FLAGS_HEADER = 16
-#: Bytes of a V^T block's tag.
-VT_TAG_BYTES = 8
 
 
 def has_vt_prepass(v: Variant) -> bool:
@@ -350,18 +339,6 @@ def vt_prepass_symbol(v: Variant) -> str:
     return "zyfa_vt_" + v.name
 
 
-def vt_tile_bytes(v: Variant) -> int:
-    """Shared memory of a pre-pass group: VT_BLOCK rows of d_v + 16 bytes (its pitch), the last
-    16-key group's rows 112 bytes on, rounded up to 128 (kVtTileBytes)."""
-    return -(-(VT_BLOCK * (v.d_v + 16) + 16 * 7) // 128) * 128
-
-
-def vt_groups(v: Variant) -> int:
-    """Groups of VT_THREADS threads a pre-pass CTA: as many tiles as fit in VT_SMEM_BYTES,
-    at most 8 (1,024 threads)."""
-    return max(1, min(8, VT_SMEM_BYTES // vt_tile_bytes(v)))
-
-
 def tensor_maps(v: Variant) -> dict:
     """The TMA tensor maps a variant's kernel takes, by argument name: the tensor, the box
     (innermost first, over the tensor's bytes: the maps are of bytes, (head dim, heads, rows,
@@ -376,16 +353,8 @@ def tensor_maps(v: Variant) -> dict:
 
 
 def vt_prepass_grid_rule(v: Variant) -> dict:
-    """VT_CTAS CTAs, or fewer where the blocks (of the longest sequence, every key/value head
-    and sequence) fill fewer: none where there is no key."""
-    blocks = {"mul": [{"cdiv": ["seqlen_k", VT_BLOCK]}, "hkv", "batch"]}
-    return {"x": {"min": [VT_CTAS, {"cdiv": [blocks, vt_groups(v)]}]}, "y": 1, "z": 1}
-
-
-def vt_flags_bytes(hkv: int, vt_columns: int) -> int:
-    """Bytes of ``vt_flags`` for a V^T of ``hkv`` heads of ``vt_columns`` key columns: the two
-    tags of the header, then one a block."""
-    return VT_FLAGS_HEADER + VT_TAG_BYTES * hkv * (vt_columns // VT_BLOCK)
+    """x: key blocks (of the longest sequence); y: key/value heads; z: sequences."""
+    return {"x": {"cdiv": ["seqlen_k", VT_BLOCK]}, "y": "hkv", "z": "batch"}
 
 
 def vt_column0(b: int, seqlen_k: int, cu_seqlens_k=None) -> int:

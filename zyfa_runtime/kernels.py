@@ -99,8 +99,6 @@ class KernelTable:
         prepass = tail = None
         if "prepass" in entry:
             prepass = self.driver.get_function(module, entry["prepass"]["symbol"])
-            if entry["prepass"].get("dynamic_smem", 0) > 0:
-                self.driver.set_max_dynamic_shared(prepass, entry["prepass"]["dynamic_smem"])
         if "split_tail" in entry:
             tail = self.driver.get_function(module, entry["split_tail"]["symbol"])
             if entry["dynamic_smem"] > 0:

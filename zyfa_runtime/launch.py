@@ -117,8 +117,7 @@ def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: in
 
 
 def _prepass(kernel: Kernel, grid: tuple[int, int, int], args: bytes) -> Launch:
-    pre = kernel.entry["prepass"]
-    return Launch(kernel.prepass, grid, (pre["block_size"], 1, 1), pre.get("dynamic_smem", 0), args)
+    return Launch(kernel.prepass, grid, (kernel.entry["prepass"]["block_size"], 1, 1), 0, args)
 
 
 #: The tiles of a persistent kernel are numbered by a 32-bit int in the kernel.

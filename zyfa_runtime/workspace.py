@@ -1,8 +1,7 @@
 """Device scratch memory a launch needs beside its tensors, per (backend, device, stream): the
 V^T that the sm_90a FP8 pre-pass writes (catalogue.has_vt_prepass), a buffer kept between
-calls and grown on demand, and the tags of its blocks (``flags``), zeroed once when allocated;
-and the tile counter of a persistent kernel (``counter``), zeroed once when it is allocated
-and left zero by every launch that uses it.
+calls and grown on demand; and the tile counter of a persistent kernel (``counter``), zeroed
+once when it is allocated and left zero by every launch that uses it.
 
 Launches on one stream run in order, so one buffer serves every call on that stream; calls on
 different streams get different buffers.  A buffer is held (its lock taken) from the moment a
@@ -27,7 +26,6 @@ _buffers: dict[tuple[str, int, int], DeviceArray] = {}
 _retired: list[DeviceArray] = []
 _holds: dict[tuple[str, int, int], threading.Lock] = {}
 _counters: dict[tuple[str, int, int], DeviceArray] = {}
-_flags: dict[tuple[str, int, int], DeviceArray] = {}
 
 
 @contextlib.contextmanager
@@ -66,24 +64,6 @@ def counter(driver, device: int, stream: int, nbytes: int) -> int:
         return buf.ptr
 
 
-def flags(driver, device: int, stream: int, nbytes: int) -> int:
-    """The address of at least ``nbytes`` of the V^T blocks' tags for launches on ``stream``
-    (catalogue.vt_flags_bytes): zeroed once, synchronously, when allocated, then written only by
-    the launches (each call's tag is one more than the last's, so no launch zeroes them).  A
-    larger buffer starts again from zeros: its tags and its header together."""
-    key = (driver.name, int(device), int(stream))
-    with _lock:
-        buf = _flags.get(key)
-        if buf is None or buf.nbytes < nbytes:
-            new = DeviceArray(driver, device, (max(int(nbytes), 1),), "uint8")
-            driver.memset_d8(new.ptr, 0, new.nbytes)
-            driver.synchronize(device)
-            if buf is not None:
-                _retired.append(buf)
-            _flags[key] = buf = new
-        return buf.ptr
-
-
 def release() -> None:
     """Synchronise the devices that have workspaces and free them all (the next call allocates
     anew).  Call it only when no launch that used a workspace is still to run (a CUDA graph
@@ -95,10 +75,9 @@ def release() -> None:
         lk.acquire()
     try:
         with _lock:
-            bufs = list(_buffers.values()) + list(_counters.values()) + list(_flags.values()) + _retired
+            bufs = list(_buffers.values()) + list(_counters.values()) + _retired
             _buffers.clear()
             _counters.clear()
-            _flags.clear()
             _retired.clear()
         for driver, device in {(b.driver, b.device) for b in bufs}:
             driver.synchronize(device)
@@ -112,5 +91,4 @@ def held_bytes() -> int:
     """Bytes of workspace allocated (retired buffers included), over every backend, device and
     stream."""
     with _lock:
-        return sum(b.nbytes for b in list(_buffers.values()) + list(_counters.values()) + list(_flags.values())
-                   + _retired)
+        return sum(b.nbytes for b in list(_buffers.values()) + list(_counters.values()) + _retired)
