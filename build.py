@@ -38,8 +38,7 @@ from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
                                     PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_OVERHEAD_BLOCKS, buildable, grid_rule,
-                                    dependent_launch, has_vt_prepass, iter_select, kernarg_size,
-                                    split_tail_counter_bytes,
+                                    has_vt_prepass, iter_select, kernarg_size, split_tail_counter_bytes,
                                     split_tail_grid_rule, split_tail_slot_bytes, split_tail_symbol, tiles_rule,
                                     kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
 
@@ -115,7 +114,6 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         "registers": info["registers"],
         "scratch_bytes": info["scratch"],
         **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
-        **({"dependent_launch": True} if dependent_launch(v) else {}),
         **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
            if v.tile.persistent else {}),
         **({"split_tail": split_tail_entry(v)} if v.tile.split_tail else {}),

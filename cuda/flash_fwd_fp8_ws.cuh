@@ -148,20 +148,14 @@ struct Smem {
 // Block n's K and V^T into stage s, by thread 0: K's kBlockN rows by TMA (kDqk / 64 boxes of
 // 64 bytes x 128 rows in the 64B swizzle, zeros past the tensor's end; in a packed batch the
 // rows past a sequence's end are the next one's, masked), V^T's kDv rows of the block's 128
-// key bytes by one bulk copy; each completes its full barrier with its bytes.  first: the
-// kernel's first V^T copy, made once the pre-pass has ended (wait_prior_launch), after which the
-// tail kernel's CTAs may start.
+// key bytes by one bulk copy; each completes its full barrier with its bytes.
 template <class P>
 __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gvt, int n,
-                                           int h_kv, int krow0, int kbatch, bool first = false) {
+                                           int h_kv, int krow0, int kbatch) {
   const Bars bars = sm.bars();
   const int n0 = n * kBlockN;
   tma_tile<kBlockN, kDqk, 64>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0,
                               kbatch);
-  if (first) {
-    wait_prior_launch();
-    launch_dependents();
-  }
   mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
   bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
 }
@@ -324,9 +318,9 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
 
 // ---- the balanced tail (kSplitTail) -----------------------------------------------------------
 //
-// The launch's tiles (numbered as tiles_rule's grid: query-row block, head, sequence) before
-// tail_first are the kernel's, a CTA each (its grid: tail_first CTAs); those from tail_first on
-// a second entry's, the tail kernel (flash_fwd_tail), launched after it with tail_ctas CTAs.  These cut the tail by
+// The launch's tiles (numbered as tiles_rule's grid: query-row block, head, sequence) from
+// tail_first on are not the kernel's (its CTAs of them return at once) but a second entry's, the
+// tail kernel (flash_fwd_tail), launched after it with tail_ctas CTAs.  These cut the tail by
 // keys: its U tiles of nb blocks laid end to end, tail CTA j takes the blocks [start(j),
 // start(j + 1)), start(j) = floor(j U nb / tail_ctas).  The host plans no more blocks a CTA than
 // a tile has (launch.tail_plan), so a CTA has one or two segments: the end of one tile, the start
@@ -368,28 +362,16 @@ __device__ __forceinline__ TailRun tail_run(const P& p) {
   return {nb, p.tail_first, p.tail_ctas, static_cast<long long>(p.tile_count - p.tail_first) * nb};
 }
 
-// Tile t of the launch as its CTA index in tiles_rule's grid (query-row block, head, sequence).
-template <class P>
-__device__ __forceinline__ uint3 tile_index(const P& p, int t) {
-  const int xy = p.tiles_x * p.tiles_y;
-  return make_uint3(t % p.tiles_x, t % xy / p.tiles_x, t / xy);
-}
-
 // Segment s of CTA `cta` and its work (cta_work's, n_blocks the segment's); false where the CTA
 // has no such segment or its tile no rows.  The kernel's CTAs (kTail false) have one, the whole
-// tile: with a tail (kSplitTail), tile cta.x of a grid of tail_first CTAs, so that no CTA of
-// the kernel waits for an SM only to return (the tail kernel's CTAs start once every CTA of
-// the kernel has); the tail kernel's one or two.
+// tile, where it lies before tail_first; the tail kernel's one or two.
 template <bool kTail, class P>
 __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segment& g, CtaWork& w) {
   if constexpr (!kTail) {
-    if (s > 0) return false;
     if constexpr (kSplitTail) {
-      const uint3 tile = tile_index(p, static_cast<int>(cta.x));
-      if (!cta_work(p, w, tile, tile)) return false;   // non-causal: the grid's shape is not read
-    } else {
-      if (!cta_work(p, w, cta)) return false;
+      if (static_cast<int>(cta.x + gridDim.x * (cta.y + gridDim.y * cta.z)) >= p.tail_first) return false;
     }
+    if (s > 0 || !cta_work(p, w, cta)) return false;
     g = {0, 0, w.n_blocks, -1};
     return true;
   } else {
@@ -406,7 +388,8 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
     }
     const int kb1 = static_cast<int>(min(static_cast<long long>(t.nb), e - u * t.nb));
     g = {t.first + static_cast<int>(u), kb0, kb1, kb0 == 0 && kb1 == t.nb ? -1 : 2 * j + s};
-    const uint3 tile = tile_index(p, g.tile);
+    const int xy = p.tiles_x * p.tiles_y;
+    const uint3 tile = make_uint3(g.tile % p.tiles_x, g.tile % xy / p.tiles_x, g.tile / xy);
     if (!cta_work(p, w, tile, tile)) return false;
     w.n_blocks = g.kb1 - g.kb0;
     return true;
@@ -697,7 +680,7 @@ __device__ __forceinline__ void attention(const P& p) {
       tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
                                   c.rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
                                   packed_q ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed_q ? 0 : w.b);
-      copy_block(p, sm, 0, c.gvt, nb0, w.h_kv, c.krow0, c.kbatch, !kTail);
+      copy_block(p, sm, 0, c.gvt, nb0, w.h_kv, c.krow0, c.kbatch);
     }
   };
   if (threadIdx.x == 0) start(w, c, g.kb0);
@@ -746,7 +729,6 @@ __device__ void flash_fwd(const P& p) {
 template <class P>
 __device__ void flash_fwd_tail(const P& p) {
   attention<true>(p);
-  if (threadIdx.x == 0) wait_prior_launch();   // ends after the kernel (the launches' order)
 }
 
 }  // namespace zyfa

@@ -215,7 +215,6 @@ def _kernel(entry: dict) -> list[str]:
         ("KERNARG_SIZE", str(int(entry["kernarg_size"]))),
         ("PERSISTENT", "1" if "persistent" in entry else "0"),
         ("SPLIT_TAIL", "1" if "split_tail" in entry else "0"),
-        ("DEPENDENT_LAUNCH", "1" if entry.get("dependent_launch") else "0"),
     ]
     width = max(len(k) for k, _ in macros)
     out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
@@ -267,9 +266,7 @@ def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
     out = [f"/* {name} balances its last wave: the tiles past the last whole wave of the device's SMs are",
            f" * not the kernel's but its tail kernel's, ZYFA_{up}_TAIL_SYMBOL (same module, arguments, block and",
            " * dynamic shared memory), launched after it on the same stream where its grid is not empty; its",
-           " * CTAs cut them by keys.  The kernel's grid holds the tiles before them, and is empty where the",
-           " * tail takes every tile: launch each where its grid is not.  Before a launch:",
-           " * zyfa_" + name + "_tail(&args, sm_count, packed) (returns",
+           " * CTAs cut them by keys.  Before a launch: zyfa_" + name + "_tail(&args, sm_count, packed) (returns",
            " * -1, the struct unchanged, where the tiles overflow the kernel's int; tail_ctas = 0 where nothing",
            " * is cut, always for packed batches).  Then, where tail_ctas > 0,",
            f" * args.partials = 2 * tail_ctas * ZYFA_{up}_SLOT_BYTES bytes of device memory, and always",
@@ -329,10 +326,6 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            " * on the same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes",
            f" * of device memory, with vt_stride_h = d_v * zyfa_{name}_vt_columns(...); the workspace",
            " * may be reused once the kernel has run. */",
-           *([f"/* ZYFA_{up}_DEPENDENT_LAUNCH: the kernel may be launched with",
-              " * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION right after its pre-pass, and a tail",
-              " * kernel so right after the kernel (never after another launch): each waits for the launch",
-              " * before it where it must.  A plain launch is correct too. */"] if entry.get("dependent_launch") else []),
            f"#define ZYFA_{up}_PREPASS_SYMBOL {_cstr(pre['symbol'])}",
            f"#define ZYFA_{up}_PREPASS_BLOCK_SIZE {int(pre['block_size'])}",
            f"#define ZYFA_{up}_VT_BLOCK {block}",

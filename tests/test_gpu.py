@@ -694,9 +694,6 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
 
     tiles = -(-sq // v.tile.block_m) * hq * b
     cut = [run("always") for _ in range(3)] + ([run("always", other)] if other is not None else [])
-    monkeypatch.setenv("ZYFA_DEPENDENT_LAUNCH", "off")   # each launch after the one before has ended
-    cut.append(run("always"))
-    monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH")
     for o, l in cut[1:]:
         assert np.array_equal(o, cut[0][0]) and np.array_equal(l, cut[0][1])
     whole = run("off")
@@ -718,11 +715,9 @@ FP8_HERE = [v for v in all_variants() if buildable(v) and v.arch == ARCH and v.d
 def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatch):
     """Calls queued back to back on one stream share the V^T workspace: each call's pre-pass
     overwrites what the call before it reads.  Two calls with different V, no synchronisation
-    between, both within the recipe's bound of their own fp64 reference: a kernel started as
-    its pre-pass's dependent reads V^T only once the pre-pass has ended, and a tail kernel ends
-    after its kernel, so the next call's pre-pass waits for both.  Few query rows against many
-    keys: the kernel's CTAs are ready long before the pre-pass is done; with a balanced tail
-    (``always``) whole tiles and a tail beside them."""
+    between, both within the recipe's bound of their own fp64 reference: each launch reads the
+    V^T its own call's pre-pass wrote, never the next call's.  Few query rows against many keys
+    (a long pre-pass, short kernels); with a balanced tail (``always``) whole tiles and a tail."""
     from zyfa_runtime import api, flash_attn_func
     from zyfa_runtime.memory import DeviceArray, to_device
     from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
@@ -730,7 +725,6 @@ def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatc
     if split_tail == "always" and "split_tail" not in entry:
         pytest.skip(f"{v.name} has no balanced tail")
     monkeypatch.setenv("ZYFA_SPLIT_TAIL", split_tail)
-    monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH", raising=False)
     with api._lock:
         api._plans.clear()
         api._layouts.clear()

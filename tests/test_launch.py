@@ -1,13 +1,10 @@
-"""zyfa_runtime/launch.py: the balanced tail's plan (tail_plan), as the tail kernel reads it;
-the launches of a call and which of them are programmatic dependents (assemble)."""
-
-from types import SimpleNamespace
+"""zyfa_runtime/launch.py: the balanced tail's plan (tail_plan), as the tail kernel reads it."""
 
 import numpy as np
 import pytest
 
 from zyfa_runtime.catalogue import SPLIT_TAIL_OVERHEAD_BLOCKS
-from zyfa_runtime.launch import assemble, dependent_launches, tail_plan
+from zyfa_runtime.launch import tail_plan
 
 ENTRY = {"tile": {"block_n": 128}, "split_tail": {"overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS}}
 
@@ -72,50 +69,3 @@ def test_every_plan_gives_each_tail_block_to_one_piece_and_no_piece_more_than_a_
             covered[a:b] += 1
         assert (covered == 1).all()
 
-
-
-# -- the launches of a call ---------------------------------------------------------------------
-
-def kernel(dependent_launch=True):
-    entry = {"block_size": 384, "dynamic_smem": 1024, "prepass": {"block_size": 128}}
-    if dependent_launch:
-        entry["dependent_launch"] = True
-    return SimpleNamespace(entry=entry, function="kernel", tail="tail", prepass="prepass")
-
-
-def launched(grids, dependent=True, dependent_launch=True):
-    return [(ln.function, ln.dependent) for ln in assemble(kernel(dependent_launch), grids, b"args", dependent)]
-
-
-PRE, MAIN, TAIL = (64, 16, 2), (1980, 1, 1), (132, 1, 1)
-
-
-def test_the_kernel_follows_its_pre_pass_and_the_tail_the_kernel_as_dependents():
-    """Pre-pass, kernel, tail: the call's first launch plain (it follows the stream's earlier
-    work), the kernel its pre-pass's dependent, the tail the kernel's."""
-    assert launched((PRE, MAIN, TAIL)) == [("prepass", False), ("kernel", True), ("tail", True)]
-    assert launched((PRE, MAIN, None)) == [("prepass", False), ("kernel", True)]
-
-
-def test_no_launch_is_dependent_where_switched_off_or_the_manifest_does_not_allow_it():
-    for kw in ({"dependent": False}, {"dependent_launch": False}):
-        assert launched((PRE, MAIN, TAIL), **kw) == [("prepass", False), ("kernel", False), ("tail", False)]
-
-
-def test_a_launch_is_dependent_only_on_the_launch_it_was_written_to_follow():
-    """Where the tail takes every tile the kernel is not launched, and the tail, which reads the
-    pre-pass's V^T without waiting for the launch before it, starts after the pre-pass ends;
-    with no pre-pass CTA (no keys) the kernel is the call's first launch."""
-    assert launched((PRE, (0, 1, 1), TAIL)) == [("prepass", False), ("tail", False)]
-    assert launched(((0, 16, 2), MAIN, TAIL)) == [("kernel", False), ("tail", True)]
-
-
-def test_a_call_with_no_kernel_or_tail_cta_launches_nothing():
-    assert launched((PRE, (0, 1, 1), None)) == []
-    assert launched((PRE, (0, 16, 2), (0, 1, 1))) == []
-
-
-def test_an_unknown_dependent_launch_mode_is_refused():
-    assert dependent_launches("on") and not dependent_launches("off")
-    with pytest.raises(ValueError, match="ZYFA_DEPENDENT_LAUNCH"):
-        dependent_launches("yes")

@@ -222,7 +222,6 @@ def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int
     the same launches again."""
     problem, kernel = layout.problem, layout.kernel
     device = problem.device[1]
-    dependent = _launch.dependent_launches(os.environ.get("ZYFA_DEPENDENT_LAUNCH", "on"))
     out_arr = None
     if out is None:
         out_arr = DeviceArray(driver, device, q.shape[:-1] + (problem.d_v,), "bf16")
@@ -259,7 +258,7 @@ def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int
             values["partials"] = ws + _partials_at(layout.vt_bytes) if layout.partial_bytes else None
             if layout.partial_bytes:
                 extents["partials"] = (values["partials"], values["partials"] + layout.partial_bytes)
-        launches = _launch.assemble(kernel, layout.grids, _launch.pack_args(kernel, values), dependent)
+        launches = _launch.assemble(kernel, layout.grids, _launch.pack_args(kernel, values))
         plan = Plan(device, launches, extents, (ws_bytes, ws) if ws is not None else None, counter)
         plan.queue(driver, stream)
     return out_arr, lse_arr, plan

@@ -327,14 +327,6 @@ def has_vt_prepass(v: Variant) -> bool:
     return v.vendor == "cuda" and v.dtype == "fp8_e4m3"
 
 
-def dependent_launch(v: Variant) -> bool:
-    """Whether the variant's kernel may be launched as a programmatic dependent of its pre-pass,
-    and its tail kernel (Tile.split_tail) of the kernel (launch.Launch.dependent): the sm_90a FP8
-    kernels wait for the launch before them where they read what it writes, and let the next
-    start as their CTAs leave the SMs (cuda/flash_fp8_lean.cuh, "the launches' order")."""
-    return has_vt_prepass(v)
-
-
 def vt_prepass_symbol(v: Variant) -> str:
     return "zyfa_vt_" + v.name
 
@@ -403,13 +395,9 @@ def grid_rule(v: Variant) -> dict:
     where the keys and values of a sequence's key/value heads take at most
     SM90_HEADS_FIRST_BYTES, else (sequences, blocks, hq) where those of one head's sequences do
     (the kernel reads the order from the grid's shape).  Persistent kernels: one CTA an SM, or
-    one a tile where there are fewer tiles (``tiles_rule``).  Balanced-tail kernels: a CTA each
-    of the tiles before ``tail_first`` (``tiles_rule``'s order, the kernel reads its tile from x),
-    the rest its tail kernel's (``split_tail_grid_rule``)."""
+    one a tile where there are fewer tiles (``tiles_rule``)."""
     if v.tile.persistent:
         return {"x": {"min": ["tile_count", "sm_count"]}, "y": 1, "z": 1}
-    if v.tile.split_tail:
-        return {"x": "tail_first", "y": 1, "z": 1}
     return tiles_rule(v)
 
 

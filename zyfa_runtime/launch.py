@@ -43,16 +43,12 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch, ready to queue: the function, its grid and block, the bytes of
-    dynamic shared memory and the packed argument buffer; ``dependent``: queued as a
-    programmatic dependent of the launch before it (its CTAs may start while that launch's last
-    ones run; the kernel waits for it where it reads what it writes: the manifest's
-    ``dependent_launch``)."""
+    dynamic shared memory and the packed argument buffer."""
     function: Function
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared: int
     args: bytes
-    dependent: bool = False
 
 
 def grids(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple:
@@ -67,45 +63,25 @@ def grids(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> 
     return pre, grid, tail
 
 
-#: ``ZYFA_DEPENDENT_LAUNCH``: ``on`` (the default) queues a kernel after its pre-pass, and a tail
-#: kernel after the kernel, as programmatic dependents where the manifest allows it
-#: (``dependent_launch``); ``off`` queues every launch to start once the one before has ended.
-DEPENDENT_LAUNCH_MODES = ("on", "off")
-
-
-def dependent_launches(mode: str = "on") -> bool:
-    """Whether ``ZYFA_DEPENDENT_LAUNCH=mode`` allows dependent launches; refused
-    (ValueError) where it is neither mode."""
-    if mode not in DEPENDENT_LAUNCH_MODES:
-        raise ValueError(f"ZYFA_DEPENDENT_LAUNCH={mode!r}: one of {', '.join(DEPENDENT_LAUNCH_MODES)}")
-    return mode == "on"
-
-
-def assemble(kernel: Kernel, grids: tuple, args: bytes, dependent: bool = True) -> tuple[Launch, ...]:
+def assemble(kernel: Kernel, grids: tuple, args: bytes) -> tuple[Launch, ...]:
     """The launches of ``kernel`` for its ``grids`` and packed ``args``, in order: its
-    pre-pass, the kernel and its tail kernel, with the same argument buffer, each where it has
-    it and its grid is not empty (a balanced tail may take every tile: no kernel launch); none
-    where neither the kernel nor its tail has a CTA (e.g. zero query rows).  Where ``dependent``
-    and the manifest's ``dependent_launch`` allow it, the kernel is its pre-pass's programmatic
-    dependent and the tail kernel the kernel's: only after the launch each is written to follow
-    (cuda/flash_fp8_lean.cuh, "the launches' order"), never the call's first."""
+    pre-pass first and its tail kernel last, with the same argument buffer, where it has them;
+    none where a grid is empty (e.g. zero query rows, or nothing cut)."""
     pre, grid, tail = grids
-    block = (kernel.entry["block_size"], 1, 1)
-    after = dependent and bool(kernel.entry.get("dependent_launch"))
-    first = _prepass(kernel, pre, args) if pre is not None and 0 not in pre else None
-    main = (Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args,
-                   dependent=after and first is not None) if 0 not in grid else None)
-    last = (Launch(kernel.tail, tail, block, kernel.entry["dynamic_smem"], args,
-                   dependent=after and main is not None) if tail is not None and 0 not in tail else None)
-    if main is None and last is None:
+    if 0 in grid:
         return ()
-    return tuple(ln for ln in (first, main, last) if ln is not None)
+    launches = [_prepass(kernel, pre, args)] if pre is not None and 0 not in pre else []
+    block = (kernel.entry["block_size"], 1, 1)
+    launches.append(Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args))
+    if tail is not None and 0 not in tail:
+        launches.append(Launch(kernel.tail, tail, block, kernel.entry["dynamic_smem"], args))
+    return tuple(launches)
 
 
 def queue(driver, launches: tuple[Launch, ...], stream: int) -> None:
     """Queue prepared launches on ``stream``, in order."""
     for ln in launches:
-        driver.launch(ln.function, ln.grid, ln.block, ln.shared, stream, ln.args, dependent=ln.dependent)
+        driver.launch(ln.function, ln.grid, ln.block, ln.shared, stream, ln.args)
 
 
 def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: int) -> None:
