@@ -29,6 +29,11 @@ def _gpu():
 
 
 DRIVER, WHY = _gpu()
+
+
+def bf16_to_f64(bits: np.ndarray) -> np.ndarray:
+    """bf16 values held as uint16 bits, as float64."""
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DRIVER is None, reason=WHY)]
 ARCH = DRIVER.arch(0) if DRIVER is not None else None
 
@@ -648,7 +653,7 @@ def test_repeated_and_new_tensors_take_the_cached_paths_and_are_right(dtype, cau
         expect = {"first": [], "new tensors": [], "from its plan": [True],
                   "after a larger call": [dtype == "bf16"]}[step]    # BF16 has no V^T workspace
         assert reused[before:] == expect, step
-        o = (got.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        o = bf16_to_f64(got)
         assert not np.isnan(o).any(), step
         assert reference.relative_error(o, ref) <= bound, step
         assert np.array_equal(got, validated(dev, scales, out)), step
@@ -697,8 +702,7 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
     for o, l in cut[1:]:
         assert np.array_equal(o, cut[0][0]) and np.array_equal(l, cut[0][1])
     whole = run("off")
-    to_f = lambda o: (o.astype(np.uint32) << 16).view(np.float32).astype(np.float64)  # noqa: E731
-    o_cut, o_whole = to_f(cut[0][0]), to_f(whole[0])
+    o_cut, o_whole = bf16_to_f64(cut[0][0]), bf16_to_f64(whole[0])
     assert not np.isnan(o_cut).any() and not np.isnan(cut[0][1].view(np.float32)).any()
     ref, ref_lse = reference.attention(*(h[1] for h in host), causal=False, return_lse=True)
     assert reference.relative_error(o_cut, ref) <= RECIPE_FP64_BOUND
@@ -744,7 +748,7 @@ def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatc
         outs.append((out, vv))
     DRIVER.synchronize(0)
     for (out, _), hv in zip(outs, (hv1, hv2)):
-        o = (out.numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        o = bf16_to_f64(out.numpy().view(np.uint16))
         assert not np.isnan(o).any()
         ref = reference.attention(hq_[1], hk[1], hv[1], causal=v.causal)
         assert reference.relative_error(o, ref) <= RECIPE_FP64_BOUND, v.name
