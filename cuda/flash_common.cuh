@@ -465,6 +465,10 @@ __device__ __forceinline__ uint32_t smem_base_exact() {
   return base;
 }
 
+// v as lane 0 of the warp has it: the same value, which the compiler then knows warp-uniform
+// (a loop bound or branch on it keeps the code after it convergent to ptxas).
+__device__ __forceinline__ int lane0(unsigned v) { return __shfl_sync(0xffffffffu, static_cast<int>(v), 0); }
+
 // The thread's warpgroup, shuffled from lane 0 so that the compiler knows it warp-uniform:
 // what derives from it (the warpgroup's WGMMA descriptors, its named barriers) then lives in
 // uniform registers, computed by the uniform datapath, instead of being rebuilt from the thread

@@ -343,14 +343,17 @@ struct Segment {
   int tile, kb0, kb1, slot;
 };
 
-// The tail laid end to end: nb blocks a tile, `total` blocks, `ctas` CTAs from tile `first`.
+// The tail laid end to end: nb blocks a tile, `total` = U nb blocks, `ctas` CTAs from tile
+// `first`; total = q ctas + r.  In 32 bits (launch.tail_plan keeps total below 2^31): a 64-bit
+// division is a subroutine.
 struct TailRun {
-  int nb, first, ctas;
-  long long total;
-  __device__ long long start(int j) const { return j * total / ctas; }
-  // The tail CTA whose blocks hold block x of the run.
-  __device__ int cta_of(long long x) const {
-    int j = static_cast<int>(x * ctas / total);   // start(j) <= x
+  unsigned nb, first, ctas, total, q, r;
+  // The run's first block of CTA j: floor(j total / ctas) (j r < ctas^2).
+  __device__ unsigned start(unsigned j) const { return j * q + j * r / ctas; }
+  // The tail CTA whose blocks hold block x of the run: start(j) <= j (q + 1), so x / (q + 1) is
+  // at most it, and start(j) >= j q puts it within x / q.
+  __device__ unsigned cta_of(unsigned x) const {
+    unsigned j = x / (q + 1);
     while (j + 1 < ctas && start(j + 1) <= x) ++j;
     return j;
   }
@@ -358,8 +361,9 @@ struct TailRun {
 
 template <class P>
 __device__ __forceinline__ TailRun tail_run(const P& p) {
-  const int nb = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  return {nb, p.tail_first, p.tail_ctas, static_cast<long long>(p.tile_count - p.tail_first) * nb};
+  const unsigned nb = (static_cast<unsigned>(p.seqlen_k) + kBlockN - 1) / kBlockN;
+  const unsigned ctas = p.tail_ctas, total = static_cast<unsigned>(p.tile_count - p.tail_first) * nb;
+  return {nb, static_cast<unsigned>(p.tail_first), ctas, total, total / ctas, total % ctas};
 }
 
 // Segment s of CTA `cta` and its work (cta_work's, n_blocks the segment's); false where the CTA
@@ -376,18 +380,18 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
     return true;
   } else {
     if (s > 1) return false;
+    // The segment's tile u (segment 1: the next one), x0 its first block in the run, and its
+    // blocks [kb0, kb1) (none where segment 1 lies past the CTA's).  Broadcast from lane 0, as
+    // what ptxas cannot prove warp-uniform (here the 32-bit min) would leave the consumer's
+    // whole loop in code it takes as divergent: its WGMMA descriptors in vector registers moved
+    // by R2UR, the max's shuffles behind BRA.DIV, spills (118 instructions more a block, the
+    // tail's blocks 15-20 % slower than the kernel's; tests/test_sass.py holds this).
     const TailRun t = tail_run(p);
-    const int j = static_cast<int>(cta.x);
-    const long long a = t.start(j), e = t.start(j + 1);
-    long long u = a / t.nb;
-    int kb0 = static_cast<int>(a - u * t.nb);
-    if (s > 0) {
-      if (e <= (u + 1) * t.nb) return false;
-      ++u;
-      kb0 = 0;
-    }
-    const int kb1 = static_cast<int>(min(static_cast<long long>(t.nb), e - u * t.nb));
-    g = {t.first + static_cast<int>(u), kb0, kb1, kb0 == 0 && kb1 == t.nb ? -1 : 2 * j + s};
+    const unsigned j = cta.x, a = t.start(j), e = t.start(j + 1);
+    const unsigned u = a / t.nb + s, x0 = u * t.nb;
+    const int kb0 = lane0(max(a, x0) - x0), kb1 = lane0(min(max(e, x0), x0 + t.nb) - x0);
+    if (kb1 <= kb0) return false;
+    g = {lane0(t.first + u), kb0, kb1, kb0 == 0 && kb1 == static_cast<int>(t.nb) ? -1 : static_cast<int>(2 * j + s)};
     const int xy = p.tiles_x * p.tiles_y;
     const uint3 tile = make_uint3(g.tile % p.tiles_x, g.tile % xy / p.tiles_x, g.tile / xy);
     if (!cta_work(p, w, tile, tile)) return false;
@@ -440,10 +444,9 @@ __device__ __forceinline__ bool store_piece(const P& p, const Segment& g, const 
   bar_sync(kOutBar + cw, 128);
   if (threadIdx.x % 128 == 0) {
     const TailRun t = tail_run(p);
-    const int u = g.tile - t.first;
-    const long long x0 = static_cast<long long>(u) * t.nb;
+    const unsigned u = g.tile - t.first, x0 = u * t.nb;
     int* count = static_cast<int*>(const_cast<void*>(p.tail_counter)) + u * kConsumers + cw;
-    const bool last = atomicAdd(count, 1) == t.cta_of(x0 + t.nb - 1) - t.cta_of(x0);
+    const bool last = atomicAdd(count, 1) == static_cast<int>(t.cta_of(x0 + t.nb - 1) - t.cta_of(x0));
     if (last) atomicExch(count, 0);        // zero for the next launch
     __threadfence();                       // the other pieces' slots after the count
     sts32(sflag, last);
@@ -463,15 +466,15 @@ template <class P>
 __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float (&acc_o)[kDv / 2],
                                              float (&acc_l)[4], float (&frame)[2], int cw) {
   const TailRun t = tail_run(p);
-  const long long x0 = static_cast<long long>(g.tile - t.first) * t.nb;
-  const int j0 = t.cta_of(x0), j1 = t.cta_of(x0 + t.nb - 1);
-  const auto piece = [&](int j) { return slot_of(p, 2LL * j + (t.start(j) < x0 ? 1 : 0), cw); };
+  const unsigned x0 = (g.tile - t.first) * t.nb;
+  const unsigned j0 = lane0(t.cta_of(x0)), j1 = lane0(t.cta_of(x0 + t.nb - 1));
+  const auto piece = [&](unsigned j) { return slot_of(p, 2LL * j + (t.start(j) < x0 ? 1 : 0), cw); };
   const auto lf_of = [&](const uint4* src) {
     const uint4 u = __ldcg(src + (kSlotVecs - 1) * 128);
     return *reinterpret_cast<const float4*>(&u);
   };
   float f[2] = {-INFINITY, -INFINITY};
-  for (int j = j0; j <= j1; ++j) {
+  for (unsigned j = j0; j <= j1; ++j) {
     const float4 lf = lf_of(piece(j));
     f[0] = fmaxf(f[0], lf.z);
     f[1] = fmaxf(f[1], lf.w);
@@ -479,7 +482,7 @@ __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float
 #pragma unroll
   for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
   acc_l[0] = acc_l[2] = 0.f;
-  for (int j = j0; j <= j1; ++j) {
+  for (unsigned j = j0; j <= j1; ++j) {
     const uint4* src = piece(j);
     const float4 lf = lf_of(src);
     const float w0 = lf.z == -INFINITY ? 0.f : lf.x * exp2f(lf.z - f[0]);
@@ -509,7 +512,10 @@ __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float
 template <bool kTail, class P>
 __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWork& w, int wg, int nb0, int s) {
   const Bars bars = sm.bars();
-  const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
+  // Keys counted from the segment's first (nb0 blocks in: a piece of a cut tile), so that nb0
+  // is not held through the loop.
+  const int sq = w.seq.sq, sk = w.seq.sk - nb0 * kBlockN, row0 = w.row0, diag = w.diag - nb0 * kBlockN;
+  const int n_blocks = w.n_blocks;
   const ConsumerLane me(wg, row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
@@ -550,7 +556,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
-      softmax<false>(pa, pa, factor, acc_s, frame, m_run, (nb0 + n) * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
+      softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
 
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
@@ -612,7 +618,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
       for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
         uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
         float factor[2];
-        softmax<true>(pa, pl, factor, acc_s, frame, m_run, (nb0 + n) * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
+        softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
         float acc_b[kAccB];
         const int t = n % kVtStages;
         mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
@@ -633,13 +639,19 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   Segment g;
   CtaWork wo;
   segment_work<kTail>(p, cta_index_again(), s, g, wo);
+  // A piece of a cut tile: stored; the tile's last piece merges them all and writes the rows.
+  // No thread leaves here: a return under store_piece's answer, which ptxas cannot prove
+  // warp-uniform, would leave the next segment's loop in divergent code, where the WGMMA
+  // descriptors cannot live in uniform registers (the loop then took 118 instructions more a
+  // block and spilled).
+  bool rows = true;
   if constexpr (kTail) {
-    if (g.slot >= 0) {   // a piece of a cut tile: stored; the tile's last piece merges them all
-      if (!store_piece(p, g, acc_o, acc_l, frame, cw, sQg)) return;
-      merge_pieces(p, g, acc_o, acc_l, frame, cw);
+    if (g.slot >= 0) {
+      rows = store_piece(p, g, acc_o, acc_l, frame, cw, sQg);
+      if (rows) merge_pieces(p, g, acc_o, acc_l, frame, cw);
     }
   }
-  write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
+  if (rows) write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
 }
 
 // Where a CTA's copies read: its head's V^T, Q's rows (dense: TMA zero-fills past the sequence's

@@ -137,13 +137,18 @@ def cuobjdump() -> str | None:
     return None
 
 
-def check_cubin(path: Path, tool: str) -> list[Hazard]:
+def sass(path: Path, tool: str) -> str:
+    """cuobjdump -sass of a code object."""
     # cuobjdump -sass runs nvdisasm: look for it beside cuobjdump first (the wheels share a bin/)
     env = dict(os.environ, PATH=str(Path(tool).parent) + os.pathsep + os.environ.get("PATH", ""))
     proc = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} -sass {path} failed: {(proc.stderr or proc.stdout).strip()}")
-    return [h for body in functions(proc.stdout).values() for h in hazards(body)]
+    return proc.stdout
+
+
+def check_cubin(path: Path, tool: str) -> list[Hazard]:
+    return [h for body in functions(sass(path, tool)).values() for h in hazards(body)]
 
 
 def main(argv=None) -> int:

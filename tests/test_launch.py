@@ -69,3 +69,49 @@ def test_every_plan_gives_each_tail_block_to_one_piece_and_no_piece_more_than_a_
             covered[a:b] += 1
         assert (covered == 1).all()
 
+
+
+def device_pieces(tiles, nb, first, ctas):
+    """The same cut as the tail kernel computes it, in 32 bits: total = q ctas + r, start(j) =
+    j q + j r / ctas, and the CTA of block x found from x / (q + 1) upwards (TailRun); every
+    product checked to stay below 2^32."""
+    total = (tiles - first) * nb
+    q, r = divmod(total, ctas)
+
+    def start(j):
+        assert j * q < 2**32 and j * r < 2**32
+        return j * q + j * r // ctas
+
+    def cta_of(x):
+        j, steps = x // (q + 1), 0
+        while j + 1 < ctas and start(j + 1) <= x:
+            j, steps = j + 1, steps + 1
+        assert steps <= ctas // max(q, 1) + 1
+        return j
+
+    return start, cta_of
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_tail_kernels_32_bit_arithmetic_cuts_as_the_plan_says(seed):
+    """Over random plans that cut, and the largest the plan allows: the tail kernel's start(j)
+    is floor(j U nb / ctas) and its cta_of(x) the CTA whose blocks hold x, with no 32-bit
+    overflow; a run of 2^31 blocks or more is not cut."""
+    rng = np.random.default_rng(100 + seed)
+    cases = [(2048, 8192, 132), (131, (2**31 - 1) // 131, 132)]
+    for _ in range(300):
+        cases.append((int(rng.integers(1, 3000)), int(rng.integers(1, 40000)), int(rng.integers(1, 200))))
+    for tiles, sk, sms in cases:
+        p = plan(tiles, sk, sms=sms, mode="always")
+        first, ctas = p["tail_first"], p["tail_ctas"]
+        if ctas == 0:
+            continue
+        nb = -(-sk // 128)
+        assert (tiles - first) * nb < 2**31
+        start, cta_of = device_pieces(tiles, nb, first, ctas)
+        ref = pieces(tiles, nb, first, ctas)
+        assert [start(j) for j in range(ctas)] == [a for a, _ in ref]
+        for x in {0, (tiles - first) * nb - 1, *map(int, rng.integers(0, (tiles - first) * nb, 20))}:
+            j = cta_of(x)
+            assert ref[j][0] <= x < ref[j][1]
+    assert plan(132 + 131, 2**31 - 128, sms=132, mode="always")["tail_ctas"] == 0   # 131 x 2^24 blocks

@@ -124,7 +124,8 @@ def tail_plan(entry: dict, values: dict, sm_count: int, packed: bool, mode: str 
     min(sm_count, R nb) pieces of equal blocks, a CTA each.  Cut where each CTA's share,
     ceil(R nb / sm_count), plus the manifest's ``overhead_blocks`` (a second tile's start, the
     partial's store and the merge) is below nb, the blocks the last wave takes whole; never for
-    packed batches (their tiles differ in length).  ``entry``: the kernel's manifest entry;
+    packed batches (their tiles differ in length) nor past 2^31 tail blocks or 2^16 SMs (the tail
+    kernel's 32-bit arithmetic).  ``entry``: the kernel's manifest entry;
     ``values``: the tile arguments and ``seqlen_k``."""
     if mode not in SPLIT_TAIL_MODES:
         raise ValueError(f"ZYFA_SPLIT_TAIL={mode!r}: one of {', '.join(SPLIT_TAIL_MODES)}")
@@ -134,6 +135,8 @@ def tail_plan(entry: dict, values: dict, sm_count: int, packed: bool, mode: str 
     rest = tiles % sm_count
     if packed or mode == "off" or rest == 0 or nb < 2:
         return whole
+    if rest * nb >= 2**31 or sm_count >= 2**16:
+        return whole                  # the tail kernel's block arithmetic is 32-bit (j r < ctas^2)
     share = -(-rest * nb // sm_count)
     if mode == "auto" and share + entry["split_tail"]["overhead_blocks"] >= nb:
         return whole

@@ -1,0 +1,45 @@
+"""generator/sass_convergence.py: code among a kernel's WGMMAs that ptxas took as divergent.
+
+The SASS below is the shape of what cuobjdump printed for the balanced tail's kernel while a
+return under a 64-bit division's result left its consumer loop "maybe divergent": the row
+max's shuffle behind a BRA.DIV, the WGMMA descriptor moved in by R2UR."""
+
+from pathlib import Path
+
+import pytest
+
+from generator import sass_convergence as sc
+from generator import wgmma_hazards as wh
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LOOP = """
+        /*0100*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0110*/                   VIMNMX3 R90, R86, R87, R90, !PT ;
+        /*0120*/                   BRA.DIV UR8, 0x400 ;
+        /*0130*/                   SHFL.BFLY PT, R92, R91, 0x1, 0x1f ;
+        /*0140*/                   R2UR UR10, R88 ;
+        /*0150*/                   QGMMA.64x136x32.F32.E4M3.E4M3 R24, R100, gdesc[UR10], R24, gsb0 ;
+        /*0160*/              @!P0 BRA 0x100 ;
+        /*0170*/                   BRA.DIV UR6, 0x500 ;
+        /*0180*/                   EXIT ;
+"""
+
+
+def test_a_guarded_shuffle_among_the_wgmmas_is_found_and_one_after_them_is_not():
+    assert sc.divergent(wh.parse(LOOP)) == [0x120]
+    convergent = LOOP.replace("BRA.DIV UR8, 0x400", "NOP")
+    assert sc.divergent(wh.parse(convergent)) == []          # 0x170 lies past the last WGMMA
+    assert sc.divergent(wh.parse(LOOP.replace("QGMMA", "FFMA"))) == []   # no WGMMA: nothing to hold
+
+
+def test_the_built_sm90a_code_objects_have_none():
+    """Every function of every sm_90a code object in prebuilt/ (the kernel, its V^T pre-pass,
+    the balanced tail's kernel), where cuobjdump exists."""
+    tool = wh.cuobjdump()
+    cubins = sorted((ROOT / "prebuilt").glob("fwd_sm_90a_*.cubin"))
+    if tool is None or not cubins:
+        pytest.skip("needs cuobjdump (CUDA toolkit or the test extra's nvidia-cuda-cuobjdump) "
+                    "and built sm_90a code objects")
+    for c in cubins:
+        assert sc.check_cubin(c, tool) == {}, c.name
