@@ -639,19 +639,13 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   Segment g;
   CtaWork wo;
   segment_work<kTail>(p, cta_index_again(), s, g, wo);
-  // A piece of a cut tile: stored; the tile's last piece merges them all and writes the rows.
-  // No thread leaves here: a return under store_piece's answer, which ptxas cannot prove
-  // warp-uniform, would leave the next segment's loop in divergent code, where the WGMMA
-  // descriptors cannot live in uniform registers (the loop then took 118 instructions more a
-  // block and spilled).
-  bool rows = true;
   if constexpr (kTail) {
-    if (g.slot >= 0) {
-      rows = store_piece(p, g, acc_o, acc_l, frame, cw, sQg);
-      if (rows) merge_pieces(p, g, acc_o, acc_l, frame, cw);
+    if (g.slot >= 0) {   // a piece of a cut tile: stored; the tile's last piece merges them all
+      if (!store_piece(p, g, acc_o, acc_l, frame, cw, sQg)) return;
+      merge_pieces(p, g, acc_o, acc_l, frame, cw);
     }
   }
-  if (rows) write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
+  write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
 }
 
 // Where a CTA's copies read: its head's V^T, Q's rows (dense: TMA zero-fills past the sequence's
