@@ -385,7 +385,7 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
     // what ptxas cannot prove warp-uniform (here the 32-bit min) would leave the consumer's
     // whole loop in code it takes as divergent: its WGMMA descriptors in vector registers moved
     // by R2UR, the max's shuffles behind BRA.DIV, spills (118 instructions more a block, the
-    // tail's blocks 15-20 % slower than the kernel's; tests/test_sass.py holds this).
+    // tail's blocks 17 % slower than the kernel's; tests/test_sass_convergence.py holds this).
     const TailRun t = tail_run(p);
     const unsigned j = cta.x, a = t.start(j), e = t.start(j + 1);
     const unsigned u = a / t.nb + s, x0 = u * t.nb;

@@ -7,7 +7,7 @@ the code after it "maybe divergent": the descriptors are then rebuilt in vector 
 moved by ``R2UR`` in every block, registers spill, and each shuffle of the row max is guarded
 by a ``BRA.DIV`` (the slow path ptxas emits where some lanes may be inactive). The balanced
 tail's kernel compiled that way took 118 instructions more a block than the kernel and ran its
-blocks 15-20 % slower. So: no ``BRA.DIV`` between a function's first and last WGMMA.
+blocks 17 % slower. So: no ``BRA.DIV`` between a function's first and last WGMMA.
 
     python -m generator.sass_convergence prebuilt/*.cubin   # cuobjdump as for wgmma_hazards
 """
