@@ -467,13 +467,13 @@ __device__ __forceinline__ uint32_t smem_base_exact() {
 
 // v as lane 0 of the warp has it: the same value, which the compiler then knows warp-uniform
 // (a loop bound or branch on it keeps the code after it convergent to ptxas).
-__device__ __forceinline__ int lane0(unsigned v) { return __shfl_sync(0xffffffffu, static_cast<int>(v), 0); }
+__device__ __forceinline__ int lane0(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
 // The thread's warpgroup, shuffled from lane 0 so that the compiler knows it warp-uniform:
 // what derives from it (the warpgroup's WGMMA descriptors, its named barriers) then lives in
 // uniform registers, computed by the uniform datapath, instead of being rebuilt from the thread
 // index (S2R, R2UR) in every block where the consumers' registers are short.
-__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 128, 0); }
+__device__ __forceinline__ int warpgroup_index() { return lane0(threadIdx.x / 128); }
 
 // Where a consumer thread (of warpgroup wg = 1 .. kConsumers) sits: consumer cw = wg - 1 of
 // kConsumerRows rows from wg_row0, its warp's 16 rows, and in the WGMMA accumulator layout the
@@ -606,7 +606,7 @@ __device__ __forceinline__ int consumer_blocks(int wg_row0, int sq, int sk, int 
   int n_end = wg_row0 >= sq ? 0 : sk;
   if constexpr (kCausal) n_end = min(n_end, wg_row0 + kConsumerRows + diag);
   const int n = n_end > 0 ? min(n_blocks, (n_end + kBlockN - 1) / kBlockN) : 0;
-  return __shfl_sync(0xffffffffu, n, 0);
+  return lane0(n);
 }
 
 // A turn of block m past the consumer's rows: no products; its K and V stages released in

@@ -204,7 +204,7 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t s
 __device__ __forceinline__ int first_diagonal_block(int wg_row0, int diag, int n_blocks) {
   const int x = wg_row0 + diag - (kBlockN - 1);              // n kBlockN > x
   const int n = x < 0 ? 0 : x / kBlockN + 1;
-  return __shfl_sync(0xffffffffu, n < n_blocks ? n : n_blocks, 0);
+  return lane0(n < n_blocks ? n : n_blocks);
 }
 
 // Mask, frame and P of one block's S (acc_s) for the warpgroup whose first row is wg_row0: the
@@ -223,7 +223,7 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&
     // of a diagonal block is masked for all 16 of its rows.
     const int warp_last = r_lo - (threadIdx.x % 32) / 4 + 15;
     const int keys = min(sk, warp_last + diag + 1) - n0;
-    const int seen = __shfl_sync(0xffffffffu, keys <= 0 ? 0 : (keys + 15) / 16, 0);
+    const int seen = lane0(keys <= 0 ? 0 : (keys + 15) / 16);
     if (__any_sync(0xffffffffu, big)) hi_lo_p<true>(pa, pl, acc_s, c, bias, seen);
     else hi_lo_p<false>(pa, pl, acc_s, c, bias, seen);
   } else {

@@ -674,7 +674,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   };
   // A slot's block count, warp-uniform to the compiler (read from shared memory it is not, and
   // ptxas serialises WGMMAs whose issue depends on a value it takes to diverge).
-  const auto blocks_at = [&](int b) { return __shfl_sync(0xffffffffu, sh.work[b].n_blocks, 0); };
+  const auto blocks_at = [&](int b) { return lane0(sh.work[b].n_blocks); };
   const auto load_tile = [&](int b) {
     n_blocks = blocks_at(b);
     sk = sh.work[b].seq.sk;
