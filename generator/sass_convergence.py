@@ -38,18 +38,8 @@ def check_cubin(path: Path, tool: str) -> dict[str, list[int]]:
 
 
 def main(argv=None) -> int:
-    paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
-    tool = wh.cuobjdump()
-    if tool is None:
-        print("no cuobjdump found (it comes with the CUDA toolkit)", file=sys.stderr)
-        return 2
-    bad = 0
-    for p in paths:
-        found = check_cubin(p, tool)
-        bad += bool(found)
-        print(f"{p.name}: " + ("ok" if not found else "divergent among its WGMMAs: " + "; ".join(
-            f"{name} at {', '.join(f'{a:#06x}' for a in at)}" for name, at in found.items())))
-    return 1 if bad else 0
+    return wh.check_paths(argv, check_cubin, lambda found: "divergent among its WGMMAs: " + "; ".join(
+        f"{name} at {', '.join(f'{a:#06x}' for a in at)}" for name, at in found.items()))
 
 
 if __name__ == "__main__":

@@ -151,7 +151,9 @@ def check_cubin(path: Path, tool: str) -> list[Hazard]:
     return [h for body in functions(sass(path, tool)).values() for h in hazards(body)]
 
 
-def main(argv=None) -> int:
+def check_paths(argv, check, describe) -> int:
+    """A checker's command line: check(path, cuobjdump) on each code object named, a line for
+    each (describe(what check found) where it found anything); 1 if any, 2 without cuobjdump."""
     paths = [Path(p) for p in (argv if argv is not None else sys.argv[1:])]
     tool = cuobjdump()
     if tool is None:
@@ -159,11 +161,14 @@ def main(argv=None) -> int:
         return 2
     bad = 0
     for p in paths:
-        found = check_cubin(p, tool)
+        found = check(p, tool)
         bad += bool(found)
-        print(f"{p.name}: " + ("ok" if not found else f"{len(found)} hazards\n  " +
-                               "\n  ".join(map(str, found))))
+        print(f"{p.name}: " + ("ok" if not found else describe(found)))
     return 1 if bad else 0
+
+
+def main(argv=None) -> int:
+    return check_paths(argv, check_cubin, lambda found: f"{len(found)} hazards\n  " + "\n  ".join(map(str, found)))
 
 
 if __name__ == "__main__":

@@ -4,14 +4,9 @@ The SASS below is the shape of what cuobjdump printed for the balanced tail's ke
 return under a 64-bit division's result left its consumer loop "maybe divergent": the row
 max's shuffle behind a BRA.DIV, the WGMMA descriptor moved in by R2UR."""
 
-from pathlib import Path
-
-import pytest
-
 from generator import sass_convergence as sc
 from generator import wgmma_hazards as wh
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.sass_objects import built_sm90a_sass
 
 LOOP = """
         /*0100*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], RZ, !UPT, gsb0 ;
@@ -36,10 +31,5 @@ def test_a_guarded_shuffle_among_the_wgmmas_is_found_and_one_after_them_is_not()
 def test_the_built_sm90a_code_objects_have_none():
     """Every function of every sm_90a code object in prebuilt/ (the kernel, its V^T pre-pass,
     the balanced tail's kernel), where cuobjdump exists."""
-    tool = wh.cuobjdump()
-    cubins = sorted((ROOT / "prebuilt").glob("fwd_sm_90a_*.cubin"))
-    if tool is None or not cubins:
-        pytest.skip("needs cuobjdump (CUDA toolkit or the test extra's nvidia-cuda-cuobjdump) "
-                    "and built sm_90a code objects")
-    for c in cubins:
-        assert sc.check_cubin(c, tool) == {}, c.name
+    for name, functions in built_sm90a_sass().items():
+        assert {f: at for f, body in functions.items() if (at := sc.divergent(body))} == {}, name
