@@ -347,7 +347,7 @@ struct Segment {
 // `first`; total = q ctas + r.  In 32 bits (launch.tail_plan keeps total below 2^31): a 64-bit
 // division is a subroutine.
 struct TailRun {
-  unsigned nb, first, ctas, total, q, r;
+  unsigned nb, first, ctas, q, r;
   // The run's first block of CTA j: floor(j total / ctas) (j r < ctas^2).
   __device__ unsigned start(unsigned j) const { return j * q + j * r / ctas; }
   // The tail CTA whose blocks hold block x of the run: start(j) <= j (q + 1), so x / (q + 1) is
@@ -363,7 +363,7 @@ template <class P>
 __device__ __forceinline__ TailRun tail_run(const P& p) {
   const unsigned nb = (static_cast<unsigned>(p.seqlen_k) + kBlockN - 1) / kBlockN;
   const unsigned ctas = p.tail_ctas, total = static_cast<unsigned>(p.tile_count - p.tail_first) * nb;
-  return {nb, static_cast<unsigned>(p.tail_first), ctas, total, total / ctas, total % ctas};
+  return {nb, static_cast<unsigned>(p.tail_first), ctas, total / ctas, total % ctas};
 }
 
 // Segment s of CTA `cta` and its work (cta_work's, n_blocks the segment's); false where the CTA
