@@ -37,8 +37,10 @@ from generator import c_header, codeobject, kernel_source, toolchain  # noqa: E4
 from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
-                                    PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_OVERHEAD_BLOCKS, buildable, grid_rule,
-                                    has_vt_prepass, iter_select, kernarg_size, split_tail_counter_bytes,
+                                    PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_OVERHEAD_BLOCKS,
+                                    SPLIT_TAIL_SWITCH_BLOCKS, buildable, grid_rule,
+                                    dependent_launch, has_vt_prepass, iter_select, kernarg_size,
+                                    split_tail_counter_bytes,
                                     split_tail_grid_rule, split_tail_slot_bytes, split_tail_symbol, tiles_rule,
                                     kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
 
@@ -114,6 +116,7 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         "registers": info["registers"],
         "scratch_bytes": info["scratch"],
         **({"prepass": prepass_entry(v)} if has_vt_prepass(v) else {}),
+        **({"dependent_launch": True} if dependent_launch(v) else {}),
         **({"persistent": {"tiles": tiles_rule(v), "counter_bytes": PERSISTENT_COUNTER_BYTES}}
            if v.tile.persistent else {}),
         **({"split_tail": split_tail_entry(v)} if v.tile.split_tail else {}),
@@ -131,10 +134,11 @@ def prepass_entry(v: Variant) -> dict:
 def split_tail_entry(v: Variant) -> dict:
     """The balanced tail (catalogue.Tile.split_tail): the tail kernel, a third entry point of the
     code object launched after the kernel with the same arguments, its grid, the tiles' grid,
-    the bytes of a piece's slot and of a cut tile's counter, and the planning constant."""
+    the bytes of a piece's slot and of a cut tile's counter, and the planning constants."""
     return {"symbol": split_tail_symbol(v), "grid": split_tail_grid_rule(v), "tiles": tiles_rule(v),
             "slot_bytes": split_tail_slot_bytes(v), "counter_bytes": split_tail_counter_bytes(v),
-            "overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS}
+            "overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS, "switch_blocks": SPLIT_TAIL_SWITCH_BLOCKS,
+            "drain_blocks": SPLIT_TAIL_DRAIN_BLOCKS}
 
 
 def unbuilt_entry(v: Variant, reason: str) -> dict:

@@ -59,6 +59,31 @@ __device__ __forceinline__ uint64_t desc_128b(uint32_t smem_addr) { return gmma_
 __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(a), "r"(v) : "memory");
 }
+// A word of global memory read with acquire semantics at the GPU's scope (what other CTAs
+// wrote before the release that this read sees is visible after it).
+__device__ __forceinline__ int ld_acquire_gpu(const int* a) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+
+// ---- the launches' order: programmatic dependent launch ----------------------------------------
+//
+// The runtime queues the pre-pass, the kernel and the tail kernel (where there is one) in that
+// order, the kernel and the tail as programmatic dependents of the launch before them (the
+// manifest's dependent_launch; launch.Launch.dependent): a dependent's CTAs may start once
+// every CTA of the launch before it has started (each triggers as it starts: launch_dependents)
+// and take each SM as that launch's CTAs leave it, so the SMs that finish first do not wait for
+// the last one, nor the next launch for the host's queue.  So each waits (wait_prior_launch)
+// before it reads what the launch before it writes: the kernel before its first V^T copy; the
+// tail kernel reads nothing the kernel writes, and waits for the kernel's end before its own,
+// so that what follows it on the stream follows both.  Launched plainly, both instructions
+// return at once.
+
+// Wait until the launch before this one on the stream has ended and its writes are visible.
+__device__ __forceinline__ void wait_prior_launch() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Let the next launch's CTAs start once every CTA of this one has come here (or ended).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // ---- V^T: the pre-pass ---------------------------------------------------------------------
 
@@ -94,6 +119,7 @@ __device__ __forceinline__ uint8_t* vt_block(const P& p, int h, long long col) {
 // to 16 words of V^T (4 rows x the 16 keys in P's order), 4 stores of 16 bytes.
 template <class P>
 __device__ void transpose_v(const P& p) {
+  launch_dependents();   // the kernel's CTAs may start on the SMs this launch leaves
   // Key row k of the tile at k kPitch + 16 ((k >> 4) & 7), 16-byte aligned.  A warp's word
   // reads take 8 groups g of 16 keys x 4 consecutive words a: with kPitch = 16 (mod 128) the
   // word of (g, a) lies in bank 4 g + a (+ the key's own offset, the same for the warp).

@@ -148,14 +148,20 @@ struct Smem {
 // Block n's K and V^T into stage s, by thread 0: K's kBlockN rows by TMA (kDqk / 64 boxes of
 // 64 bytes x 128 rows in the 64B swizzle, zeros past the tensor's end; in a packed batch the
 // rows past a sequence's end are the next one's, masked), V^T's kDv rows of the block's 128
-// key bytes by one bulk copy; each completes its full barrier with its bytes.
+// key bytes by one bulk copy; each completes its full barrier with its bytes.  first: the
+// kernel's first V^T copy, made once the pre-pass has ended (wait_prior_launch), after which the
+// tail kernel's CTAs may start.
 template <class P>
 __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gvt, int n,
-                                           int h_kv, int krow0, int kbatch) {
+                                           int h_kv, int krow0, int kbatch, bool first = false) {
   const Bars bars = sm.bars();
   const int n0 = n * kBlockN;
   tma_tile<kBlockN, kDqk, 64>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0,
                               kbatch);
+  if (first) {
+    wait_prior_launch();
+    launch_dependents();
+  }
   mbar_arrive_expect_tx(bars.vfull(s), kDv * kBlockN);
   bulk_copy(sm.vt_at(s), gvt + static_cast<long long>(n0) * kDv, kDv * kBlockN, bars.vfull(s));   // n0 columns on: vt_block
 }
@@ -318,19 +324,28 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
 
 // ---- the balanced tail (kSplitTail) -----------------------------------------------------------
 //
-// The launch's tiles (numbered as tiles_rule's grid: query-row block, head, sequence) from
-// tail_first on are not the kernel's (its CTAs of them return at once) but a second entry's, the
-// tail kernel (flash_fwd_tail), launched after it with tail_ctas CTAs.  These cut the tail by
-// keys: its U tiles of nb blocks laid end to end, tail CTA j takes the blocks [start(j),
-// start(j + 1)), start(j) = floor(j U nb / tail_ctas).  The host plans no more blocks a CTA than
-// a tile has (launch.tail_plan), so a CTA has one or two segments: the end of one tile, the start
-// of the next.  Each segment of a cut tile is a piece: its O, l and frame go to slot 2 j + s of
+// The launch's tiles (numbered as tiles_rule's grid: query-row block, head, sequence) before
+// tail_first are the kernel's, a CTA each (its grid: tail_first CTAs); those from tail_first on
+// a second entry's, the tail kernel (flash_fwd_tail), launched after it with tail_ctas CTAs.
+// These cut the tail by keys: its U tiles of nb blocks laid end to end, tail CTA j takes the
+// blocks [start(j), start(j + 1)) (TailRun).  The host plans no more blocks a CTA than a tile
+// has (launch.tail_plan), so a CTA has one or two segments: the end of one tile, the start of
+// the next.  Each segment of a cut tile is a piece: its O, l and frame go to slot 2 j + s of
 // `partials` (s: the CTA's segment), and the last piece of the tile to finish, counted in
 // tail_counter, merges them all in their order (the same sums whichever finishes last) and
 // writes O and the LSE.  Between its segments a CTA starts afresh: the consumers' last epilogue
 // done, the producer's thread 0 makes new mbarriers and copies the next tile's Q and first block.
 // A kernel of its own, so that the whole tiles' code is compiled as where there is no tail: with
 // the tail's code beside it in one kernel, ptxas scheduled the main loop 1.2-1.7 % slower.
+//
+// The CTAs' shares are equal in time, not in blocks (the plan's tail_gap and tail_ramp):
+// * a CTA that goes on to a second tile pays its switch (the piece's store, new mbarriers, the
+//   next Q and first block: about 4 block-times), so the tiles lie end to end in a line of
+//   units, each tile's nb blocks followed by tail_gap units, and the CTAs share the units: a
+//   CTA whose units hold a gap has that many blocks fewer;
+// * launched as the kernel's dependent, tail CTA j starts as the j-th of the kernel's last CTAs
+//   ends (their ends spread over some 10 block-times), so the CTAs' shares fall by tail_ramp
+//   units from the first to the last.
 //
 // Where the last wave has R < SMs tiles of nb blocks, it takes nb block-times; cut, about R nb /
 // SMs plus a second start, a store and a merge (at the bar's shape 33 + ~5 against 64 of the
@@ -343,39 +358,71 @@ struct Segment {
   int tile, kb0, kb1, slot;
 };
 
-// The tail laid end to end: nb blocks a tile, `total` = U nb blocks, `ctas` CTAs from tile
-// `first`; total = q ctas + r.  In 32 bits (launch.tail_plan keeps total below 2^31): a 64-bit
-// division is a subroutine.
+// The tail laid end to end in units: tile u's block k at u (nb + gap) + k, each tile followed by
+// `gap` units where no block lies; `cost` = U (nb + gap) - gap units = q ctas + r.  CTA j takes
+// the units from floor(j cost / ctas + ramp j (ctas - j) / (2 ctas)) on (equal shares but for a
+// ramp: ramp / 2 units more for the first CTA, ramp / 2 fewer for the last) and the blocks that
+// lie in them.  In 32 bits (launch.tail_plan keeps cost below 2^31 and ctas below 2^12, and
+// ramp < 2^8): a 64-bit division is a subroutine.
 struct TailRun {
-  unsigned nb, first, ctas, q, r;
-  // The run's first block of CTA j: floor(j total / ctas) (j r < ctas^2).
-  __device__ unsigned start(unsigned j) const { return j * q + j * r / ctas; }
-  // The tail CTA whose blocks hold block x of the run: start(j) <= j (q + 1), so x / (q + 1) is
-  // at most it, and start(j) >= j q puts it within x / q.
+  unsigned nb, first, ctas, gap, ramp, q, r;
+  // CTA j's first unit (2 j r < 2 ctas^2, ramp j (ctas - j) <= ramp ctas^2 / 4).
+  __device__ unsigned unit_start(unsigned j) const {
+    return j * q + (2 * j * r + ramp * j * (ctas - j)) / (2 * ctas);
+  }
+  // Block x's unit.
+  __device__ unsigned unit_of(unsigned x) const { return x + x / nb * gap; }
+  // The run's first block of CTA j: the first block whose unit is at or past its first unit
+  // (one in a gap: the next tile's first block).
+  __device__ unsigned start(unsigned j) const {
+    const unsigned s = unit_start(j), u = s / (nb + gap);
+    return u * nb + min(s - u * (nb + gap), nb);
+  }
+  // The tail CTA whose blocks hold block x: the last j whose first unit is at or before x's
+  // (a binary search: the ramp leaves no closed form).
   __device__ unsigned cta_of(unsigned x) const {
-    unsigned j = x / (q + 1);
-    while (j + 1 < ctas && start(j + 1) <= x) ++j;
-    return j;
+    const unsigned y = unit_of(x);
+    unsigned lo = 0, hi = ctas - 1;
+    while (lo < hi) {
+      const unsigned mid = (lo + hi + 1) / 2;
+      if (unit_start(mid) <= y) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
   }
 };
 
 template <class P>
 __device__ __forceinline__ TailRun tail_run(const P& p) {
   const unsigned nb = (static_cast<unsigned>(p.seqlen_k) + kBlockN - 1) / kBlockN;
-  const unsigned ctas = p.tail_ctas, total = static_cast<unsigned>(p.tile_count - p.tail_first) * nb;
-  return {nb, static_cast<unsigned>(p.tail_first), ctas, total / ctas, total % ctas};
+  const unsigned ctas = p.tail_ctas, gap = p.tail_gap;
+  const unsigned cost = static_cast<unsigned>(p.tile_count - p.tail_first) * (nb + gap) - gap;
+  return {nb, static_cast<unsigned>(p.tail_first), ctas, gap, static_cast<unsigned>(p.tail_ramp), cost / ctas,
+          cost % ctas};
+}
+
+// Tile t of the launch as its CTA index in tiles_rule's grid (query-row block, head, sequence).
+template <class P>
+__device__ __forceinline__ uint3 tile_index(const P& p, int t) {
+  const int xy = p.tiles_x * p.tiles_y;
+  return make_uint3(t % p.tiles_x, t % xy / p.tiles_x, t / xy);
 }
 
 // Segment s of CTA `cta` and its work (cta_work's, n_blocks the segment's); false where the CTA
 // has no such segment or its tile no rows.  The kernel's CTAs (kTail false) have one, the whole
-// tile, where it lies before tail_first; the tail kernel's one or two.
+// tile: with a tail (kSplitTail), tile cta.x of a grid of tail_first CTAs, so that no CTA of
+// the kernel waits for an SM only to return (the tail kernel's CTAs start once every CTA of
+// the kernel has); the tail kernel's one or two.
 template <bool kTail, class P>
 __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segment& g, CtaWork& w) {
   if constexpr (!kTail) {
+    if (s > 0) return false;
     if constexpr (kSplitTail) {
-      if (static_cast<int>(cta.x + gridDim.x * (cta.y + gridDim.y * cta.z)) >= p.tail_first) return false;
+      const uint3 tile = tile_index(p, static_cast<int>(cta.x));
+      if (!cta_work(p, w, tile, tile)) return false;   // non-causal: the grid's shape is not read
+    } else {
+      if (!cta_work(p, w, cta)) return false;
     }
-    if (s > 0 || !cta_work(p, w, cta)) return false;
     g = {0, 0, w.n_blocks, -1};
     return true;
   } else {
@@ -392,8 +439,7 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
     const int kb0 = lane0(max(a, x0) - x0), kb1 = lane0(min(max(e, x0), x0 + t.nb) - x0);
     if (kb1 <= kb0) return false;
     g = {lane0(t.first + u), kb0, kb1, kb0 == 0 && kb1 == static_cast<int>(t.nb) ? -1 : static_cast<int>(2 * j + s)};
-    const int xy = p.tiles_x * p.tiles_y;
-    const uint3 tile = make_uint3(g.tile % p.tiles_x, g.tile % xy / p.tiles_x, g.tile / xy);
+    const uint3 tile = tile_index(p, g.tile);
     if (!cta_work(p, w, tile, tile)) return false;
     w.n_blocks = g.kb1 - g.kb0;
     return true;
@@ -423,59 +469,40 @@ __device__ __forceinline__ float2 unpack_f16(uint32_t u) {
   return __half22float2(*reinterpret_cast<const __half2*>(&u));
 }
 
-// A piece of a cut tile (g.slot >= 0), at the consumer's end: stored to its slot.  True where it
-// is the tile's last piece to finish (its count in tail_counter, zeroed again for the next
-// launch).  sflag: a word of the warpgroup's Q rows (free: its last S is done) to broadcast it.
-template <class P>
-__device__ __forceinline__ bool store_piece(const P& p, const Segment& g, const float (&acc_o)[kDv / 2],
-                                            const float (&acc_l)[4], const float (&frame)[2], int cw,
-                                            uint32_t sflag) {
-  uint4* mine = slot_of(p, g.slot, cw);
+// A piece's O / l as stored, 8 accumulators a 16-byte group: pk[4 v .. 4 v + 3] the group of
+// accumulators 8 v .. 8 v + 7 (column groups 2 v, 2 v + 1); and its rows' l and frame.
+__device__ __forceinline__ void pack_piece(uint32_t (&pk)[kDv / 4], float4& lf, const float (&acc_o)[kDv / 2],
+                                           const float (&acc_l)[4], const float (&frame)[2]) {
   const float inv0 = acc_l[0] > 0.f ? 1.f / acc_l[0] : 0.f, inv1 = acc_l[2] > 0.f ? 1.f / acc_l[2] : 0.f;
 #pragma unroll
-  for (int v = 0; v < kDv / 16; ++v) {     // accumulators 8 v .. 8 v + 7: column groups 2 v, 2 v + 1
+  for (int v = 0; v < kDv / 16; ++v) {
     const float* o = acc_o + 8 * v;
-    mine[v * 128] = make_uint4(pack_f16(o[0] * inv0, o[1] * inv0), pack_f16(o[2] * inv1, o[3] * inv1),
-                               pack_f16(o[4] * inv0, o[5] * inv0), pack_f16(o[6] * inv1, o[7] * inv1));
+    pk[4 * v] = pack_f16(o[0] * inv0, o[1] * inv0);
+    pk[4 * v + 1] = pack_f16(o[2] * inv1, o[3] * inv1);
+    pk[4 * v + 2] = pack_f16(o[4] * inv0, o[5] * inv0);
+    pk[4 * v + 3] = pack_f16(o[6] * inv1, o[7] * inv1);
   }
-  const float4 lf = make_float4(acc_l[0], acc_l[2], frame[0], frame[1]);
-  mine[(kSlotVecs - 1) * 128] = *reinterpret_cast<const uint4*>(&lf);
-  __threadfence();                         // the slot before the count
-  bar_sync(kOutBar + cw, 128);
-  if (threadIdx.x % 128 == 0) {
-    const TailRun t = tail_run(p);
-    const unsigned u = g.tile - t.first, x0 = u * t.nb;
-    int* count = static_cast<int*>(const_cast<void*>(p.tail_counter)) + u * kConsumers + cw;
-    const bool last = atomicAdd(count, 1) == static_cast<int>(t.cta_of(x0 + t.nb - 1) - t.cta_of(x0));
-    if (last) atomicExch(count, 0);        // zero for the next launch
-    __threadfence();                       // the other pieces' slots after the count
-    sts32(sflag, last);
-  }
-  bar_sync(kOutBar + cw, 128);
-  uint32_t last;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(last) : "r"(sflag) : "memory");
-  bar_sync(kOutBar + cw, 128);             // read before the epilogue stages O over it
-  return last != 0;
+  lf = make_float4(acc_l[0], acc_l[2], frame[0], frame[1]);
 }
 
-// The tile's pieces merged, in their order (its own read back as stored: the same sums whichever
-// piece ends last), into the last one's registers: with w_k = l_k 2^(F_k - F), F = max F_k,
-// O = sum w_k (O / l)_k and l = sum w_k, in the frame F (acc_l's first column of each row, as
-// the epilogue reads it).
+// The tile's pieces j0 .. j1 merged, in their order, into the last one's registers (its own as
+// it would have stored it, pk and lf: the same sums whichever piece ends last): with w_k = l_k
+// 2^(F_k - F), F = max F_k, O = sum w_k (O / l)_k and l = sum w_k, in the frame F (acc_l's
+// first column of each row, as the epilogue reads it).
 template <class P>
-__device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float (&acc_o)[kDv / 2],
+__device__ __forceinline__ void merge_pieces(const P& p, const TailRun& t, unsigned x0, unsigned j0, unsigned j1,
+                                             const uint32_t (&pk)[kDv / 4], float4 own, float (&acc_o)[kDv / 2],
                                              float (&acc_l)[4], float (&frame)[2], int cw) {
-  const TailRun t = tail_run(p);
-  const unsigned x0 = (g.tile - t.first) * t.nb;
-  const unsigned j0 = lane0(t.cta_of(x0)), j1 = lane0(t.cta_of(x0 + t.nb - 1));
+  const unsigned me = lane0(blockIdx.x);   // this tail CTA: piece j = the CTA that holds it
   const auto piece = [&](unsigned j) { return slot_of(p, 2LL * j + (t.start(j) < x0 ? 1 : 0), cw); };
-  const auto lf_of = [&](const uint4* src) {
-    const uint4 u = __ldcg(src + (kSlotVecs - 1) * 128);
+  const auto lf_of = [&](unsigned j) {
+    if (j == me) return own;
+    const uint4 u = __ldcg(piece(j) + (kSlotVecs - 1) * 128);
     return *reinterpret_cast<const float4*>(&u);
   };
   float f[2] = {-INFINITY, -INFINITY};
   for (unsigned j = j0; j <= j1; ++j) {
-    const float4 lf = lf_of(piece(j));
+    const float4 lf = lf_of(j);
     f[0] = fmaxf(f[0], lf.z);
     f[1] = fmaxf(f[1], lf.w);
   }
@@ -484,12 +511,13 @@ __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float
   acc_l[0] = acc_l[2] = 0.f;
   for (unsigned j = j0; j <= j1; ++j) {
     const uint4* src = piece(j);
-    const float4 lf = lf_of(src);
+    const bool mine = j == me;
+    const float4 lf = lf_of(j);
     const float w0 = lf.z == -INFINITY ? 0.f : lf.x * exp2f(lf.z - f[0]);
     const float w1 = lf.w == -INFINITY ? 0.f : lf.y * exp2f(lf.w - f[1]);
 #pragma unroll
     for (int v = 0; v < kDv / 16; ++v) {
-      const uint4 h = __ldcg(src + v * 128);
+      const uint4 h = mine ? make_uint4(pk[4 * v], pk[4 * v + 1], pk[4 * v + 2], pk[4 * v + 3]) : __ldcg(src + v * 128);
       const float2 a = unpack_f16(h.x), b = unpack_f16(h.y), c = unpack_f16(h.z), d = unpack_f16(h.w);
       float* o = acc_o + 8 * v;
       o[0] = __fmaf_rn(a.x, w0, o[0]);
@@ -506,6 +534,50 @@ __device__ __forceinline__ void merge_pieces(const P& p, const Segment& g, float
   }
   frame[0] = f[0];
   frame[1] = f[1];
+}
+
+// A piece of a cut tile (g.slot >= 0), at the consumer's end.  The warpgroup's thread 0 counts it
+// in the tile's `arrived` (tail_counter: arrived, stored a consumer of a cut tile) before anything
+// is stored: a piece that is not the tile's last to arrive stores its slot and then counts it in
+// `stored`; the last keeps its own in registers, waits until every other is stored (each has
+// arrived, so each is running or done), zeroes both counts for the next launch and merges them
+// all (merge_pieces).  So the piece that ends last, most often the one that ends its CTA, neither
+// stores nor reads itself back.  True where this piece merged: the tile's rows are its to write.
+// sflag: a word of the warpgroup's Q rows (free: its last S is done) to broadcast the count.
+template <class P>
+__device__ __forceinline__ bool finish_piece(const P& p, const Segment& g, float (&acc_o)[kDv / 2],
+                                             float (&acc_l)[4], float (&frame)[2], int cw, uint32_t sflag) {
+  const TailRun t = tail_run(p);
+  const unsigned u = g.tile - t.first, x0 = u * t.nb;
+  const unsigned j0 = lane0(t.cta_of(x0)), j1 = lane0(t.cta_of(x0 + t.nb - 1));
+  int* count = static_cast<int*>(const_cast<void*>(p.tail_counter)) + 2 * (u * kConsumers + cw);
+  if (threadIdx.x % 128 == 0) sts32(sflag, atomicAdd(count, 1) == static_cast<int>(j1 - j0));
+  uint32_t pk[kDv / 4];
+  float4 lf;
+  pack_piece(pk, lf, acc_o, acc_l, frame);
+  bar_sync(kOutBar + cw, 128);
+  uint32_t last;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(last) : "r"(sflag) : "memory");
+  if (!last) {
+    uint4* mine = slot_of(p, g.slot, cw);
+#pragma unroll
+    for (int v = 0; v < kDv / 16; ++v) mine[v * 128] = make_uint4(pk[4 * v], pk[4 * v + 1], pk[4 * v + 2], pk[4 * v + 3]);
+    mine[(kSlotVecs - 1) * 128] = *reinterpret_cast<const uint4*>(&lf);
+    __threadfence();                       // the slot before its count
+    bar_sync(kOutBar + cw, 128);
+    if (threadIdx.x % 128 == 0) atomicAdd(count + 1, 1);
+    return false;
+  }
+  if (threadIdx.x % 128 == 0) {
+    while (ld_acquire_gpu(count + 1) < static_cast<int>(j1 - j0)) {
+    }
+    count[0] = 0;                          // zero for the next launch
+    count[1] = 0;
+    __threadfence();                       // the other pieces' slots after their count
+  }
+  bar_sync(kOutBar + cw, 128);             // the other pieces stored; sflag read before the epilogue stages O over it
+  merge_pieces(p, t, x0, j0, j1, pk, lf, acc_o, acc_l, frame, cw);
+  return true;
 }
 
 // The consumers' work on one segment (s) of the CTA: w, its tile's; nb0, its first key block.
@@ -640,9 +712,8 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   CtaWork wo;
   segment_work<kTail>(p, cta_index_again(), s, g, wo);
   if constexpr (kTail) {
-    if (g.slot >= 0) {   // a piece of a cut tile: stored; the tile's last piece merges them all
-      if (!store_piece(p, g, acc_o, acc_l, frame, cw, sQg)) return;
-      merge_pieces(p, g, acc_o, acc_l, frame, cw);
+    if (g.slot >= 0) {   // a piece of a cut tile: stored, or the tile's last, which merges them all
+      if (!finish_piece(p, g, acc_o, acc_l, frame, cw, sQg)) return;
     }
   }
   write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);
@@ -686,7 +757,7 @@ __device__ __forceinline__ void attention(const P& p) {
       tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
                                   c.rows_q < kBlockM ? sm.qlanded() : sm.qfull(), w.h,
                                   packed_q ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed_q ? 0 : w.b);
-      copy_block(p, sm, 0, c.gvt, nb0, w.h_kv, c.krow0, c.kbatch);
+      copy_block(p, sm, 0, c.gvt, nb0, w.h_kv, c.krow0, c.kbatch, !kTail);
     }
   };
   if (threadIdx.x == 0) start(w, c, g.kb0);
@@ -735,6 +806,7 @@ __device__ void flash_fwd(const P& p) {
 template <class P>
 __device__ void flash_fwd_tail(const P& p) {
   attention<true>(p);
+  if (threadIdx.x == 0) wait_prior_launch();   // ends after the kernel (the launches' order)
 }
 
 }  // namespace zyfa

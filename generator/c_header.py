@@ -215,6 +215,7 @@ def _kernel(entry: dict) -> list[str]:
         ("KERNARG_SIZE", str(int(entry["kernarg_size"]))),
         ("PERSISTENT", "1" if "persistent" in entry else "0"),
         ("SPLIT_TAIL", "1" if "split_tail" in entry else "0"),
+        ("DEPENDENT_LAUNCH", "1" if entry.get("dependent_launch") else "0"),
     ]
     width = max(len(k) for k, _ in macros)
     out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
@@ -258,15 +259,17 @@ def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
     into the struct (launch.tail_plan's rule, the manifest's constants), the sizes of its
     partials and counter."""
     up, tail = name.upper(), entry["split_tail"]
-    _require(name, args, ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tail_first", "tail_ctas", "partials",
-                          "tail_counter", "seqlen_k"), "a balanced-tail kernel")
+    _require(name, args, ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tail_first", "tail_ctas", "tail_gap",
+                          "tail_ramp", "partials", "tail_counter", "seqlen_k"), "a balanced-tail kernel")
     t = tail["tiles"]
     terms = [_grid_term(name, t[axis], args) for axis in ("x", "y", "z")]
     block_n = int(entry["tile"]["block_n"])
     out = [f"/* {name} balances its last wave: the tiles past the last whole wave of the device's SMs are",
            f" * not the kernel's but its tail kernel's, ZYFA_{up}_TAIL_SYMBOL (same module, arguments, block and",
            " * dynamic shared memory), launched after it on the same stream where its grid is not empty; its",
-           " * CTAs cut them by keys.  Before a launch: zyfa_" + name + "_tail(&args, sm_count, packed) (returns",
+           " * CTAs cut them by keys.  The kernel's grid holds the tiles before them, and is empty where the",
+           " * tail takes every tile: launch each where its grid is not.  Before a launch:",
+           " * zyfa_" + name + "_tail(&args, sm_count, packed, dependent) (returns",
            " * -1, the struct unchanged, where the tiles overflow the kernel's int; tail_ctas = 0 where nothing",
            " * is cut, always for packed batches).  Then, where tail_ctas > 0,",
            f" * args.partials = 2 * tail_ctas * ZYFA_{up}_SLOT_BYTES bytes of device memory, and always",
@@ -276,17 +279,32 @@ def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
            f"#define ZYFA_{up}_TAIL_SYMBOL {_cstr(tail['symbol'])}"]
     out += [f"#define ZYFA_{up}_SLOT_BYTES {int(tail['slot_bytes'])}",
             f"#define ZYFA_{up}_TAIL_COUNTER_BYTES {int(tail['counter_bytes'])}",
-            f"static inline int zyfa_{name}_tail({st} *a, unsigned int sm_count, int packed) {{",
+            "/* dependent: 1 where the tail kernel is launched as the kernel's programmatic dependent (its",
+            " * CTAs start as the kernel's last ones end, and the plan gives the first ones more blocks). */",
+            f"static inline int zyfa_{name}_tail({st} *a, unsigned int sm_count, int packed, int dependent) {{",
             *_tiles_into_struct(terms),
             "  const int64_t tiles = tx * ty * tz;",
             f"  const int64_t nb = zyfa_cdiv_((int64_t)a->seqlen_k, {block_n});",
             "  const int64_t rest = sm_count > 0 ? tiles % sm_count : 0;",
             "  a->tail_first = (int32_t)tiles;",
             "  a->tail_ctas = 0;",
-            f"  if (!packed && rest > 0 && nb >= 2 && rest * nb < ((int64_t)1 << 31) && sm_count < 65536u &&",
+            "  a->tail_gap = 0;",
+            "  a->tail_ramp = 0;",
+            "  if (!packed && rest > 0 && nb >= 2 && sm_count < 4096u &&",
             f"      zyfa_cdiv_(rest * nb, sm_count) + {int(tail['overhead_blocks'])} < nb) {{",
-            "    a->tail_first = (int32_t)(tiles - rest);",
-            "    a->tail_ctas = (int32_t)zyfa_min_(sm_count, rest * nb);",
+            "    const int64_t ctas = zyfa_min_(sm_count, rest * nb);",
+            f"    int64_t gap = {int(tail['switch_blocks'])}, ramp = dependent && tiles > rest ? {int(tail['drain_blocks'])} : 0;",
+            "    for (int k = 0; k < 2; ++k, gap = 0, ramp = 0) {   /* then plain equal blocks */",
+            "      const int64_t cost = rest * (nb + gap) - gap, q = cost / ctas, half = (ramp + 1) / 2;",
+            "      if (cost >= ((int64_t)1 << 31)) continue;",
+            "      if ((gap == 0 && ramp == 0) || (q + 2 + half <= nb && q - half - 1 > gap)) {",
+            "        a->tail_first = (int32_t)(tiles - rest);",
+            "        a->tail_ctas = (int32_t)ctas;",
+            "        a->tail_gap = (int32_t)gap;",
+            "        a->tail_ramp = (int32_t)ramp;",
+            "        break;",
+            "      }",
+            "    }",
             "  }",
             "  return 0;",
             "}", ""]
@@ -327,6 +345,10 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            " * on the same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes",
            f" * of device memory, with vt_stride_h = d_v * zyfa_{name}_vt_columns(...); the workspace",
            " * may be reused once the kernel has run. */",
+           *([f"/* ZYFA_{up}_DEPENDENT_LAUNCH: the kernel may be launched with",
+              " * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION right after its pre-pass, and a tail",
+              " * kernel so right after the kernel (never after another launch): each waits for the launch",
+              " * before it where it must.  A plain launch is correct too. */"] if entry.get("dependent_launch") else []),
            f"#define ZYFA_{up}_PREPASS_SYMBOL {_cstr(pre['symbol'])}",
            f"#define ZYFA_{up}_PREPASS_BLOCK_SIZE {int(pre['block_size'])}",
            f"#define ZYFA_{up}_VT_BLOCK {block}",

@@ -12,7 +12,8 @@ from tests.backends import build_sm90a, using_backend
 
 from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, validate, workspace
 from zyfa_runtime import driver as drivers
-from zyfa_runtime.catalogue import Variant, vt_columns, vt_prepass_symbol
+from zyfa_runtime.catalogue import (SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_SWITCH_BLOCKS, Variant, vt_columns,
+                                    vt_prepass_symbol)
 from zyfa_runtime.errors import CodeObjectError
 from zyfa_runtime.driver.fake import unpack_tensor_map
 from zyfa_runtime import launch as launch_mod
@@ -445,10 +446,12 @@ def test_persistent_kernels_take_a_cta_an_sm_and_a_zeroed_tile_counter_per_strea
 def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
     """sm_90a FP8 d256 non-causal (split_tail): 192 tiles of 64 key blocks on 132 SMs leave 60
     tiles past the last whole wave, 30 blocks a CTA once cut (+ the manifest's overhead, below
-    64): the pre-pass, the kernel over its grid of tiles (the first 132 its own), then the tail
-    kernel's 132 CTAs, one argument buffer; the partials in the workspace after the V^T, two
+    64): the pre-pass, the kernel over the first 132 tiles, then the tail kernel's 132 CTAs, one
+    argument buffer, the kernel and the tail each the launch before's programmatic dependent
+    (none with ZYFA_DEPENDENT_LAUNCH=off); the partials in the workspace after the V^T, two
     slots a tail CTA, and a zeroed counter a cut tile and consumer.  128 tiles of 32 blocks (32 a
-    CTA cut) stay whole unless ZYFA_SPLIT_TAIL=always; ``off`` and packed batches never cut (no
+    CTA cut) stay whole unless ZYFA_SPLIT_TAIL=always, which gives the tail every tile (no kernel
+    launch; the tail follows the pre-pass in order); ``off`` and packed batches never cut (no
     tail launch); an unknown mode is refused before any launch."""
     variant = Variant("sm_90a", "fp8_e4m3", 256, 256, False)
     entry = entry_of(variant)
@@ -460,8 +463,10 @@ def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
                                                      entry["split_tail"]["symbol"]]
     assert pre.args == main.args == cut.args and main.block == cut.block and main.shared == cut.shared
     args = unpack_args(entry, main.args)
-    assert main.grid == (64, 3, 1) and cut.grid == (132, 1, 1)
+    assert main.grid == (132, 1, 1) and cut.grid == (132, 1, 1)
+    assert [x.dependent for x in (pre, main, cut)] == [False, True, True]
     assert (args["tail_first"], args["tail_ctas"], args["tile_count"]) == (132, 132, 192)
+    assert (args["tail_gap"], args["tail_ramp"]) == (SPLIT_TAIL_SWITCH_BLOCKS, SPLIT_TAIL_DRAIN_BLOCKS)
     offset = args["partials"] - args["vt"]   # after the V^T, at a multiple of 256 bytes
     assert 3 * args["vt_stride_h"] <= offset < 3 * args["vt_stride_h"] + 256 and offset % 256 == 0
     assert fake.buffer(args["vt"]).nbytes >= args["partials"] - args["vt"] + 2 * 132 * tail["slot_bytes"]
@@ -472,6 +477,7 @@ def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
         api._layouts.clear()
         api._plans.clear()
         q, k, v = arrays(*shapes, dtype="fp8_e4m3")
+        n = len(fake.launches)
         if varlen:
             cu = np.array([0, 4000, shapes[0][0]], np.int32)
             flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4192, max_seqlen_k=4192)
@@ -479,12 +485,26 @@ def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
             flash_attn_func(q, k, v)
         a = unpack_args(entry, fake.launches[-1].args)
         tail = fake.launches[-1].grid if fake.launches[-1].symbol == entry["split_tail"]["symbol"] else None
+        plan.launched = [(x.symbol, x.dependent) for x in fake.launches[n:]]
+        plan.shares = (a["tail_gap"], a["tail_ramp"])
         return tail, a["tail_first"], a["tail_ctas"], a["partials"]
 
     assert plan("off", (1, 8192, 3, 256), (1, 8192, 3, 256), (1, 8192, 3, 256)) == (None, 192, 0, 0)
     assert plan("auto", (1, 4096, 4, 256), (1, 4096, 4, 256), (1, 4096, 4, 256)) == (None, 128, 0, 0)
+    assert plan.launched == [(vt_prepass_symbol(variant), False), (variant.symbol, True)]
     grid, first, ctas, partials = plan("always", (1, 4096, 4, 256), (1, 4096, 4, 256), (1, 4096, 4, 256))
     assert (grid, first, ctas) == ((132, 1, 1), 0, 132) and partials != 0
+    assert plan.launched == [(vt_prepass_symbol(variant), False), (tail["symbol"], False)]
+    assert plan.shares == (0, 0)   # 128 tiles of 32 blocks on 132 SMs: shares too long for the gap
+    monkeypatch.setenv("ZYFA_DEPENDENT_LAUNCH", "off")
+    plan("auto", (1, 8192, 3, 256), (1, 8192, 3, 256), (1, 8192, 3, 256))
+    assert plan.launched == [(vt_prepass_symbol(variant), False), (variant.symbol, False), (tail["symbol"], False)]
+    assert plan.shares == (SPLIT_TAIL_SWITCH_BLOCKS, 0)
+    monkeypatch.setenv("ZYFA_DEPENDENT_LAUNCH", "sometimes")
+    api._layouts.clear()
+    api._plans.clear()
+    refused_before_any_launch(fake, "ZYFA_DEPENDENT_LAUNCH", q, k, v)
+    monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH")
     assert plan("always", (8192, 3, 256), (8192, 3, 256), (8192, 3, 256), varlen=True)[:3] == (None, 198, 0)
     monkeypatch.setenv("ZYFA_SPLIT_TAIL", "sometimes")
     api._layouts.clear()

@@ -14,8 +14,8 @@ import pytest
 from generator.c_header import HeaderError, write_header
 from zyfa_runtime import __version__
 from build import prepass_entry, split_tail_entry
-from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, TOOLKIT, all_variants, buildable, eval_grid,
-                                    grid_rule, has_vt_prepass, kernarg_size, kernargs, tensor_maps, tiles_rule,
+from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_SWITCH_BLOCKS,
+                                    TOOLKIT, all_variants, buildable, eval_grid, grid_rule, has_vt_prepass, kernarg_size, kernargs, tensor_maps, tiles_rule,
                                     vt_columns)
 from zyfa_runtime.launch import tail_plan
 
@@ -116,17 +116,20 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
                          f"(int)a.tile_count);")
             lines.append(f"    zyfa_{n}_grid(&a, {SMS}u, &gx, &gy, &gz);")
         elif "split_tail" in e:   # the tiles and the tail's plan for a device of SMS SMs, dense and packed
-            lines.append("    {")   # a shape whose last wave is cut (TAIL_CUT), on a copy of the struct
-            lines.append(f"      {t} c = a;")
-            lines.append("      " + " ".join(f"c.{k} = {x};" for k, x in TAIL_CUT.items()))
-            lines.append(f"      zyfa_{n}_tail(&c, {SMS}u, 0);")
-            lines.append(f'      printf("tail {n} 2 %d %d %d %d %d %d\\n", (int)c.tiles_x, (int)c.tiles_y, '
-                         f"(int)c.tiles_z, (int)c.tile_count, (int)c.tail_first, (int)c.tail_ctas);")
-            lines.append("    }")
+            for dependent in (1, 0):   # a shape whose last wave is cut (TAIL_CUT), on a copy of the struct
+                lines.append("    {")
+                lines.append(f"      {t} c = a;")
+                lines.append("      " + " ".join(f"c.{k} = {x};" for k, x in TAIL_CUT.items()))
+                lines.append(f"      zyfa_{n}_tail(&c, {SMS}u, 0, {dependent});")
+                lines.append(f'      printf("tail {n} {2 + dependent} %d %d %d %d %d %d %d %d\\n", (int)c.tiles_x, '
+                             f"(int)c.tiles_y, (int)c.tiles_z, (int)c.tile_count, (int)c.tail_first, (int)c.tail_ctas, "
+                             f"(int)c.tail_gap, (int)c.tail_ramp);")
+                lines.append("    }")
             for packed in (1, 0):
-                lines.append(f'    if (zyfa_{n}_tail(&a, {SMS}u, {packed}) != 0) printf("toomany {n}\\n");')
-                lines.append(f'    printf("tail {n} {packed} %d %d %d %d %d %d\\n", (int)a.tiles_x, (int)a.tiles_y, '
-                             f"(int)a.tiles_z, (int)a.tile_count, (int)a.tail_first, (int)a.tail_ctas);")
+                lines.append(f'    if (zyfa_{n}_tail(&a, {SMS}u, {packed}, 1) != 0) printf("toomany {n}\\n");')
+                lines.append(f'    printf("tail {n} {packed} %d %d %d %d %d %d %d %d\\n", (int)a.tiles_x, (int)a.tiles_y, '
+                             f"(int)a.tiles_z, (int)a.tile_count, (int)a.tail_first, (int)a.tail_ctas, (int)a.tail_gap, "
+                             f"(int)a.tail_ramp);")
             lines.append(f"    zyfa_{n}_tail_grid(&a, &gx, &gy, &gz);")
             lines.append(f'    printf("tailgrid {n} %u %u %u\\n", gx, gy, gz);')
             lines.append(f"    zyfa_{n}_grid(&a, &gx, &gy, &gz);")
@@ -143,6 +146,9 @@ def layout_program(manifest: dict, header: str, values: dict) -> str:
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
 
+
+#: The tail plan's arguments, in the order the test program prints them.
+PLAN_KEYS = ("tail_first", "tail_ctas", "tail_gap", "tail_ramp")
 
 #: The SM count the persistent kernels' grid functions are given (fewer than some problems' tiles).
 SMS = 37
@@ -248,16 +254,18 @@ def test_struct_layouts_and_grids_equal_the_manifest(tmp_path, which):
                 tile_values = {**values, "tile_count": count}
                 for packed in (0, 1):
                     plan = tail_plan(e, tile_values, SMS, bool(packed))
-                    assert got_tail[n, packed] == (*tiles, count, plan["tail_first"], plan["tail_ctas"]), n
+                    assert got_tail[n, packed] == (*tiles, count, *(plan[k] for k in PLAN_KEYS)), n
                 planned = {**values, **tail_plan(e, tile_values, SMS, False)}
                 assert got_tail[n, "grid"] == eval_grid(e["split_tail"]["grid"], planned), n
                 want = eval_grid(e["grid"], planned)
                 cut = {**values, **TAIL_CUT}
                 tiles = eval_grid(e["split_tail"]["tiles"], cut)
                 count = tiles[0] * tiles[1] * tiles[2]
-                plan = tail_plan(e, {**cut, "tile_count": count}, SMS, False)
-                assert plan == {"tail_first": 185, "tail_ctas": 37}
-                assert got_tail[n, 2] == (*tiles, count, 185, 37), n
+                for dependent in (1, 0):
+                    plan = tail_plan(e, {**cut, "tile_count": count}, SMS, False, dependent=bool(dependent))
+                    assert plan == {"tail_first": 185, "tail_ctas": 37, "tail_gap": SPLIT_TAIL_SWITCH_BLOCKS,
+                                    "tail_ramp": SPLIT_TAIL_DRAIN_BLOCKS if dependent else 0}
+                    assert got_tail[n, 2 + dependent] == (*tiles, count, *(plan[k] for k in PLAN_KEYS)), n
             else:
                 assert n not in got_tiles
                 want = eval_grid(e["grid"], values)

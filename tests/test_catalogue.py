@@ -5,7 +5,7 @@ import pytest
 import numpy as np
 
 from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants, buildable,
-                                    eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
+                                    dependent_launch, eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
                                     vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES,
@@ -218,18 +218,21 @@ def test_lse_bound_follows_the_row_sums_the_kernel_normalises_by():
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a"], ids=lambda v: v.name)
 def test_fp8_d256_non_causal_balances_its_last_wave(v):
     """FP8 d256 non-causal cuts the tiles past its last whole wave by keys (Tile.split_tail):
-    its kernel keeps the grid of tiles, a tail kernel of its own takes tail_ctas CTAs; the
-    tiles' grid, the plan, the partials and the counter are arguments of both; no other variant
-    has any of them."""
+    its kernel takes the tiles before tail_first, a CTA each, a tail kernel of its own
+    tail_ctas CTAs; the tiles' grid, the plan, the partials and the counter are arguments of
+    both; no other variant has any of them.  Every sm_90a FP8 kernel (and so its tail) may be
+    launched as its pre-pass's dependent; no BF16 one (it has no pre-pass)."""
     assert v.tile.split_tail == (v.dtype == "fp8_e4m3" and v.d_v == 256 and not v.causal)
     names = [a.name for a in kernargs(v)]
-    tail_args = ["tail_first", "tail_ctas", "partials", "tail_counter"]
+    tail_args = ["tail_first", "tail_ctas", "tail_gap", "tail_ramp", "partials", "tail_counter"]
     assert all(n in names for n in tail_args) == v.tile.split_tail
     assert not any(n in names for n in tail_args) or v.tile.split_tail
+    assert dependent_launch(v) == (v.dtype == "fp8_e4m3")
     if v.tile.split_tail:
-        assert grid_rule(v) == tiles_rule(v)
-        assert eval_grid(split_tail_grid_rule(v), {"tail_first": 1980, "tail_ctas": 132}) == (132, 1, 1)
+        plan = {"tail_first": 1980, "tail_ctas": 132}
+        assert eval_grid(grid_rule(v), plan) == (1980, 1, 1) and tiles_rule(v)["y"] == "hq"
+        assert eval_grid(split_tail_grid_rule(v), plan) == (132, 1, 1)
         assert split_tail_symbol(v) not in (v.symbol, vt_prepass_symbol(v))
         # a thread's O / l (d_v / 2 f16) and one 16-byte group of l and frame, 128 threads a consumer
         assert split_tail_slot_bytes(v) == 2 * 128 * (128 * 2 + 16)
-        assert split_tail_counter_bytes(v) == 2 * 4
+        assert split_tail_counter_bytes(v) == 2 * 8      # arrived and stored, a consumer

@@ -142,6 +142,50 @@ def test_launch_passes_packed_buffer(monkeypatch, module, cls, fn, markers):
                     "extra": (markers, args)}
 
 
+def test_a_dependent_launch_goes_through_cuLaunchKernelEx_with_programmatic_serialisation(monkeypatch):
+    """launch(dependent=True) on CUDA: cuLaunchKernelEx with the grid, block, shared bytes and
+    stream in its config and one attribute, PROGRAMMATIC_STREAM_SERIALIZATION (6) = 1, laid out
+    as cuda.h lays it out on LP64 (id, 4 bytes of padding, a 64-byte value union: 72 bytes; the
+    config 56), and the same packed buffer; a plain launch still goes through cuLaunchKernel."""
+    ffi, seen = cuda.ffi, {}
+
+    def launch_ex(config, f, params, extra):
+        c = config[0]
+        seen["dims"] = (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ,
+                        c.sharedMemBytes)
+        seen["stream"] = int(ffi.cast("uintptr_t", c.hStream))
+        seen["attrs"] = bytes(ffi.buffer(c.attrs, c.numAttrs * ffi.sizeof("CUlaunchAttribute")))
+        seen["params_null"] = params == ffi.NULL
+        seen["extra"] = _read_extra(ffi, extra)
+        return 0
+    lib = use_stub(monkeypatch, cuda, StubLib(cuLaunchKernelEx=launch_ex))
+    driver = cuda.CudaDriver()
+    function = driver.get_function(driver.load_module(0, b"image"), "zyfa_fwd")
+    args = bytes(range(200)) + b"\0" * 8
+    driver.launch(function, (3, 4, 5), (384, 1, 1), 4096, 0x1234, args, dependent=True)
+    assert (ffi.sizeof("CUlaunchAttribute"), ffi.sizeof("CUlaunchConfig")) == (72, 56)
+    assert seen == {"dims": (3, 4, 5, 384, 1, 1, 4096), "stream": 0x1234,
+                    "attrs": struct.pack("<i4xi60x", 6, 1), "params_null": True, "extra": ([1, 2, 0], args)}
+    assert "cuLaunchKernel" not in lib.calls
+    driver.launch(function, (3, 4, 5), (384, 1, 1), 4096, 0x1234, args)
+    assert lib.calls[-1] == "cuLaunchKernel"
+
+
+def test_a_driver_without_cuLaunchKernelEx_launches_a_dependent_launch_in_order(monkeypatch):
+    """Before CUDA 12.0 there is no cuLaunchKernelEx: the launch goes through cuLaunchKernel,
+    which starts it once the launch before has ended (always correct)."""
+    class OldDriver(StubLib):
+        def __getattr__(self, name):
+            if name == "cuLaunchKernelEx":
+                raise AttributeError(name)
+            return super().__getattr__(name)
+    lib = use_stub(monkeypatch, cuda, OldDriver())
+    driver = cuda.CudaDriver()
+    function = driver.get_function(driver.load_module(0, b"image"), "zyfa_fwd")
+    driver.launch(function, (1, 1, 1), (128, 1, 1), 0, 0, b"\0" * 8, dependent=True)
+    assert lib.calls[-1] == "cuLaunchKernel"
+
+
 @pytest.mark.parametrize("module, cls, names", [
     (cuda, "CudaDriver", ("cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyHtoDAsync_v2", "cuStreamIsCapturing")),
     (hip, "HipDriver", ("hipHostMalloc", "hipHostFree", "hipMemcpyHtoDAsync", "hipStreamIsCapturing")),

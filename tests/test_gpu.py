@@ -660,15 +660,19 @@ def test_repeated_and_new_tensors_take_the_cached_paths_and_are_right(dtype, cau
 
 
 @pytest.mark.parametrize("b,hq,hkv,sq,sk", [(1, 3, 1, 1000, 1100), (2, 5, 5, 513, 4096), (1, 8, 2, 2048, 2048),
-                                            (1, 9, 3, 2048, 640)],
-                         ids=["pieces-of-1-2-blocks", "12-block-pieces", "pieces-near-a-tile", "whole-then-tail"])
+                                            (1, 9, 3, 2048, 640), (1, 18, 6, 1408, 3072)],
+                         ids=["pieces-of-1-2-blocks", "12-block-pieces", "pieces-near-a-tile", "whole-then-tail",
+                              "shares-equal-in-time"])
 def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, monkeypatch):
     """FP8 d256 non-causal with the tiles past its last whole wave cut by keys
     (ZYFA_SPLIT_TAIL=always): pieces of one block to nearly a tile, ending one tile and starting
-    the next, after whole tiles or alone, GQA, a last tile of one row.  O (poisoned first) and
-    the LSE are within the recipe's bound of fp64 and within bf16 rounding of the uncut launch;
-    three launches on one stream and one on another write the same bits (each leaves its
-    counters zero; the pieces merge in their order whichever ends last)."""
+    the next, after whole tiles or alone, GQA, a last tile of one row, and (on 132 SMs: 198 tiles
+    of 24 blocks) shares planned equal in time, with a gap and, launched as the kernel's
+    dependent, a ramp.  O (poisoned first) and the LSE are within the recipe's bound of fp64 and
+    within bf16 rounding of the uncut launch; three launches on one stream and one on another
+    write the same bits (each leaves its counters zero; the pieces merge in their order
+    whichever ends last), and so do two launched plainly (ZYFA_DEPENDENT_LAUNCH=off: no ramp,
+    so other pieces where the plan had one)."""
     from zyfa_runtime import api, flash_attn_func
     from zyfa_runtime.memory import DeviceArray, to_device
     from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
@@ -698,17 +702,26 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
         return out.numpy().view(np.uint16).copy(), lse.numpy().view(np.uint32).copy()
 
     tiles = -(-sq // v.tile.block_m) * hq * b
-    cut = [run("always") for _ in range(3)] + ([run("always", other)] if other is not None else [])
-    for o, l in cut[1:]:
-        assert np.array_equal(o, cut[0][0]) and np.array_equal(l, cut[0][1])
+    dependent = [run("always") for _ in range(3)] + ([run("always", other)] if other is not None else [])
+    monkeypatch.setenv("ZYFA_DEPENDENT_LAUNCH", "off")   # each launch after the one before has ended
+    plain = [run("always") for _ in range(2)]
+    monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH")
     whole = run("off")
-    o_cut, o_whole = bf16_to_f64(cut[0][0]), bf16_to_f64(whole[0])
-    assert not np.isnan(o_cut).any() and not np.isnan(cut[0][1].view(np.float32)).any()
     ref, ref_lse = reference.attention(*(h[1] for h in host), causal=False, return_lse=True)
-    assert reference.relative_error(o_cut, ref) <= RECIPE_FP64_BOUND
-    assert reference.relative_error(o_cut, o_whole) <= 4e-3
-    assert np.abs(cut[0][1].view(np.float32) - ref_lse).max() < bounds(v)[1]
-    assert tiles % DRIVER.attribute(0, "multiprocessor_count") != 0   # there is a tail to cut
+    for cut in (dependent, plain):
+        for o, l in cut[1:]:
+            assert np.array_equal(o, cut[0][0]) and np.array_equal(l, cut[0][1])
+        o_cut, o_whole = bf16_to_f64(cut[0][0]), bf16_to_f64(whole[0])
+        assert not np.isnan(o_cut).any() and not np.isnan(cut[0][1].view(np.float32)).any()
+        assert reference.relative_error(o_cut, ref) <= RECIPE_FP64_BOUND
+        assert reference.relative_error(o_cut, o_whole) <= 4e-3
+        assert np.abs(cut[0][1].view(np.float32) - ref_lse).max() < bounds(v)[1]
+    sms = DRIVER.attribute(0, "multiprocessor_count")
+    assert tiles % sms != 0   # there is a tail to cut
+    if (tiles, sms) == (198, 132):
+        from zyfa_runtime.launch import tail_plan
+        plan = tail_plan(api.kernel_table(DRIVER).entry(v), {"tile_count": tiles, "seqlen_k": sk}, sms, False, "always")
+        assert plan["tail_gap"] > 0 and plan["tail_ramp"] > 0
 
 
 FP8_HERE = [v for v in all_variants() if buildable(v) and v.arch == ARCH and v.dtype == "fp8_e4m3"]
@@ -719,9 +732,11 @@ FP8_HERE = [v for v in all_variants() if buildable(v) and v.arch == ARCH and v.d
 def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatch):
     """Calls queued back to back on one stream share the V^T workspace: each call's pre-pass
     overwrites what the call before it reads.  Two calls with different V, no synchronisation
-    between, both within the recipe's bound of their own fp64 reference: each launch reads the
-    V^T its own call's pre-pass wrote, never the next call's.  Few query rows against many keys
-    (a long pre-pass, short kernels); with a balanced tail (``always``) whole tiles and a tail."""
+    between, both within the recipe's bound of their own fp64 reference: a kernel started as
+    its pre-pass's dependent reads V^T only once the pre-pass has ended, and a tail kernel ends
+    after its kernel, so the next call's pre-pass waits for both.  Few query rows against many
+    keys: the kernel's CTAs are ready long before the pre-pass is done; with a balanced tail
+    (``always``) whole tiles and a tail beside them."""
     from zyfa_runtime import api, flash_attn_func
     from zyfa_runtime.memory import DeviceArray, to_device
     from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
@@ -729,6 +744,7 @@ def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatc
     if split_tail == "always" and "split_tail" not in entry:
         pytest.skip(f"{v.name} has no balanced tail")
     monkeypatch.setenv("ZYFA_SPLIT_TAIL", split_tail)
+    monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH", raising=False)
     with api._lock:
         api._plans.clear()
         api._layouts.clear()

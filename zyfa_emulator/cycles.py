@@ -679,7 +679,7 @@ def kernel_figures(variant, batch=1, seqlen_q=256, seqlen_k=1024, heads=4, param
     m = drv.machine
     seen = []
     real_launch = drv.launch
-    drv.launch = lambda *a: seen.append(a) or real_launch(*a)
+    drv.launch = lambda *a, **kw: seen.append(a) or real_launch(*a, **kw)
     m.observers.append(rec)
     host = (q, k, v, *descales.values())
     for arr in host:                   # exact bounds (the host fallback needs none)

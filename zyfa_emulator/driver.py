@@ -144,7 +144,8 @@ class EmulatorDriver(Driver):
                 if not str(a.get("value_kind", "")).startswith("hidden_")]
 
     def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
-               shared_bytes: int, stream: int, args: bytes) -> None:
+               shared_bytes: int, stream: int, args: bytes, dependent: bool = False) -> None:
+        # Launches run one after another, whole: a dependent one too.
         limit = self.max_dynamic_shared.get(function.symbol, 0)
         if shared_bytes > max(limit, 0) and shared_bytes + function.handle.group_segment_fixed_size \
                 > LDS_BYTES:

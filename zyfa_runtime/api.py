@@ -154,6 +154,7 @@ class Layout:
     partial_bytes: int                # of a balanced tail's partials in it, after the V^T (0: none)
     counter: tuple                    # (argument, bytes) of a tile counter: a persistent kernel's, a tail's
     lse: tuple                        # (shape, strides) of the LSE
+    dependent: bool                   # launches queued as programmatic dependents (ZYFA_DEPENDENT_LAUNCH)
 
 
 def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_strides) -> Layout:
@@ -184,6 +185,7 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
     maps = {arg: _tensor_map_geometry(problem, values, spec)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
     sm_count, counter, partial_bytes = None, None, 0
+    dependent = _launch.dependent_launches(os.environ.get("ZYFA_DEPENDENT_LAUNCH", "on"))
     if "persistent" in kernel.entry:
         # One CTA an SM taking tiles from a counter: the tiles, and the counter's size.
         values.update(_launch.persistent_tiles(kernel, values))
@@ -195,7 +197,8 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
         tail = kernel.entry["split_tail"]
         values.update(_launch.persistent_tiles(kernel, values, "split_tail"))
         values.update(_launch.tail_plan(kernel.entry, values, driver.attribute(device, "multiprocessor_count"),
-                                        problem.varlen, os.environ.get("ZYFA_SPLIT_TAIL", "auto")))
+                                        problem.varlen, os.environ.get("ZYFA_SPLIT_TAIL", "auto"),
+                                        dependent and bool(kernel.entry.get("dependent_launch"))))
         partial_bytes = 2 * values["tail_ctas"] * tail["slot_bytes"]
         counter = ("tail_counter", max(values["tile_count"] - values["tail_first"], 1) * tail["counter_bytes"])
     vt_bytes = 0
@@ -205,7 +208,8 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
                                                          problem.total_k if problem.varlen else None)
         vt_bytes = problem.hkv * values["vt_stride_h"]
     grids = _launch.grids(driver, kernel, values, sm_count)
-    return Layout(problem, kernel, values, maps, grids, vt_bytes, partial_bytes, counter, (lse_shape, lse_strides))
+    return Layout(problem, kernel, values, maps, grids, vt_bytes, partial_bytes, counter, (lse_shape, lse_strides),
+                  dependent)
 
 
 #: Bytes the partials of a balanced tail start at, after the V^T in the workspace.
@@ -258,7 +262,7 @@ def _instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int
             values["partials"] = ws + _partials_at(layout.vt_bytes) if layout.partial_bytes else None
             if layout.partial_bytes:
                 extents["partials"] = (values["partials"], values["partials"] + layout.partial_bytes)
-        launches = _launch.assemble(kernel, layout.grids, _launch.pack_args(kernel, values))
+        launches = _launch.assemble(kernel, layout.grids, _launch.pack_args(kernel, values), layout.dependent)
         plan = Plan(device, launches, extents, (ws_bytes, ws) if ws is not None else None, counter)
         plan.queue(driver, stream)
     return out_arr, lse_arr, plan

@@ -285,7 +285,10 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
     if v.tile.split_tail:
         # the kernel takes the tiles before tail_first, the tail kernel's tail_ctas CTAs those
         # from it on, cut by keys (launch.tail_plan; tail_first = tile_count: none cut)
-        args += [("tail_first", "i32"), ("tail_ctas", "i32")]
+        args += [("tail_first", "i32"), ("tail_ctas", "i32"),
+                 # how the tail CTAs share its blocks (launch.tail_plan): a tile's switch, the
+                 # first CTA's share over the last's, in block-times
+                 ("tail_gap", "i32"), ("tail_ramp", "i32")]
     return args
 
 
@@ -325,6 +328,14 @@ VT_THREADS = 128
 def has_vt_prepass(v: Variant) -> bool:
     """Whether the variant's code object has the V^T pre-pass (the sm_90a FP8 kernels)."""
     return v.vendor == "cuda" and v.dtype == "fp8_e4m3"
+
+
+def dependent_launch(v: Variant) -> bool:
+    """Whether the variant's kernel may be launched as a programmatic dependent of its pre-pass,
+    and its tail kernel (Tile.split_tail) of the kernel (launch.Launch.dependent): the sm_90a FP8
+    kernels wait for the launch before them where they read what it writes, and let the next
+    start as their CTAs leave the SMs (cuda/flash_fp8_lean.cuh, "the launches' order")."""
+    return has_vt_prepass(v)
 
 
 def vt_prepass_symbol(v: Variant) -> str:
@@ -395,9 +406,13 @@ def grid_rule(v: Variant) -> dict:
     where the keys and values of a sequence's key/value heads take at most
     SM90_HEADS_FIRST_BYTES, else (sequences, blocks, hq) where those of one head's sequences do
     (the kernel reads the order from the grid's shape).  Persistent kernels: one CTA an SM, or
-    one a tile where there are fewer tiles (``tiles_rule``)."""
+    one a tile where there are fewer tiles (``tiles_rule``).  Balanced-tail kernels: a CTA each
+    of the tiles before ``tail_first`` (``tiles_rule``'s order, the kernel reads its tile from x),
+    the rest its tail kernel's (``split_tail_grid_rule``)."""
     if v.tile.persistent:
         return {"x": {"min": ["tile_count", "sm_count"]}, "y": 1, "z": 1}
+    if v.tile.split_tail:
+        return {"x": "tail_first", "y": 1, "z": 1}
     return tiles_rule(v)
 
 
@@ -421,9 +436,9 @@ def split_tail_slot_bytes(v: Variant) -> int:
 
 
 def split_tail_counter_bytes(v: Variant) -> int:
-    """Bytes of ``tail_counter`` a cut tile: one 32-bit count of its finished pieces a
-    consumer warpgroup, zero between launches (the last piece zeroes it)."""
-    return v.tile.block_m // SM90_CONSUMER_ROWS * 4
+    """Bytes of ``tail_counter`` a cut tile: two 32-bit counts a consumer warpgroup, its pieces
+    that have arrived and those stored, zero between launches (the last piece zeroes them)."""
+    return v.tile.block_m // SM90_CONSUMER_ROWS * 8
 
 
 #: What cutting the tail costs beyond its blocks, in block-times: a CTA's second start and end,
@@ -433,6 +448,20 @@ def split_tail_counter_bytes(v: Variant) -> int:
 #: (bench/results/2026-12-02_h200_split_tail).  The tail is cut only where each CTA's share plus
 #: this is below a whole tile's blocks (launch.tail_plan).
 SPLIT_TAIL_OVERHEAD_BLOCKS = 24
+
+#: A tail CTA's switch from one tile to the next, in block-times: the piece's store, new
+#: mbarriers, the next tile's Q and first block from memory and its first S before any PV.  A CTA
+#: whose share holds a switch takes this many blocks fewer (launch.tail_plan's ``tail_gap``).
+#: Traced at FP8 d256, 8k tokens: two-segment CTAs ended their loop about 6 us (4 blocks) after
+#: one-segment ones (bench/results/2026-12-03_h200_tail_convergent_66075d0/trace).
+SPLIT_TAIL_SWITCH_BLOCKS = 4
+
+#: The spread, in block-times, over which the kernel's last CTAs end: a tail kernel launched as
+#: the kernel's dependent starts its CTA j as the j-th SM comes free, so the first CTAs' shares
+#: are larger by up to half of it and the last ones' smaller (``tail_ramp``).  Traced at FP8
+#: d256, 8k tokens: the SMs' last CTAs ended over 14-18 us, the median 7-8 us before the last
+#: (about 11 block-times of 1.47 us; the same trace).
+SPLIT_TAIL_DRAIN_BLOCKS = 11
 
 
 #: Bytes of a persistent kernel's ``tile_counter``: the next tile's counter and the CTAs that

@@ -43,12 +43,16 @@ def pack_args(kernel: Kernel, values: dict) -> bytes:
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """One kernel launch, ready to queue: the function, its grid and block, the bytes of
-    dynamic shared memory and the packed argument buffer."""
+    dynamic shared memory and the packed argument buffer; ``dependent``: queued as a
+    programmatic dependent of the launch before it (its CTAs may start while that launch's last
+    ones run; the kernel waits for it where it reads what it writes: the manifest's
+    ``dependent_launch``)."""
     function: Function
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared: int
     args: bytes
+    dependent: bool = False
 
 
 def grids(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> tuple:
@@ -63,25 +67,45 @@ def grids(driver, kernel: Kernel, values: dict, sm_count: int | None = None) -> 
     return pre, grid, tail
 
 
-def assemble(kernel: Kernel, grids: tuple, args: bytes) -> tuple[Launch, ...]:
+#: ``ZYFA_DEPENDENT_LAUNCH``: ``on`` (the default) queues a kernel after its pre-pass, and a tail
+#: kernel after the kernel, as programmatic dependents where the manifest allows it
+#: (``dependent_launch``); ``off`` queues every launch to start once the one before has ended.
+DEPENDENT_LAUNCH_MODES = ("on", "off")
+
+
+def dependent_launches(mode: str = "on") -> bool:
+    """Whether ``ZYFA_DEPENDENT_LAUNCH=mode`` allows dependent launches; refused
+    (ValueError) where it is neither mode."""
+    if mode not in DEPENDENT_LAUNCH_MODES:
+        raise ValueError(f"ZYFA_DEPENDENT_LAUNCH={mode!r}: one of {', '.join(DEPENDENT_LAUNCH_MODES)}")
+    return mode == "on"
+
+
+def assemble(kernel: Kernel, grids: tuple, args: bytes, dependent: bool = True) -> tuple[Launch, ...]:
     """The launches of ``kernel`` for its ``grids`` and packed ``args``, in order: its
-    pre-pass first and its tail kernel last, with the same argument buffer, where it has them;
-    none where a grid is empty (e.g. zero query rows, or nothing cut)."""
+    pre-pass, the kernel and its tail kernel, with the same argument buffer, each where it has
+    it and its grid is not empty (a balanced tail may take every tile: no kernel launch); none
+    where neither the kernel nor its tail has a CTA (e.g. zero query rows).  Where ``dependent``
+    and the manifest's ``dependent_launch`` allow it, the kernel is its pre-pass's programmatic
+    dependent and the tail kernel the kernel's: only after the launch each is written to follow
+    (cuda/flash_fp8_lean.cuh, "the launches' order"), never the call's first."""
     pre, grid, tail = grids
-    if 0 in grid:
-        return ()
-    launches = [_prepass(kernel, pre, args)] if pre is not None and 0 not in pre else []
     block = (kernel.entry["block_size"], 1, 1)
-    launches.append(Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args))
-    if tail is not None and 0 not in tail:
-        launches.append(Launch(kernel.tail, tail, block, kernel.entry["dynamic_smem"], args))
-    return tuple(launches)
+    after = dependent and bool(kernel.entry.get("dependent_launch"))
+    first = _prepass(kernel, pre, args) if pre is not None and 0 not in pre else None
+    main = (Launch(kernel.function, grid, block, kernel.entry["dynamic_smem"], args,
+                   dependent=after and first is not None) if 0 not in grid else None)
+    last = (Launch(kernel.tail, tail, block, kernel.entry["dynamic_smem"], args,
+                   dependent=after and main is not None) if tail is not None and 0 not in tail else None)
+    if main is None and last is None:
+        return ()
+    return tuple(ln for ln in (first, main, last) if ln is not None)
 
 
 def queue(driver, launches: tuple[Launch, ...], stream: int) -> None:
     """Queue prepared launches on ``stream``, in order."""
     for ln in launches:
-        driver.launch(ln.function, ln.grid, ln.block, ln.shared, stream, ln.args)
+        driver.launch(ln.function, ln.grid, ln.block, ln.shared, stream, ln.args, dependent=ln.dependent)
 
 
 def launch_prepass(driver, kernel: Kernel, values: dict, args: bytes, stream: int) -> None:
@@ -118,29 +142,59 @@ def persistent_tiles(kernel: Kernel, values: dict, key: str = "persistent") -> d
 SPLIT_TAIL_MODES = ("auto", "off", "always")
 
 
-def tail_plan(entry: dict, values: dict, sm_count: int, packed: bool, mode: str = "auto") -> dict:
-    """A balanced-tail kernel's ``tail_first`` and ``tail_ctas`` (catalogue.Tile.split_tail):
-    the R = tile_count mod sm_count tiles past the last whole wave, nb key blocks each, cut into
-    min(sm_count, R nb) pieces of equal blocks, a CTA each.  Cut where each CTA's share,
-    ceil(R nb / sm_count), plus the manifest's ``overhead_blocks`` (a second tile's start, the
-    partial's store and the merge) is below nb, the blocks the last wave takes whole; never for
-    packed batches (their tiles differ in length) nor past 2^31 tail blocks or 2^16 SMs (the tail
-    kernel's 32-bit arithmetic).  ``entry``: the kernel's manifest entry;
-    ``values``: the tile arguments and ``seqlen_k``."""
+def tail_plan(entry: dict, values: dict, sm_count: int, packed: bool, mode: str = "auto",
+              dependent: bool = True) -> dict:
+    """A balanced-tail kernel's ``tail_first``, ``tail_ctas``, ``tail_gap`` and ``tail_ramp``
+    (catalogue.Tile.split_tail; the kernel's TailRun reads them): the R = tile_count mod sm_count
+    tiles past the last whole wave, nb key blocks each, cut among min(sm_count, R nb) CTAs.
+
+    Cut where each CTA's share, ceil(R nb / sm_count), plus the manifest's ``overhead_blocks``
+    (a second tile's start, the partial's store and the merge) is below nb, the blocks the last
+    wave takes whole; never for packed batches (their tiles differ in length) nor past 2^31
+    units or 2^12 SMs (the tail kernel's 32-bit arithmetic).  The shares are planned equal in
+    time: the tiles lie end to end with ``tail_gap`` = the manifest's ``switch_blocks`` units
+    after each (a CTA that goes on to the next tile has that many blocks fewer), and where the
+    tail is launched as the kernel's ``dependent`` (its CTAs start as the kernel's last ones end,
+    j-th CTA on the j-th SM to come free) the shares fall by ``tail_ramp`` = ``drain_blocks``
+    units from the first CTA to the last.  Both are dropped (plain equal blocks) where a CTA's
+    units could exceed a tile's blocks (a third segment) or fall to its gap.  ``entry``: the
+    kernel's manifest entry; ``values``: the tile arguments and ``seqlen_k``."""
     if mode not in SPLIT_TAIL_MODES:
         raise ValueError(f"ZYFA_SPLIT_TAIL={mode!r}: one of {', '.join(SPLIT_TAIL_MODES)}")
     tiles = values["tile_count"]
-    whole = {"tail_first": tiles, "tail_ctas": 0}
+    whole = {"tail_first": tiles, "tail_ctas": 0, "tail_gap": 0, "tail_ramp": 0}
     nb = -(-values["seqlen_k"] // entry["tile"]["block_n"])
     rest = tiles % sm_count
-    if packed or mode == "off" or rest == 0 or nb < 2:
+    if packed or mode == "off" or rest == 0 or nb < 2 or sm_count >= 2**12:
         return whole
-    if rest * nb >= 2**31 or sm_count >= 2**16:
-        return whole                  # the tail kernel's block arithmetic is 32-bit (j r < ctas^2)
+    st = entry["split_tail"]
     share = -(-rest * nb // sm_count)
-    if mode == "auto" and share + entry["split_tail"]["overhead_blocks"] >= nb:
+    if mode == "auto" and share + st["overhead_blocks"] >= nb:
         return whole
-    return {"tail_first": tiles - rest, "tail_ctas": min(sm_count, rest * nb)}
+    ctas = min(sm_count, rest * nb)
+    ramp = st["drain_blocks"] if dependent and tiles > rest else 0   # tiles == rest: no kernel to follow
+    for gap, ramp in ((st["switch_blocks"], ramp), (0, 0)):
+        cost = rest * (nb + gap) - gap
+        q, half = cost // ctas, -(-ramp // 2)
+        if cost >= 2**31:
+            continue
+        if (gap, ramp) == (0, 0) or (q + 2 + half <= nb and q - half - 1 > gap):
+            return {"tail_first": tiles - rest, "tail_ctas": ctas, "tail_gap": gap, "tail_ramp": ramp}
+    return whole
+
+
+def tail_units(plan: dict, tiles: int, nb: int) -> list[int]:
+    """The first block of each tail CTA and the run's end (len tail_ctas + 1) for ``plan``, as
+    the tail kernel's TailRun computes them (exactly, in Python's integers)."""
+    ctas, gap, ramp = plan["tail_ctas"], plan["tail_gap"], plan["tail_ramp"]
+    cost = (tiles - plan["tail_first"]) * (nb + gap) - gap
+    q, r = divmod(cost, ctas)
+    starts = []
+    for j in range(ctas + 1):
+        s = j * q + (2 * j * r + ramp * j * (ctas - j)) // (2 * ctas)
+        u = s // (nb + gap)
+        starts.append(u * nb + min(s - u * (nb + gap), nb))
+    return starts
 
 
 def _grid(driver, kernel: Kernel, rule: dict, values: dict) -> tuple[int, int, int]:

@@ -291,7 +291,7 @@ def _capture_launch(emulator, fn):
     launch."""
     seen = []
     real = emulator.launch
-    emulator.launch = lambda *a: seen.append(a) or real(*a)
+    emulator.launch = lambda *a, **kw: seen.append(a) or real(*a, **kw)
     try:
         fn()
     finally:

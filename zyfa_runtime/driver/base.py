@@ -95,8 +95,12 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
-               shared_bytes: int, stream: int, args: bytes) -> None:
-        """Launch with ``args`` as the one packed kernel-argument buffer."""
+               shared_bytes: int, stream: int, args: bytes, dependent: bool = False) -> None:
+        """Launch with ``args`` as the one packed kernel-argument buffer.  ``dependent``: as a
+        programmatic dependent of the launch before it on ``stream`` (CUDA's programmatic stream
+        serialisation: its CTAs may start before that launch has ended; the kernel waits for it
+        where it must).  A driver without the feature launches it in order, which is always
+        correct."""
 
     def param_info(self, function: Function) -> list[tuple[int, int]] | None:
         """(offset, size) of each kernel parameter as the driver sees it, or None if unknown."""

@@ -53,6 +53,22 @@ CUresult cuLaunchKernel(CUfunction f,
                         unsigned int sharedMemBytes, CUstream hStream,
                         void **kernelParams, void **extra);
 
+/* cuLaunchKernelEx (CUDA >= 12.0), for launch attributes: the value is a 64-byte union. */
+typedef struct {
+    int id;
+    char pad[4];
+    union { char pad[64]; int programmaticStreamSerializationAllowed; unsigned long long align_; } value;
+} CUlaunchAttribute;
+typedef struct {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+
 CUresult cuTensorMapEncodeTiled(void *tensorMap, int tensorDataType, unsigned int tensorRank,
                                 void *globalAddress, const unsigned long long *globalDim,
                                 const unsigned long long *globalStrides, const unsigned int *boxDim,
@@ -90,6 +106,7 @@ CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NO_DEVICE = 100
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_UNIFIED = 1, 2, 3, 4
@@ -251,13 +268,29 @@ class CudaDriver(Driver):
             function.handle, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes)))
 
     def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
-               shared_bytes: int, stream: int, args: bytes) -> None:
+               shared_bytes: int, stream: int, args: bytes, dependent: bool = False) -> None:
         self.make_current(function.module.device)
         extra, keep = _extra_array(args)
-        res = self.lib.cuLaunchKernel(function.handle, *grid, *block, shared_bytes,
-                                      ffi.cast("CUstream", stream), ffi.NULL, extra)
+        launch_ex = first_symbol(self.lib, "cuLaunchKernelEx") if dependent else None
+        if launch_ex is not None:
+            # Programmatic stream serialisation: the kernel's CTAs may start once every CTA of the
+            # launch before it has triggered (griddepcontrol.launch_dependents) or ended.
+            attr = ffi.new("CUlaunchAttribute *")
+            attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = ffi.new("CUlaunchConfig *", {
+                "gridDimX": grid[0], "gridDimY": grid[1], "gridDimZ": grid[2],
+                "blockDimX": block[0], "blockDimY": block[1], "blockDimZ": block[2],
+                "sharedMemBytes": shared_bytes, "hStream": ffi.cast("CUstream", stream),
+                "attrs": attr, "numAttrs": 1})
+            res = launch_ex(config, function.handle, ffi.NULL, extra)
+            call = "cuLaunchKernelEx"
+        else:   # a plain launch, or a driver before CUDA 12.0: in order, which is always correct
+            res = self.lib.cuLaunchKernel(function.handle, *grid, *block, shared_bytes,
+                                          ffi.cast("CUstream", stream), ffi.NULL, extra)
+            call = "cuLaunchKernel"
         del keep
-        self._check(f"cuLaunchKernel({function.symbol})", res)
+        self._check(f"{call}({function.symbol})", res)
 
     def param_info(self, function: Function) -> list[tuple[int, int]] | None:
         fn = first_symbol(self.lib, "cuFuncGetParamInfo")      # CUDA >= 12.4

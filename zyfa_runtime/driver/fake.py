@@ -70,6 +70,7 @@ class Launch:
     stream: int
     args: bytes
     device: int
+    dependent: bool = False   # queued as a programmatic dependent of the launch before it
 
 
 def _address(buf, writable: bool = False) -> tuple[int, int]:
@@ -189,10 +190,11 @@ class FakeDriver(Driver):
         self.max_dynamic_shared[function.symbol] = int(nbytes)
 
     def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
-               shared_bytes: int, stream: int, args: bytes) -> None:
+               shared_bytes: int, stream: int, args: bytes, dependent: bool = False) -> None:
         record = Launch(symbol=function.symbol, grid=tuple(int(g) for g in grid),
                         block=tuple(int(b) for b in block), shared=int(shared_bytes),
-                        stream=int(stream), args=bytes(args), device=function.module.device)
+                        stream=int(stream), args=bytes(args), device=function.module.device,
+                        dependent=bool(dependent))
         with self._lock:
             self.launches.append(record)
 

@@ -246,7 +246,8 @@ class HipDriver(Driver):
             function.handle, HIP_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_MEMORY_SIZE, int(nbytes)))
 
     def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
-               shared_bytes: int, stream: int, args: bytes) -> None:
+               shared_bytes: int, stream: int, args: bytes, dependent: bool = False) -> None:
+        # No dependent launches here: every launch starts once the one before it has ended.
         self.make_current(function.module.device)
         extra, keep = _extra_array(args)
         res = self.lib.hipModuleLaunchKernel(function.handle, *grid, *block, shared_bytes,
