@@ -154,7 +154,7 @@ class Layout:
     partial_bytes: int                # of a balanced tail's partials in it, after the V^T (0: none)
     counter: tuple                    # (argument, bytes) of a tile counter: a persistent kernel's, a tail's
     lse: tuple                        # (shape, strides) of the LSE
-    dependent: bool                   # launches queued as programmatic dependents (ZYFA_DEPENDENT_LAUNCH)
+    dependent: bool                   # queued as programmatic dependents (env and manifest allow it)
 
 
 def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_strides) -> Layout:
@@ -185,7 +185,8 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
     maps = {arg: _tensor_map_geometry(problem, values, spec)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
     sm_count, counter, partial_bytes = None, None, 0
-    dependent = _launch.dependent_launches(os.environ.get("ZYFA_DEPENDENT_LAUNCH", "on"))
+    dependent = (_launch.dependent_launches(os.environ.get("ZYFA_DEPENDENT_LAUNCH", "on"))
+                 and bool(kernel.entry.get("dependent_launch")))
     if "persistent" in kernel.entry:
         # One CTA an SM taking tiles from a counter: the tiles, and the counter's size.
         values.update(_launch.persistent_tiles(kernel, values))
@@ -198,7 +199,7 @@ def _layout_of(problem: validate.Problem, q, k, v, out, driver, lse_shape, lse_s
         values.update(_launch.persistent_tiles(kernel, values, "split_tail"))
         values.update(_launch.tail_plan(kernel.entry, values, driver.attribute(device, "multiprocessor_count"),
                                         problem.varlen, os.environ.get("ZYFA_SPLIT_TAIL", "auto"),
-                                        dependent and bool(kernel.entry.get("dependent_launch"))))
+                                        dependent))
         partial_bytes = 2 * values["tail_ctas"] * tail["slot_bytes"]
         counter = ("tail_counter", max(values["tile_count"] - values["tail_first"], 1) * tail["counter_bytes"])
     vt_bytes = 0
