@@ -367,8 +367,8 @@ __device__ __forceinline__ void zero_tail_rows(uint32_t tile, uint32_t landed, u
   __syncwarp();
   if (lane == 0) mbar_arrive(full);
 }
-// 16 bytes to global memory, as one store (a uint4 assignment through a cast pointer was split
-// into four 4-byte stores in the BF16 kernels).
+// 16 bytes to global memory, as one store (a uint4 assignment through a cast pointer may compile
+// to four 4-byte stores).
 __device__ __forceinline__ void stg128(void* addr, const uint4& v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n"
                :: "l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
@@ -492,10 +492,9 @@ struct ConsumerLane {
 // takes n_blocks + 1 turns (S(0), then one per block) and hands over after each, except
 // consumer 1 after its last, so both barriers end balanced.  Three consumers (the 192-row
 // tiles) issue whenever they are ready, in no set order: with a third warp per scheduler the
-// softmaxes overlap the products anyway, and a rotation only made a consumer that was ready
-// wait for the one before it (FP8 d64 +5 % non-causal and +3 % causal without it, d128 and
-// d192/128 non-causal +1 and +3 %; two consumers without turns lost 1-3 % FP8 and 17 % BF16
-// d256).
+// softmaxes overlap the products anyway, and a rotation only makes a consumer that is ready
+// wait for the one before it.  Two consumers keep the turns: without them their products no
+// longer alternate with their softmaxes, and they run slower (docs/sm90a.md, what was tried).
 struct Turns {
   static_assert(kConsumers == 2 || kConsumers == 3, "two consumers in turn, or three free");
   static constexpr bool kAlternate = kConsumers == 2;
@@ -598,8 +597,8 @@ __device__ __forceinline__ void store_o_rows(const float (&acc_o)[zyfa_cfg::kDv 
 // consumers none past the end of the sequence's rows, and causal, none past the diagonal of
 // its last row; the CTA's other blocks are idle turns for it.  Broadcast from lane 0 (a
 // warp-uniform loop bound around the WGMMAs).  With two, all of the CTA's: both consumers'
-// rows end in the same block wherever the diagonal is block-aligned, and FP8 d128's main loop
-// ran 0.3-3 % slower with the general bound.
+// rows end in the same block wherever the diagonal is block-aligned, and the general bound
+// only slows their main loop.
 __device__ __forceinline__ int consumer_blocks(int wg_row0, int sq, int sk, int diag, int n_blocks) {
   using namespace zyfa_cfg;
   if constexpr (kConsumers == 2) return n_blocks;

@@ -7,9 +7,10 @@
 //   the skip of negligible blocks) and the Lean byte, centred (the recipe's code_offset in
 //   w's constant kWBias) and formed in half precision two scores at a time (byte_form
 //   "lean_h2": per score 1 FFMA + 1/2 F2FP + 1/2 HFMA2 + 1/4 PRMT).  The body also builds the
-//   byte with the quadratic mantissa correction, the recipe before (kByteQuad: "quad_h2", 1
-//   FFMA + 2 HFMA2 + 1/2 F2FP + 1/2 LOP3 + 1/4 PRMT, which cost the kernels 9-23 %; or in
-//   fp32, "quad_fold": 4 FFMA + 1 LOP3 + 1/2 I2IP), whichever the recipe names.
+//   byte with the quadratic mantissa correction (kByteQuad: "quad_h2", 1 FFMA + 2 HFMA2 + 1/2
+//   F2FP + 1/2 LOP3 + 1/4 PRMT; or in fp32, "quad_fold": 4 FFMA + 1 LOP3 + 1/2 I2IP),
+//   whichever the recipe names.  The sm_90a recipe's is the plain byte: the consumers are bound
+//   by their instruction issue, and the correction's instructions cost more than it buys.
 //
 // P in WGMMA-operand order.  The S accumulator gives a thread, per row and 32 keys, the keys
 // {2t, 2t+1, 2t+8, 2t+9} and the same + 16 (t = lane % 4); the e4m3 A fragment wants the
@@ -361,7 +362,7 @@ __device__ __forceinline__ float exp2_x(float s, float c, float bias) {
   p = __fmaf_rn(p, f, kExp1);
   p = __fmaf_rn(p, f, kExp0);
   // floor(w) - 16 into the exponent: masked first, then shifted and added (ptxas: LOP3 and one
-  // IMAD); written with the shift first, ptxas spent three instructions (shift, mask, add).
+  // IMAD; written with the shift first, three instructions: shift, mask, add).
   uint32_t x;
   asm("{\n.reg .b32 t;\nand.b32 t, %1, 0x780000;\nshl.b32 t, t, 4;\nadd.u32 %0, %2, t;\n}\n"
       : "=r"(x) : "r"(__float_as_uint(w)), "r"(__float_as_uint(p)));
@@ -371,8 +372,8 @@ __device__ __forceinline__ float exp2_x(float s, float c, float bias) {
 // Four scores' x (keys in A-fragment order: x0, x1 then x4, x5) -> their hi and lo codes
 // (e4m3.hi_lo_codes), one byte each, x0's the lowest: per pair F2FP to f16x2, the hi pair, back
 // to f16x2, the exact difference, the lo pair.  One asm block, so that the two 16-bit pairs go
-// into one register as they are made (as separate statements, each was zero-extended to 32
-// bits and the two joined by a PRMT: six instructions more per four scores).
+// into one register as they are made (as separate statements, each is zero-extended to 32 bits
+// and the two joined by a PRMT: six instructions more per four scores).
 __device__ __forceinline__ void hi_lo_quad(float x0, float x1, float x4, float x5, uint32_t& hi, uint32_t& lo) {
   asm("{\n.reg .b32 x01, x45, b01, b45;\n.reg .b16 h01, h45, l01, l45;\n"
       "cvt.rn.f16x2.f32 x01, %3, %2;\n"
@@ -425,9 +426,8 @@ __device__ __forceinline__ float log2_scale(const P& p) {
 
 // A consumer warpgroup's 64 rows of O, scaled by inv[hr] per row half, out as bf16, 16 bytes a
 // thread, through shared memory (store_o_rows, flash_common.cuh, with Q's 64-byte K-blocks as
-// the staging area).  (Four-byte stores straight from the WGMMA accumulators filled
-// the store queue: at short sequences the tiles' epilogues cost 3-4 % of the cycles,
-// bench/results/2026-11-30_h200_tiles_228f036/short_sequences.)
+// the staging area): four-byte stores straight from the WGMMA accumulators' layout would fill
+// the store queue.
 //
 // O / l * dv as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its Q
 // rows at sQg), and LSE = ln 2 (F + log2(l / 256)) for the two rows r_lo, r_lo + 8 a thread

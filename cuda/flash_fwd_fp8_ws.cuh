@@ -1,70 +1,69 @@
 // zyfa attention forward for sm_90a, FP8 (e4m3 in, bf16 out): warp-specialised WGMMA body
-// with Lean P.
+// with Lean P.  The layouts and the P arithmetic are flash_fp8_lean.cuh's.
 //
-// The P arithmetic is fp8_models.RECIPES["sm_90a"] (cuda/flash_fp8_lean.cuh), so the model
-// predicts every P byte from the fp32 scores: 128-key blocks, the block's own exact fp32 max,
-// the centred Lean byte (one FFMA a score, then F2FP and HFMA2 a pair: no MUFU), the output
-// divided by the sum of the rounded P that was multiplied (a WGMMA against a tile of ones).
-// Each block's O_b, l_b are accumulated from zero in the tensor core and merged in fp32, O =
-// O 2^(F - T) + O_b (Hopper's FP8 WGMMA accumulates with fewer bits than fp32, so a running O
-// kept in it would lose bits with every block of a long sequence), in the frame F of the last
-// contributing block (O and l are relative to 2^F): a block with max T rescales them by
-// 2^(F - T) and sets F = T.  A block whose max lies 64 below the row's running max adds
-// under 2^-50 of l and is skipped (its P set to 0), which bounds the frame's drift (O and l
-// stay below 2^98).  The model merges with alpha/beta instead; the two differ by fp32
-// rounding of the rescales only.
+// Numerics (fp8_models.RECIPES["sm_90a"], bit for bit in P): 128-key blocks, each with its own
+// exact fp32 max T; P is the centred Lean byte of every score (one FFMA a score, then F2FP and
+// HFMA2 a pair: no MUFU), so the model predicts every P byte from the fp32 scores.  Each
+// block's O_b and l_b (the sum of the rounded P that PV multiplies: a WGMMA against rows of
+// ones) are accumulated from zero in the tensor core and merged in fp32 into the row state,
+// which is relative to the frame F of the last contributing block:
+//   O = O 2^(F - T) + O_b,   l = l 2^(F - T) + l_b,   F = T.
+// No running O lives in the tensor core: Hopper's FP8 WGMMA accumulates with fewer bits than
+// fp32 and would drop bits of every block of a long sequence.  A block whose max lies 64 below
+// the row's running max adds under 2^-50 of l and is skipped (P = 0), which bounds the frame's
+// drift (O, l < 2^98).  The model merges with alpha/beta instead; the two differ by the fp32
+// rounding of the rescales only.  Output: O / l * dv, LSE = ln 2 (F + log2(l / 256)).
 //
 // One CTA = a producer and kConsumers consumer warpgroups = 64 kConsumers query rows of one
 // (sequence, query head), 128-key blocks; two consumers, three at d64 and at d_v = 128
-// non-causal (Tile.block_m):
-//   pre-pass (transpose_v in flash_fp8_lean.cuh, a kernel of its own launched first with the
-//     same arguments): V -> V^T in a workspace, keys in P's order (FP8 WGMMA reads its B
-//     operand K-major only); the producer's own transpose, by ldmatrix.trans / stmatrix, took
-//     issue slots from the consumers on every SM (bench/results/2026-11-30_h200_vt_prepass_*)
-//   thread 0, as the CTA starts: Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes of 64
-//     bytes x kBlockM rows in the 64B swizzle of the K-blocks) and block 0, the CTA's first
-//     waits, issued before anything else (by the producer's cp.async after the CTA's barrier,
-//     the consumers saw Q about 600 cycles later at 4k tokens)
-//   producer (warpgroup 0, setmaxnreg kProducerRegs: 40, 32 beside three consumers)
-//     its thread 0 alone, per block into stage n % kStages: K by TMA (tmap_k: boxes of 64
-//     bytes x 128 keys) and V^T (128B-swizzled rows of 128 key bytes, stored so by the
-//     pre-pass) by one bulk copy, each completing its full barrier with its bytes (one arrival
-//     that expects them).  It waits on kempty and vempty before it overwrites a stage, so
-//     kStages blocks are in flight.  Warp 2 zeroes the rows of Q past a packed sequence's end
-//     (the next sequence's: zero_tail_rows).
-//   consumers (warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg kConsumerRegs: 232, 160
-//   for three), per block n:
+// non-causal (Tile.block_m).
+//   pre-pass   transpose_v (flash_fp8_lean.cuh), a kernel of its own launched first with the
+//              same arguments: V -> V^T in a workspace, keys in P's order, each block as a
+//              V^T stage holds it.  FP8 WGMMA reads its B operand K-major only, and a
+//              transpose on the SM would take issue slots from the consumers.
+//   thread 0   as a segment starts, before the CTA's barrier: the mbarriers, Q by TMA (qfull;
+//              tmap_q: boxes of 64 bytes x kBlockM rows in the 64B swizzle of the K-blocks) and
+//              block 0, the consumers' first waits, issued before anything else.
+//   producer   warpgroup 0, setmaxnreg kProducerRegs.  Thread 0 alone, per block n into stage
+//              n % kStages: K by TMA (tmap_k: boxes of 64 bytes x 128 keys) and V^T (d_v
+//              128B-swizzled rows of 128 key bytes) by one bulk copy, each completing its full
+//              barrier with its bytes (one arrival that expects them).  It waits on kempty and
+//              vempty before it overwrites a stage, so kStages blocks are in flight.  Warp 2
+//              zeroes the rows of Q past a packed sequence's end (the next sequence's:
+//              zero_tail_rows).
+//   consumers  warpgroups 1 .. kConsumers, kConsumerRows = 64 rows each, setmaxnreg
+//              kConsumerRegs; per block n:
 //     softmax(n)       mask, block frame, Lean P of S(n) into 16 registers of A fragments
-//     turn             (named barriers: two consumers alternate; three issue when ready)  issue PV(n) with the
-//                      row sum (N = d_v + 8: V^T's stage ends in 8 rows of ones; d256: the
-//                      second pass's N = 136), then S(n + 1)
-//                      = Q K(n + 1)^T; hand the turn over
+//     turn             issue PV(n) with the row sum (N = d_v + 8: V^T's stage ends in 8 rows
+//                      of ones), then S(n + 1) = Q K(n + 1)^T; hand the turn over
 //     merge(n)         wait for PV(n): O = O 2^(F - T) + O_b, l likewise; release V^T(n)
 //     wait S(n + 1)    release K(n + 1)
-//   so one consumer's softmax runs while the others' products do, and the tensor core's
-//   queue holds the consumers' products in turn (FA3's ping-pong; with three consumers the
-//   softmaxes overlap the products without a set order, see Turns).  At d_v = 256 one
-//   block accumulator is all the registers hold beside a 256-wide O, so PV(n) goes in two
-//   passes of 128 columns and each pass, and then S(n + 1), is a turn of its own: a consumer
-//   waits for its pass and merges it while the other's product runs.  Three consumers at d_v =
-//   128 (kSerialS) issue S(n + 1) after merge(n).
-//   Causal, at d_v <= 128, the blocks the diagonal of a consumer's 64 rows cuts (its last one or
-//   two) go through a loop of their own: P in two e4m3 terms (hi_lo_p, the recipe's "hi_lo"
-//   diagonal), both products in the block's turn, then S(n + 1) after their wait.
+//   so one consumer's softmax runs while the others' products do, and the tensor core's queue
+//   holds the consumers' products in turn (FA3's ping-pong).  Two consumers alternate their
+//   turns; three issue when ready (see Turns).  Where the registers do not hold that schedule:
+//   * d_v = 256: one block accumulator is all the registers hold beside a 256-wide O, so PV(n)
+//     goes in two passes of 128 columns (the second N = 136, with the row sum), and each pass,
+//     then S(n + 1), is a turn of its own: a consumer waits for its pass and merges it while
+//     the other's product runs (three turns a block).
+//   * three consumers at d_v = 128 (kSerialS): S(n + 1) is issued after merge(n).
+//   * causal at d_v <= 128: the blocks the diagonal of a consumer's 64 rows cuts (its last one
+//     or two) go through a loop of their own: P in two e4m3 terms (hi_lo_p, the recipe's
+//     "hi_lo" diagonal), both products in the block's turn, then S(n + 1) after their wait.
 //
-// Registers per consumer thread (d_v = 128): acc_o 64, acc_b 68 (PV and the row sum of block n) and
-// acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; (d_v = 256) acc_o
-// 128, one of acc_b 68 (the second pass; the first is 64) or acc_s 64.  128 x 40 + 256 x 232 =
-// 64,512 = 384 x 168, the registers the CTA is launched with; three consumers have 128 x 32 + 384 x
-// 160 = 65,536 = 512 x 128: at d64 acc_o 32, acc_b 36 and acc_s 64 in flight together; at d_v = 128
-// acc_o 64 with acc_b 68 or acc_s 64, P 16 (S(n + 1) waits for the merge; causal, the diagonal's
-// second P does not fit beside them, so causal d_v = 128 keeps two consumers).
+// Registers per consumer thread.  Two consumers (384 threads, launched with 168 a thread: 128 x
+// 40 + 256 x 232 = 64,512): d_v = 128 acc_o 64, acc_b 68 (PV and the row sum of block n) and
+// acc_s 64 (S of block n + 1) in flight together, P 16, acc_l 4, row state 8; d_v = 256 acc_o
+// 128 and one of acc_b 68 (the second pass; the first is 64) or acc_s 64.  Three consumers (512
+// threads, 128 a thread: 128 x 32 + 384 x 160 = 65,536): d64 acc_o 32, acc_b 36 and acc_s 64
+// in flight together; d_v = 128 acc_o 64 with acc_b 68 or acc_s 64, and P 16.  Causal d_v = 128
+// keeps two consumers: the diagonal's second P does not fit in 160 beside the rest.
 //
 // Shared memory (1024-byte aligned tiles): Q | K x kStages | (V^T, 8 rows of ones) x kStages |
-// mbarriers (kStages = Tile.stages; at d256, three stages in all 227 KiB, the mbarriers in
-// stage 0's ones: kBarsInOnes).
-// Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows);
-// 1 a tail CTA's change of segment (the consumers and the producer's warp 0).
+// mbarriers (kStages = Tile.stages).  At d256 three stages take all 227 KiB a CTA may have: the
+// mbarriers live in stage 0's ones (kBarsInOnes) and the layout starts where the dynamic shared
+// memory does, without alignment slack.
+// Named barriers: 1 a tail CTA's change of segment (the consumers and the producer's warp 0);
+// 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows).
 // The balanced tail (kSplitTail, FP8 d256 non-causal): see "the balanced tail" below.
 
 #include <cuda_bf16.h>
@@ -86,11 +85,9 @@ constexpr int kTileK = kBlockN * kDqk;
 constexpr int kPvN = kDv < 128 ? kDv : 128;  // N of one PV pass
 constexpr int kPasses = kDv / kPvN;
 // Each V^T stage is followed by 8 rows of ones, and PV's last pass is one product of N = kPvN
-// + 8 whose last 8 columns are the rounded row sum P 1 (wgmma_pv, into kAccB registers); d256's
-// first pass is N = 128 (wgmma_pv_bare, into an array of its own: the two passes in one array
-// of 68 had ptxas serialise the products, and the sum with the first pass, the ones between the
-// passes' rows, spilled 768 bytes).  Until the ones followed every stage at d256 too, it had one
-// tile of ones apart and a product of its own (N = 8) a k-step.
+// + 8 whose last 8 columns are the rounded row sum P 1 (wgmma_pv, into kAccB registers).  d256's
+// first pass is N = 128 (wgmma_pv_bare) into an array of its own: with both passes in one array
+// of 68 ptxas serialises the products.
 constexpr int kTileVt = (kDv + 8) * kBlockN;   // V^T and its ones
 constexpr int kAccB = kPvN / 2 + 4;            // the last PV pass's accumulators (l_b in the last 4)
 // d256's three stages and their ones take all 227 KiB a CTA may have: the mbarriers live in
@@ -111,15 +108,12 @@ static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSla
 // registers do not hold the block accumulator and S(n + 1) in flight together.
 constexpr bool kSerialS = kConsumers > 2 && kDv > 64;
 // Where V^T(n) and K(n + 1) are tested for as block n starts (mbar_test2) rather than waited for
-// where the products need them: d256 (its turns wait for both; +1.8-2.9 % non-causal, causal
-// -0.4-+3.6 %) and d64 non-causal (+1.7 / +1.8 %).  Elsewhere it lost: d128 and d192/128 causal
-// -3.7-5.1 %, the three consumers at d_v = 128 (a register more spilled there) -0.4-2.7 %, d64
-// causal -0.5 / -2.0 % (bench/results/2026-12-01_h200_early_tests_a338baa).
+// where the products need them: d256, whose turns wait for both, and d64 non-causal; elsewhere
+// the plain waits run faster (docs/sm90a.md, what was tried).
 constexpr bool kTestEarly = kPasses > 1 || (kConsumers > 2 && !kSerialS && !kCausal);
-// Where the bytes' clamp is decided after the pairs are made (lean_p_late_clamp), rather than
-// before them in two copies of the bytes: causal at d_v <= 128 +2.3-2.7 % (d192/128 -0.2 %);
-// non-causal d64 and d128 lost 2.6-3.3 %, d256 +0.9 / -0.8 %
-// (bench/results/2026-12-02_h200_late_clamp).
+// Where the bytes' clamp is decided after the pairs are made (lean_p_late_clamp), rather than by
+// a vote before them between two copies of the bytes: causal at d_v <= 128; elsewhere the vote
+// first runs faster (docs/sm90a.md, what was tried).
 constexpr bool kLateClamp = kCausal && kDv <= 128;
 static_assert(kPasses <= 2, "d_v = 256: two passes of 128 columns");
 static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two consumers, which take all of the CTA's blocks");
@@ -329,14 +323,14 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
 // a second entry's, the tail kernel (flash_fwd_tail), launched after it with tail_ctas CTAs.
 // These cut the tail by keys: its U tiles of nb blocks laid end to end, tail CTA j takes the
 // blocks [start(j), start(j + 1)) (TailRun).  The host plans no more blocks a CTA than a tile
-// has (launch.tail_plan), so a CTA has one or two segments: the end of one tile, the start of
+// has (plan.tail_plan), so a CTA has one or two segments: the end of one tile, the start of
 // the next.  Each segment of a cut tile is a piece: its O, l and frame go to slot 2 j + s of
 // `partials` (s: the CTA's segment), and the last piece of the tile to finish, counted in
 // tail_counter, merges them all in their order (the same sums whichever finishes last) and
 // writes O and the LSE.  Between its segments a CTA starts afresh: the consumers' last epilogue
 // done, the producer's thread 0 makes new mbarriers and copies the next tile's Q and first block.
-// A kernel of its own, so that the whole tiles' code is compiled as where there is no tail: with
-// the tail's code beside it in one kernel, ptxas scheduled the main loop 1.2-1.7 % slower.
+// A kernel of its own, so that the whole tiles' code is compiled as where there is no tail (with
+// the tail's code beside it in one kernel, ptxas schedules the main loop slower).
 //
 // The CTAs' shares are equal in time, not in blocks (the plan's tail_gap and tail_ramp):
 // * a CTA that goes on to a second tile pays its switch (the piece's store, new mbarriers, the
@@ -362,7 +356,7 @@ struct Segment {
 // `gap` units where no block lies; `cost` = U (nb + gap) - gap units = q ctas + r.  CTA j takes
 // the units from floor(j cost / ctas + ramp j (ctas - j) / (2 ctas)) on (equal shares but for a
 // ramp: ramp / 2 units more for the first CTA, ramp / 2 fewer for the last) and the blocks that
-// lie in them.  In 32 bits (launch.tail_plan keeps cost below 2^31 and ctas below 2^12, and
+// lie in them.  In 32 bits (plan.tail_plan keeps cost below 2^31 and ctas below 2^12, and
 // ramp < 2^8): a 64-bit division is a subroutine.
 struct TailRun {
   unsigned nb, first, ctas, gap, ramp, q, r;
@@ -431,8 +425,9 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
     // blocks [kb0, kb1) (none where segment 1 lies past the CTA's).  Broadcast from lane 0, as
     // what ptxas cannot prove warp-uniform (here the 32-bit min) would leave the consumer's
     // whole loop in code it takes as divergent: its WGMMA descriptors in vector registers moved
-    // by R2UR, the max's shuffles behind BRA.DIV, spills (118 instructions more a block, the
-    // tail's blocks 17 % slower than the kernel's; tests/test_sass_convergence.py holds this).
+    // by R2UR, the max's shuffles behind BRA.DIV, spills (tests/test_sass_convergence.py holds
+    // the loop convergent).  32-bit arithmetic throughout: a 64-bit division is a subroutine
+    // whose result ptxas does not take as warp-uniform.
     const TailRun t = tail_run(p);
     const unsigned j = cta.x, a = t.start(j), e = t.start(j + 1);
     const unsigned u = a / t.nb + s, x0 = u * t.nb;
@@ -450,8 +445,8 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
 // <= 448, the largest e4m3 V, so f16's range holds it and its 2^-11 rounding stays 4x below the
 // output's bf16), 8 of its accumulators a 16-byte group; then one group of its rows' l and frame,
 // fp32.  The warpgroup's 128 threads side by side, so that the thread that merges reads the same
-// places of each piece.  (fp32 O took twice the bytes, and the tail kernel's stores and loads of
-// them cost more than its cut saved.)
+// places of each piece.  f16 halves the bytes that fp32 would take: the pieces' stores and loads
+// are what a cut costs.
 constexpr int kSlotVecs = kDv / 16 + 1;
 
 // A thread's group 0 of slot k in `partials` (consumer cw).
@@ -746,9 +741,9 @@ __device__ __forceinline__ void attention(const P& p) {
   const bool packed_q = p.cu_seqlens_q != nullptr;
   Copies c = copies(p, w);
   // The segment's start, by thread 0: Q (qfull) by TMA (the runtime's tensor map tmap_q: boxes
-  // of 64 bytes x kBlockM rows in the 64B swizzle of the K-blocks) and its first block, the CTA's
-  // first waits, issued before anything else (by the producer's cp.async after the CTA's
-  // barrier, the consumers saw Q about 600 cycles later at 4k tokens).
+  // of 64 bytes x kBlockM rows in the 64B swizzle of the K-blocks) and its first block, the
+  // consumers' first waits, issued before anything else (before the CTA's barrier: Q comes from
+  // memory, no other CTA reads it, and its latency is the CTA's first wait).
   const auto start = [&](const CtaWork& w, const Copies& c, int nb0) {
     mbar_init(sm.qfull(), 1);
     mbar_init(sm.qlanded(), 1);

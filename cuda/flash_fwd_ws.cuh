@@ -7,19 +7,17 @@
 // (kPersistent, `persistent` below): one an SM, taking such tiles in turn.  A CTA a tile
 // (one_tile):
 //   thread 0, as the CTA starts: Q (qfull) and K(0) by TMA (the runtime's tensor maps tmap_q,
-//     tmap_k), the CTA's first waits, issued before anything else (by the producer's cp.async
-//     after the CTA's barrier, the consumers saw Q about 350 cycles later at 4k tokens)
-//   producer (warpgroup 0, setmaxnreg 40)
+//     tmap_k), the consumers' first waits, issued before anything else (before the CTA's
+//     barrier: Q comes from memory, and its latency is the CTA's first wait)
+//   producer (warpgroup 0, setmaxnreg kProducerRegs)
 //     per block K and V into stage n % kStages by TMA (tmap_k, tmap_v), each completing its own
 //     full barrier with its bytes, in two streams: lane 0 of warp 0 copies K(n + kStages) once
 //     S(n) has released its stage, lane 0 of warp 1 V(n + kStages) once PV(n) has (PV(n - 1)
 //     ends late in block n where the softmax overlaps it: one stream would hold K back behind
-//     V's wait).  Both are
-//     K-major/MN-major tiles of 64-element K-blocks with the 128B swizzle, as they lie in
-//     memory: the PV WGMMA transposes V (tnspB).  Until the TMA copies the producer's 128
-//     threads (two warp pairs, one a stream) copied them by cp.async: 0-4.5 % slower.
-//   consumers (warpgroups 1 .. kConsumers, 64 rows each, setmaxnreg 232 or 160 with three),
-//   per block n, kOverlap (two consumers, d_v <= 128):
+//     V's wait).  Both are K-major/MN-major tiles of 64-element K-blocks with the 128B
+//     swizzle, as they lie in memory: the PV WGMMA transposes V (tnspB).
+//   consumers (warpgroups 1 .. kConsumers, 64 rows each, setmaxnreg kConsumerRegs: 232, or 160
+//   with three), per block n, kOverlap (two consumers, d_v <= 128):
 //     softmax(n)       scale, mask, max, P(n) = exp2(S - m) as bf16 A fragments (the S
 //                      accumulator layout is the A-register layout), l; PV(n - 1) in flight
 //     wait PV(n - 1)   release V(n - 1); O *= 2^(m_old - m_new) if the reference moved
@@ -29,11 +27,10 @@
 //   ping-pong and its overlap inside a warpgroup).  P(n) goes to one of two register arrays
 //   alternately and is "read" after the wait that ends PV(n) (keep_operands), so that ptxas
 //   keeps the registers the WGMMA reads.  At d256 (no room for the second P beside O and
-//   S: it spilled, 14 % slower) and with three consumers at d64 (the second P does not fit
-//   in 160 registers: ptxas serialised the WGMMAs) the turn is PV(n), then S(n + 1), both
-//   waited for before softmax(n + 1), which rescales O itself: only the consumers overlap,
-//   and at d64 the third one's softmax fills what that serialises (+7 %, causal with idle
-//   turns past its rows, as FP8 d64 takes them).
+//   S) and with three consumers at d64 (the second P does not fit in 160 registers) the turn
+//   is PV(n), then S(n + 1), both waited for before softmax(n + 1), which rescales O itself:
+//   only the consumers overlap, and at d64 the third one's softmax fills what that serialises
+//   (causal, the blocks past a consumer's rows are idle turns, as in FP8 d64).
 //
 // Registers per consumer thread (d128): acc_o 64 (+ 4: l, kOnesSum) and acc_s 64 in flight
 // together, P(n) 32 beside the P(n - 1) that PV(n - 1) still reads, 32, row state 4.
@@ -213,8 +210,8 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t s
 }
 
 // O += P V(stage), P from registers, issued and committed; O = P V where not `accumulate`
-// (a persistent CTA's first block of a tile: O zeroed in registers, the compiler moved the
-// zeros next to the WGMMA and ptxas serialised the products).
+// (a persistent CTA's first block of a tile: O zeroed in registers instead, the compiler moves
+// the zeros next to the WGMMA and ptxas serialises the products).
 __device__ __forceinline__ void issue_pv(float (&acc_o)[kAccO], const uint32_t (&pa)[kBlockN / 4], uint32_t sV,
                                          bool accumulate = true) {
   const uint64_t dv = desc_mnmajor(sV, kBlockN * 128);
@@ -289,7 +286,7 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kAccO], const float (&a
 // Q rows at sQg), and LSE = ln 2 (m + log2 l) for the two rows r_lo, r_lo + 8 a thread holds
 // (l: the quad's four partial sums, or with kOnesSum PV's column kDv + quad_col, every one of
 // the quad's the row's sum).  w: the CTA's work as the kernel read it first (derived
-// again here, as the FP8 body does, ptxas serialised the WGMMAs of d128 causal).
+// again here, as the FP8 body does, it has ptxas serialise the WGMMAs of d128 causal).
 template <class P>
 __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kAccO],
                                            const float (&l_run)[2], const float (&m_run)[2], int r_lo, int wg_row0,
@@ -352,7 +349,7 @@ __device__ void one_tile(const P& p) {
   consumer_registers();
 
   // The consumer's index shuffled (warp-uniform) for its descriptors and barriers; the branch
-  // above stays on the plain thread index (with the shuffled one ptxas serialised d64's WGMMAs).
+  // above stays on the plain thread index (with the shuffled one ptxas serialises d64's WGMMAs).
   const ConsumerLane me(warpgroup_index(), row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 128;     // this warpgroup's rows (in each 128-byte K-block)
@@ -378,7 +375,7 @@ __device__ void one_tile(const P& p) {
         const int s = n % kStages, s1 = (n + 1) % kStages;
         const bool last = n + 1 == n_blocks;
         // V(n) and K(n + 1), asked for now and waited for below only where they had not
-        // landed (d192/128 non-causal +4.7 %; as in the persistent kernel, consume_tiles).
+        // landed (as in the persistent kernel, consume_tiles).
         const bool landed = mbar_test2(bars.vfull(s), Bars::vfull_parity(n), bars.kfull(s1), Bars::kfull_parity(n + 1));
         float alpha[2];
         const bool moved =
@@ -429,8 +426,8 @@ __device__ void one_tile(const P& p) {
 
         // ---- turn: PV(n), then S(n + 1) --------------------------------------------------------
         // Three consumers (d64, no turns): K(n + 1) waited for with V(n), the two round trips
-        // overlapping, rather than between the products (+3.0 / +3.3 %; d256's turns lost 4-5 %
-        // so, and FP8's 1.5-2.8 % causal: 2026-12-01_h200_early_tests_a338baa/ab_wait2).
+        // overlapping, rather than between the products (where turns are taken, d256, waiting
+        // for both before the turn runs slower: docs/sm90a.md, what was tried).
         if (!kKWithV || n + 1 == n_mine) mbar_wait(bars.vfull(s), bars.vfull_parity(n));
         else mbar_wait2(bars.vfull(s), bars.vfull_parity(n), bars.kfull(s1), bars.kfull_parity(n + 1));
         turns.take();
@@ -465,15 +462,14 @@ __device__ void one_tile(const P& p) {
 // grid's own), in the order of their linear index over the grid of tiles (tiles_x, tiles_y,
 // tiles_z: catalogue.tiles_rule, heaviest first where causal), so that the SMs that finish
 // early take more.  The next tile's Q and K(0) are copied during this tile (Q x 2 in shared
-// memory), and one consumer's epilogue runs while the other's last products do, where a CTA
-// a tile left the SM's tensor core idle from the last epilogue to the next CTA's S(0) (traced
-// at 4k tokens causal: about 3.4 blocks' time a tile).
+// memory), and one consumer's epilogue runs while the other's last products do, so that the
+// SM's tensor core is not idle from one tile's last epilogue to the next tile's S(0).
 //   thread 0, the scheduler and K's stream: per tile j its K blocks, then the next tile, taken
-//     from the counter once tile j's last K is copied (two blocks before its end: taken as the
-//     tile started, a CTA held its next tile a whole tile long and at 16k tokens causal the SMs
-//     finished 3 % apart), published in slot (j + 1) % 2 (its work, or the end) once tile
-//     j - 1 has released the slot (qempty: its epilogue done, the other readers past it), and
-//     its Q copied into buffer (j + 1) % 2.  The last CTA to finish zeroes the counter.
+//     from the counter once tile j's last K is copied (two blocks before its end: a tile taken
+//     earlier waits in a CTA that is still busy while another SM could run it), published in
+//     slot (j + 1) % 2 (its work, or the end) once tile j - 1 has released the slot (qempty:
+//     its epilogue done, the other readers past it), and its Q copied into buffer (j + 1) % 2.
+//     The last CTA to finish zeroes the counter.
 //   warp 1, V's stream: per tile its V blocks.  Warp 2 (a packed Q): the rows past a
 //     sequence's end zeroed.  The K/V ring runs on over the tiles, each tile from stage 0
 //     (TileRing).
@@ -481,10 +477,9 @@ __device__ void one_tile(const P& p) {
 //     schedule takes them, the epilogue (O through the tile's Q buffer).  Tiles without keys
 //     (an empty key sequence) are written out (O = 0, LSE = -inf) without a turn.  Consumer 1
 //     arrives once on consumer 0's barrier before its first turn and every turn is handed
-//     over; at the end consumer 0 takes the last hand-over.  (The next tile's S(0) issued in
-//     the tile's last turn instead, with the last PV, ran 3-7 % slower: to keep its WGMMA
-//     unconditional the last turn issued an S whether or not a tile followed, and the main
-//     loop's code changed with it.)
+//     over; at the end consumer 0 takes the last hand-over.  S(0) has a turn of its own: moved
+//     into the tile's last turn it gains nothing, as both consumers' epilogues leave the tensor
+//     core idle together whichever turn S(0) takes.
 struct Sched {
   uint64_t tfull[2];    // slot b published (the scheduler's arrival)
   uint64_t qempty[2];   // slot b and Q buffer b free: each consumer warp, V's stream, warp 2 (packed Q)
@@ -498,8 +493,8 @@ __device__ __forceinline__ uint32_t shared_addr(const void* x) {
 
 // The K/V ring over a persistent CTA's tiles: each tile starts at stage 0 (its block n in
 // stage n % 2), so that a block's stage, and the WGMMA descriptors of its K and V, follow from
-// n alone (with the stage counted over the CTA's blocks, ptxas kept it, and the descriptors,
-// in per-thread registers: an R2UR per WGMMA, the main loop 4 % slower).  Phases are counted
+// n alone (a stage counted over the CTA's blocks is a per-thread register to ptxas, and so are
+// the descriptors derived from it: an R2UR before every WGMMA).  Phases are counted
 // per stage: bit s of `phases` the parity of stage s's uses by the tiles before, of `used`
 // whether it has had any.
 struct TileRing {
@@ -589,9 +584,8 @@ __device__ void schedule_k(const P& p, const Smem& sm, Sched& sh, CtaWork w, boo
       copy_k(p, sm, kv, m, m & 1);
     }
     ring.end_tile(w.n_blocks);
-    // The next tile, taken once this one's last K is copied, two blocks before its end (taken
-    // as the tile started, a CTA held its next tile for a whole tile: at 16k tokens causal the
-    // SMs finished 3 % apart).
+    // The next tile, taken once this one's last K is copied, two blocks before its end (a tile
+    // taken earlier would wait in this CTA while another SM could run it).
     more = queue.next(queue.take(), w);
     const int b = (j + 1) & 1;
     if (j >= 1) mbar_wait(shared_addr(&sh.qempty[b]), ((j - 1) >> 1) & 1);   // tile j - 1's slot and Q
@@ -732,13 +726,12 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   // Block n of tile j (its K and V in stage n % 2): P(n) into pa while PV(n - 1) reads
   // pa_prev; the turn issues S(n + 1), then PV(n).  False after the tile's last block, its PV waited for.
   // (n an argument and the loop bounded by n_blocks, as one_tile's: with n counted in the
-  // lambda and the loop left only by its `false`, ptxas serialised the products.)
+  // lambda and the loop left only by its `false`, ptxas serialises the products.)
   const auto block = [&](const int n, uint32_t (&pa)[kBlockN / 4], uint32_t (&pa_prev)[kBlockN / 4]) -> bool {
     const int b = j & 1, s = n & 1, s1 = s ^ 1;
     const bool last = n + 1 == n_blocks;
     // V(n) and K(n + 1) tested for as the block starts: the two waits before the turn, each a
-    // round trip through its barrier after the softmax, are then only where a copy is late
-    // (32k non-causal +2.9 / +3.8 %, the other d128 shapes -0.4-+1.2 %).
+    // round trip through its barrier after the softmax, are then only where a copy is late.
     const bool landed = mbar_test2(bars.vfull(s), ring.full_parity(n), bars.kfull(s1), ring.full_parity(n + 1));
     float alpha[2];
     const bool moved = softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, row0 + cw * kConsumerRows,

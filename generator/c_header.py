@@ -20,6 +20,11 @@ Per built kernel ``<name>`` it declares
   which fills its ``tiles_x``, ``tiles_y``, ``tiles_z`` and ``tile_count`` fields (or returns
   -1 where the tiles overflow the kernel's int), and its grid function takes the device's SM
   count after the struct.
+* Beside an sm_90a kernel, each with a comment on how a caller uses it: its V^T pre-pass
+  (``ZYFA_<NAME>_PREPASS_*``, ``zyfa_<name>_prepass_grid``, ``zyfa_<name>_vt_columns``), its
+  balanced tail (``ZYFA_<NAME>_TAIL_*``, ``zyfa_<name>_tail`` and ``zyfa_<name>_tail_grid``:
+  the tail's plan, partials and counter), whether its launches are programmatic dependents
+  (``ZYFA_<NAME>_DEPENDENT_LAUNCH``), and its tensor maps (``ZYFA_<NAME>_TENSOR_MAPS(X)``).
 
 plus the manifest format, package version, toolkit pins and compilers as macros, and
 ``ZYFA_KERNELS(X)``, an X-macro listing every built kernel as ``X(name, NAME)``.
@@ -256,7 +261,7 @@ def _tiles_into_struct(terms: list[str]) -> list[str]:
 
 def _split_tail(name: str, entry: dict, st: str, args: set) -> list[str]:
     """A balanced-tail kernel (catalogue.Tile.split_tail): its tiles and the plan of its tail
-    into the struct (launch.tail_plan's rule, the manifest's constants), the sizes of its
+    into the struct (plan.tail_plan's rule, the manifest's constants), the sizes of its
     partials and counter."""
     up, tail = name.upper(), entry["split_tail"]
     _require(name, args, ("tiles_x", "tiles_y", "tiles_z", "tile_count", "tail_first", "tail_ctas", "tail_gap",
