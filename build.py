@@ -38,7 +38,7 @@ from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
                                     PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_OVERHEAD_BLOCKS,
-                                    SPLIT_TAIL_SWITCH_BLOCKS, buildable, grid_rule,
+                                    SPLIT_TAIL_SWITCH_BLOCKS, grid_rule,
                                     dependent_launch, has_vt_prepass, iter_select, kernarg_size,
                                     split_tail_counter_bytes,
                                     split_tail_grid_rule, split_tail_slot_bytes, split_tail_symbol, tiles_rule,
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
             old_entries = {}
 
     variants = all_variants()
-    selected = [v for v in iter_select(variants, args.arch, args.only) if buildable(v)]
+    selected = list(iter_select(variants, args.arch, args.only))
     archs = sorted({v.arch for v in selected})
     toolchains = {}
     for arch in archs:
@@ -205,9 +205,7 @@ def main(argv=None) -> int:
     for v in variants:   # what is not selected keeps its previous entry if its file is intact
         e = old_entries.get(v.name)
         path = out_dir / v.filename
-        if not buildable(v):
-            entries[v.name] = unbuilt_entry(v, "this build cannot produce it")
-        elif e and e.get("built") and path.exists() and sha256(path.read_bytes()) == e["sha256"]:
+        if e and e.get("built") and path.exists() and sha256(path.read_bytes()) == e["sha256"]:
             entries[v.name] = e
         else:
             entries[v.name] = unbuilt_entry(v, "not built: run build.py (see --arch / --only)")
@@ -232,7 +230,8 @@ def main(argv=None) -> int:
             entries[v.name] = entry
             regs = entry["registers"]
             print(f"[{i:2d}/{n}] {v.name:<44} {'cached' if hit else 'built ':6} "
-                  f"{time.monotonic() - t0:6.1f}s  regs {regs}  smem {entry['shared_bytes']}", flush=True)
+                  f"{time.monotonic() - t0:6.1f}s  " + " ".join(f"{kind} {count}" for kind, count in regs.items())
+                  + f"  shared {entry['shared_bytes']} B", flush=True)
 
     manifest = {
         "format": MANIFEST_FORMAT,

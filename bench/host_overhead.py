@@ -19,15 +19,15 @@ import numpy as np
 import torch
 
 import zyfa_runtime as zr
-from zyfa_runtime import api
+from zyfa_runtime import plan
 
 
 def forget(plans, layouts):
     def f():
         if plans:
-            api._plans.clear()
+            plan._plans.clear()
         if layouts:
-            api._layouts.clear()
+            plan._layouts.clear()
     return f
 
 

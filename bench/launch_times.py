@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from profile_target import gaussian_qkv   # bench/, beside this script
-from zyfa_runtime import api, flash_attn_func
+from zyfa_runtime import flash_attn_func, plan as planning
 from zyfa_runtime.driver import get_driver
 
 
@@ -30,7 +30,7 @@ def main() -> None:
     out = torch.empty(shape[:3] + (a.head_dim,), device="cuda", dtype=torch.bfloat16)
     stream = torch.cuda.current_stream()
     flash_attn_func(*qkv, causal=a.causal, out=out, stream=stream.cuda_stream)   # planned: its plan is kept
-    plan = next(reversed(api._plans.values()))
+    plan = next(reversed(planning._plans.values()))
     driver = get_driver()
     names = [getattr(ln.function, "name", "") or f"launch {i}" for i, ln in enumerate(plan.launches)]
     times = {n: [] for n in names + ["all"]}

@@ -310,12 +310,6 @@ def _swizzle_asm(a: Asm, dst: str, key: str, pitch: int, tmp: str) -> None:
         a(f"v_lshl_or_b32 {dst}, {tmp}, {pos}, {dst}")
 
 
-def _stage_offset(a: Asm, dst: str, block: str, size: int) -> None:
-    """``dst = (block mod STAGES) * size``: the LDS stage of a block."""
-    a(f"s_and_b32 {dst}, {block}, {STAGES - 1}")
-    a(f"s_mul_i32 {dst}, {dst}, {size}")
-
-
 def _madd64(a: Asm, dst: str, idx: str, stride: str) -> None:
     """64-bit ``dst += idx * stride`` (``dst`` and ``stride`` SGPR pairs given as their first
     register index, ``idx`` a non-negative 32-bit SGPR)."""

@@ -7,13 +7,13 @@ import os
 
 
 def forget_runtime_state() -> None:
-    from zyfa_runtime import api, staging
+    from zyfa_runtime import api, plan, staging
     from zyfa_runtime import driver as drivers
     drivers._reset()
     api._tables.clear()
-    api._ones.clear()
-    api._plans.clear()
-    api._layouts.clear()
+    plan._ones.clear()
+    plan._plans.clear()
+    plan._layouts.clear()
     staging._rings.clear()      # slots of the previous drivers (a fresh fake has other memory)
     staging._retired.clear()
 

@@ -16,7 +16,7 @@ from zyfa_runtime.catalogue import (SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_SWITCH_B
                                     vt_prepass_symbol)
 from zyfa_runtime.errors import CodeObjectError
 from zyfa_runtime.driver.fake import unpack_tensor_map
-from zyfa_runtime import launch as launch_mod
+from zyfa_runtime import plan as plan_mod
 from zyfa_runtime.launch import unpack_args
 from zyfa_runtime.memory import host_dtype
 
@@ -265,8 +265,8 @@ def test_new_tensors_of_a_known_layout_launch_as_if_validated(fake, monkeypatch,
         _no_validation(m)
         flash_attn_func(q, k, v, causal=causal, out=out)
     from_layout = fake.launches[len(validated):]
-    api._layouts.clear()
-    api._plans.clear()
+    plan_mod._layouts.clear()
+    plan_mod._plans.clear()
     flash_attn_func(q, k, v, causal=causal, out=out)
     assert from_layout and fake.launches[len(validated) + len(from_layout):] == from_layout
 
@@ -306,7 +306,7 @@ def test_a_packed_call_of_a_known_layout_checks_its_values_and_addresses_only(fa
                                cu_seqlens_k=np.array([0, 100], np.int32), out=out, **kw)
     assert len(fake.launches) == n + len(from_layout)
     monkeypatch.undo()
-    api._layouts.clear()
+    plan_mod._layouts.clear()
     flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, **kw)
     assert from_layout and fake.launches[n + len(from_layout):] == from_layout
 
@@ -338,7 +338,7 @@ def test_new_addresses_of_a_known_layout_are_checked(fake, monkeypatch):
             _no_validation(m)
             with pytest.raises(ValueError, match=message):
                 flash_attn_func(**call)
-        api._layouts.clear()
+        plan_mod._layouts.clear()
         with pytest.raises(ValueError, match=message):
             flash_attn_func(**call)
         assert len(fake.launches) == n
@@ -354,7 +354,7 @@ def test_a_call_without_out_allocates_each_time(fake, monkeypatch):
     _no_validation(monkeypatch)
     second = flash_attn_func(q, k, v)
     o1, o2 = (unpack_args(entry, fake.launches[i].args)["o"] for i in (1, 3))
-    assert first.ptr == o1 and second.ptr == o2 and o1 != o2 and len(api._plans) == 0
+    assert first.ptr == o1 and second.ptr == o2 and o1 != o2 and len(plan_mod._plans) == 0
 
 
 def test_a_plan_is_not_reused_once_its_workspace_moved(fake):
@@ -406,7 +406,7 @@ def test_a_grid_larger_than_the_device_takes_is_refused_before_any_launch(fake, 
     assert fake.launches[-1].grid == (2, 3, 1)
     n = len(fake.launches)
     monkeypatch.setattr(fake, "max_grid", (2**31 - 1, 2, 65535))
-    api._layouts.clear()     # a device's limits do not change: the layouts known hold its grids
+    plan_mod._layouts.clear()     # a device's limits do not change: the layouts known hold its grids
     with pytest.raises(ValueError, match="launch grid of \\(2, 3, 1\\)"):
         flash_attn_func(q, k, v, causal=True)
     q8, k8, v8 = arrays((1, 300, 3, 64), (1, 300, 3, 64), (1, 300, 3, 64), "fp8_e4m3")
@@ -438,8 +438,8 @@ def test_persistent_kernels_take_a_cta_an_sm_and_a_zeroed_tile_counter_per_strea
     assert fake.launches[-1].grid == (64, 1, 1)                                     # 64 tiles
     flash_attn_func(q[:1, :100], k[:1], v[:1], stream=7)
     assert unpack_args(entry, fake.launches[-1].args)["tile_counter"] not in (0, counter)
-    monkeypatch.setattr(launch_mod, "MAX_TILES", 8 * 64 * 3 - 1)
-    api._layouts.clear()
+    monkeypatch.setattr(plan_mod, "MAX_TILES", 8 * 64 * 3 - 1)
+    plan_mod._layouts.clear()
     refused_before_any_launch(fake, "tiles of 128 query rows", q, k, v)
 
 
@@ -474,8 +474,8 @@ def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
 
     def plan(mode, *shapes, varlen=False):
         monkeypatch.setenv("ZYFA_SPLIT_TAIL", mode)
-        api._layouts.clear()
-        api._plans.clear()
+        plan_mod._layouts.clear()
+        plan_mod._plans.clear()
         q, k, v = arrays(*shapes, dtype="fp8_e4m3")
         n = len(fake.launches)
         if varlen:
@@ -501,13 +501,13 @@ def test_fp8_d256_cuts_its_last_wave_where_the_model_gains(fake, monkeypatch):
     assert plan.launched == [(vt_prepass_symbol(variant), False), (variant.symbol, False), (tail["symbol"], False)]
     assert plan.shares == (SPLIT_TAIL_SWITCH_BLOCKS, 0)
     monkeypatch.setenv("ZYFA_DEPENDENT_LAUNCH", "sometimes")
-    api._layouts.clear()
-    api._plans.clear()
+    plan_mod._layouts.clear()
+    plan_mod._plans.clear()
     refused_before_any_launch(fake, "ZYFA_DEPENDENT_LAUNCH", q, k, v)
     monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH")
     assert plan("always", (8192, 3, 256), (8192, 3, 256), (8192, 3, 256), varlen=True)[:3] == (None, 198, 0)
     monkeypatch.setenv("ZYFA_SPLIT_TAIL", "sometimes")
-    api._layouts.clear()
+    plan_mod._layouts.clear()
     refused_before_any_launch(fake, "ZYFA_SPLIT_TAIL", q, k, v)
 
 

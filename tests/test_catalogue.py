@@ -4,7 +4,7 @@ import pytest
 
 import numpy as np
 
-from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants, buildable,
+from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants,
                                     dependent_launch, eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
@@ -17,8 +17,7 @@ def test_catalogue_is_the_full_product():
     assert len(vs) == 32
     assert len({v.name for v in vs}) == 32 and len({v.symbol for v in vs}) == 32
     assert {(v.d_qk, v.d_v) for v in vs} == set(HEAD_DIMS)
-    # Every variant is built; the gfx950 FP8 set comes from the assembly generator.
-    assert all(buildable(v) for v in vs)
+    # The gfx950 FP8 set comes from the assembly generator.
     assert sorted(v.name for v in vs if v.built_from == "asm-generator") == sorted(
         v.name for v in vs if v.arch == "gfx950" and v.dtype == "fp8_e4m3")
 

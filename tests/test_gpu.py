@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from zyfa_runtime import reference
-from zyfa_runtime.catalogue import Variant, all_variants, buildable
+from zyfa_runtime.catalogue import Variant, all_variants
 from zyfa_runtime.selfcheck import bounds
 
 
@@ -18,9 +18,8 @@ def _gpu():
     try:
         from zyfa_runtime.driver import get_driver
         d = get_driver()
-    except Exception as e:  # no library, no device
-        return None, "no GPU backend: " + " | ".join(part.split(". Install")[0]
-                                                     for part in str(e).split(" | "))
+    except Exception:  # no library, no device: the session header says why (conftest.py)
+        return None, "no GPU backend is usable here"
     if d.host_memory_is_device:
         return None, f"backend {d.name} is not a GPU"
     if d.device_count() < 1:
@@ -38,7 +37,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DRIVER is None, reason=WHY)]
 ARCH = DRIVER.arch(0) if DRIVER is not None else None
 
 
-@pytest.mark.parametrize("v", [v for v in all_variants() if buildable(v)], ids=lambda v: v.name)
+@pytest.mark.parametrize("v", all_variants(), ids=lambda v: v.name)
 def test_variant_matches_reference(v):
     from zyfa_runtime.selfcheck import check_variant
     if v.arch != ARCH:
@@ -48,7 +47,7 @@ def test_variant_matches_reference(v):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("v", [v for v in all_variants() if buildable(v) and v.arch == ARCH],
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == ARCH],
                          ids=lambda v: v.name)
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_output_written_exactly_where_it_lies(v, varlen):
@@ -84,7 +83,7 @@ def test_output_written_exactly_where_it_lies(v, varlen):
     assert not np.isnan(o.view(np.float32)).any(), "elements of O left unwritten (or NaN)"
 
 
-@pytest.mark.parametrize("v", [v for v in all_variants() if buildable(v) and v.arch == ARCH],
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == ARCH],
                          ids=lambda v: v.name)
 def test_a_packed_sequence_is_blind_to_the_next_ones_queries_keys_and_values(v):
     """In a packed batch the rows past a sequence's end, to the end of its last query or key
@@ -596,7 +595,8 @@ def test_repeated_and_new_tensors_take_the_cached_paths_and_are_right(dtype, cau
     addresses.  Each time O, poisoned first, is bit for bit what a call through validation
     writes, and within the bound of the fp64 reference.  A larger call in between grows (moves)
     the V^T workspace: the FP8 plan is then not reused, and the call is still right."""
-    from zyfa_runtime import api, flash_attn_func, validate, workspace
+    from zyfa_runtime import flash_attn_func, validate, workspace
+    from zyfa_runtime import plan as plan_mod
     from zyfa_runtime.memory import DeviceArray, to_device
     from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, O_BOUND, _quantise
     rng = np.random.default_rng()
@@ -604,8 +604,8 @@ def test_repeated_and_new_tensors_take_the_cached_paths_and_are_right(dtype, cau
     checked, reused = [], []
     real_check = validate.check_dense
     monkeypatch.setattr(validate, "check_dense", lambda *a, **kw: checked.append(1) or real_check(*a, **kw))
-    real_again = api.Plan.queue_again
-    monkeypatch.setattr(api.Plan, "queue_again", lambda self, d, s: reused.append(real_again(self, d, s)) or reused[-1])
+    real_again = plan_mod.Plan.queue_again
+    monkeypatch.setattr(plan_mod.Plan, "queue_again", lambda self, d, s: reused.append(real_again(self, d, s)) or reused[-1])
 
     def buffers():
         dev = {n: DeviceArray(DRIVER, 0, sh, dtype) for n, sh in shapes.items()}
@@ -629,15 +629,15 @@ def test_repeated_and_new_tensors_take_the_cached_paths_and_are_right(dtype, cau
         return out.numpy().view(np.uint16).copy()
 
     def validated(dev, scales, out):
-        with api._lock:
-            api._plans.clear()
-            api._layouts.clear()
+        with plan_mod._lock:
+            plan_mod._plans.clear()
+            plan_mod._layouts.clear()
         return call(dev, scales, out)
 
     bound = O_BOUND if dtype == "bf16" else RECIPE_FP64_BOUND
     workspace.release()              # so that the larger call below grows it
-    api._plans.clear()
-    api._layouts.clear()
+    plan_mod._plans.clear()
+    plan_mod._layouts.clear()
     dev, scales, out = buffers()
     for step in ("first", "from its plan", "from its plan", "after a larger call", "new tensors"):
         if step == "after a larger call":
@@ -674,6 +674,7 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
     whichever ends last), and so do two launched plainly (ZYFA_DEPENDENT_LAUNCH=off: no ramp,
     so other pieces where the plan had one)."""
     from zyfa_runtime import api, flash_attn_func
+    from zyfa_runtime import plan as plan_mod
     from zyfa_runtime.memory import DeviceArray, to_device
     from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
     v = Variant(ARCH, "fp8_e4m3", 256, 256, False)
@@ -693,9 +694,9 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
 
     def run(mode, stream=None):
         monkeypatch.setenv("ZYFA_SPLIT_TAIL", mode)
-        with api._lock:
-            api._plans.clear()
-            api._layouts.clear()
+        with plan_mod._lock:
+            plan_mod._plans.clear()
+            plan_mod._layouts.clear()
         DRIVER.memset_d8(out.ptr, 0xFF, out.nbytes)
         _, lse = flash_attn_func(q, k, vv, out=out, return_lse=True, stream=stream, **scales)
         DRIVER.synchronize(0)
@@ -719,12 +720,12 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
     sms = DRIVER.attribute(0, "multiprocessor_count")
     assert tiles % sms != 0   # there is a tail to cut
     if (tiles, sms) == (198, 132):
-        from zyfa_runtime.launch import tail_plan
+        from zyfa_runtime.plan import tail_plan
         plan = tail_plan(api.kernel_table(DRIVER).entry(v), {"tile_count": tiles, "seqlen_k": sk}, sms, False, "always")
         assert plan["tail_gap"] > 0 and plan["tail_ramp"] > 0
 
 
-FP8_HERE = [v for v in all_variants() if buildable(v) and v.arch == ARCH and v.dtype == "fp8_e4m3"]
+FP8_HERE = [v for v in all_variants() if v.arch == ARCH and v.dtype == "fp8_e4m3"]
 
 
 @pytest.mark.parametrize("v", FP8_HERE, ids=lambda v: v.name)
@@ -738,6 +739,7 @@ def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatc
     keys: the kernel's CTAs are ready long before the pre-pass is done; with a balanced tail
     (``always``) whole tiles and a tail beside them."""
     from zyfa_runtime import api, flash_attn_func
+    from zyfa_runtime import plan as plan_mod
     from zyfa_runtime.memory import DeviceArray, to_device
     from zyfa_runtime.selfcheck import RECIPE_FP64_BOUND, _descales, _quantise
     entry = api.kernel_table(DRIVER).entry(v) or {}
@@ -745,9 +747,9 @@ def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatc
         pytest.skip(f"{v.name} has no balanced tail")
     monkeypatch.setenv("ZYFA_SPLIT_TAIL", split_tail)
     monkeypatch.delenv("ZYFA_DEPENDENT_LAUNCH", raising=False)
-    with api._lock:
-        api._plans.clear()
-        api._layouts.clear()
+    with plan_mod._lock:
+        plan_mod._plans.clear()
+        plan_mod._layouts.clear()
     rng = np.random.default_rng()
     b, hq, hkv = 1, 9, 3
     sq, sk = (2048, 640) if split_tail == "always" else (192, 32768)

@@ -1,5 +1,5 @@
-"""zyfa_runtime/launch.py: the balanced tail's plan (tail_plan), as the tail kernel reads it;
-the launches of a call and which of them are programmatic dependents (assemble)."""
+"""The balanced tail's plan (plan.tail_plan), as the tail kernel reads it; the launches of a
+call and which of them are programmatic dependents (launch.assemble, plan.dependent_launches)."""
 
 from types import SimpleNamespace
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from zyfa_runtime.catalogue import SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_OVERHEAD_BLOCKS, SPLIT_TAIL_SWITCH_BLOCKS
-from zyfa_runtime.launch import assemble, dependent_launches, tail_plan, tail_units
+from zyfa_runtime.launch import assemble
+from zyfa_runtime.plan import dependent_launches, tail_plan, tail_units
 
 ENTRY = {"tile": {"block_n": 128}, "split_tail": {"overhead_blocks": SPLIT_TAIL_OVERHEAD_BLOCKS,
                                                   "switch_blocks": SPLIT_TAIL_SWITCH_BLOCKS,

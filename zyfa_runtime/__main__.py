@@ -22,18 +22,20 @@ def _driver():
 
 
 def _driver_or_emulator():
-    """The GPU backend, else (no backend named, no GPU usable) the gfx950 emulator, saying so."""
+    """The GPU backend, else (no backend named, no GPU usable) the gfx950 emulator, saying so.
+    The choice is made for this process: the calls it checks then run on the same backend."""
     import os
     from .driver import BACKEND_ENV, get_driver
     if os.environ.get(BACKEND_ENV):
         return get_driver()
     try:
         return get_driver()
-    except ZyfaError as e:
-        first = str(e).split(". Set ")[0]
-        print(f"zyfa: {first}.\nzyfa: running on the gfx950 emulator instead (the AMD code "
-              f"objects on the CPU; set {BACKEND_ENV} to choose a backend)", flush=True)
-        return get_driver("emulator")
+    except ZyfaError:
+        print("zyfa: no GPU backend is usable here (python -m zyfa_runtime info says why): "
+              "running the gfx950 code objects on the CPU emulator instead "
+              f"(set {BACKEND_ENV} to choose a backend)", flush=True)
+        os.environ[BACKEND_ENV] = "emulator"
+        return get_driver()
 
 
 def installed_distributions() -> list[str]:

@@ -49,10 +49,6 @@ def distribution_name(toolkit: str) -> str:
 #: Code-object file suffix per arch.
 SUFFIX = {"sm_90a": ".cubin", "gfx950": ".hsaco"}
 
-#: Bytes per element of the Q/K/V inputs.
-ELEMENT_BYTES = {"bf16": 2, "fp8_e4m3": 1}
-
-
 @dataclasses.dataclass(frozen=True, order=True)
 class Variant:
     arch: str
@@ -113,11 +109,6 @@ def all_variants() -> list[Variant]:
             for a, t, (dq, dv), c in itertools.product(ARCHES, DTYPES, HEAD_DIMS, (False, True))]
 
 
-def buildable(v: Variant) -> bool:
-    """Whether build.py can produce this variant (every catalogue variant now can)."""
-    return True
-
-
 # --------------------------------------------------------------------------------------
 # Tiles: the work decomposition each kernel is compiled for.
 
@@ -135,7 +126,7 @@ class Tile:
     #: sm_90a FP8 non-causal: the tiles past the last whole wave are cut by keys into as many
     #: equal pieces as the device has SMs, a CTA each of a second kernel (split_tail_symbol),
     #: which may end one tile and start the next; each piece of a cut tile writes its O / l, l
-    #: and frame to a workspace and the tile's last piece to finish merges them (launch.tail_plan)
+    #: and frame to a workspace and the tile's last piece to finish merges them (plan.tail_plan)
     split_tail: bool = False
 
 
@@ -183,11 +174,11 @@ def tile_for(v: Variant) -> Tile:
         # at d64, and at d_v = 128 non-causal, where S(n + 1) then waits for the block's merge
         # (causal, the diagonal blocks' second P does not fit beside O, S and the block
         # accumulator); else two.  Q, a ring of four stages of K and V^T (from the pre-pass;
-        # three at d64, where a fourth measured -1.4 / +0.6 %, and where four do not fit: d256,
-        # all 227 KiB a CTA may have), each V^T followed by 8 x 128 bytes of ones, the
-        # mbarriers in 128-byte units, +1 KiB for alignment; at d256, whose three stages fill
-        # the 227 KiB, the mbarriers in rows of stage 0's ones that PV's sum does not read and
-        # no slack (the kernel's smem_base_exact: the dynamic shared memory starts aligned).
+        # three at d64, where a fourth does not pay, and where four do not fit: d256, all
+        # 227 KiB a CTA may have), each V^T followed by 8 x 128 bytes of ones, the mbarriers
+        # in 128-byte units, +1 KiB for alignment; at d256, whose three stages fill the
+        # 227 KiB, the mbarriers in rows of stage 0's ones that PV's sum does not read and no
+        # slack (the kernel's smem_base_exact: the dynamic shared memory starts aligned).
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         def smem(stages):
             inside = v.d_v > 128
@@ -196,8 +187,8 @@ def tile_for(v: Variant) -> Tile:
                     + stages * 8 * 128 + barriers + (0 if inside else 1024))
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
-        # The balanced tail at d_v = 256 (the last of 15.5 waves cost 2 % at the bar's shape,
-        # bench/results/2026-12-02_h200_d256_halves_s/waves).
+        # The balanced tail at d_v = 256 non-causal, where a partial last wave of its long tiles
+        # costs most (docs/sm90a.md, "the balanced tail").
         split_tail = v.d_v == 256 and not v.causal
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
                     dynamic_smem=smem(stages), stages=stages, split_tail=split_tail)
@@ -284,9 +275,9 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         args += [("tiles_x", "i32"), ("tiles_y", "i32"), ("tiles_z", "i32"), ("tile_count", "i32")]
     if v.tile.split_tail:
         # the kernel takes the tiles before tail_first, the tail kernel's tail_ctas CTAs those
-        # from it on, cut by keys (launch.tail_plan; tail_first = tile_count: none cut)
+        # from it on, cut by keys (plan.tail_plan; tail_first = tile_count: none cut)
         args += [("tail_first", "i32"), ("tail_ctas", "i32"),
-                 # how the tail CTAs share its blocks (launch.tail_plan): a tile's switch, the
+                 # how the tail CTAs share its blocks (plan.tail_plan): a tile's switch, the
                  # first CTA's share over the last's, in block-times
                  ("tail_gap", "i32"), ("tail_ramp", "i32")]
     return args
@@ -386,12 +377,9 @@ def vt_columns(batch: int, seqlen_k: int, total_k: int | None) -> int:
 #: heaviest block of a head, then their next, head after head) where those of one head's
 #: sequences do, else each head in turn.  The GPU starts CTAs in the order of their linear
 #: index: heads or sequences first, the last to start are the lightest, so the SMs run out of
-#: work together, where each head in turn leaves a head's heavy blocks among the last (3-6 % of
-#: SM time idle at 4k-8k tokens in a list-scheduling model, bench/cta_order_model.py).  The
-#: running CTAs then read the K and V of every head (or sequence) at once: measured on the
-#: H200, heads first gained where that was 8-16 MiB (d64 at 4k tokens, FP8 +3.6 %, BF16 +4.8 %)
-#: and lost from 32 MiB on (d128 4k -1.4 %, 32k -6 %); sequences first gained 1-3 % at d128 4k
-#: and d256 8k (1-16 MiB).
+#: work together, where each head in turn leaves a head's heavy blocks among the last
+#: (bench/cta_order_model.py).  The running CTAs then read the K and V of every head (or
+#: sequence) at once, which pays only while they stay in L2: hence the bound.
 SM90_HEADS_FIRST_BYTES = 16 << 20
 
 
@@ -442,25 +430,18 @@ def split_tail_counter_bytes(v: Variant) -> int:
 
 
 #: What cutting the tail costs beyond its blocks, in block-times: a CTA's second start and end,
-#: its pieces' stores, the merge, and the tail kernel's launch after the kernel.  Measured at FP8
-#: d256, 8k tokens (68 tiles of 64 blocks past 15 waves: 33 blocks a CTA once cut), where the cut
-#: gained 0.7-0.9 % of ~1,083 block-times against the 67.7 the half wave took whole: about 26
-#: (bench/results/2026-12-02_h200_split_tail).  The tail is cut only where each CTA's share plus
-#: this is below a whole tile's blocks (launch.tail_plan).
+#: its pieces' stores, the merge, and the tail kernel's launch after the kernel.  The tail is cut
+#: only where each CTA's share plus this is below a whole tile's blocks (plan.tail_plan).
 SPLIT_TAIL_OVERHEAD_BLOCKS = 24
 
 #: A tail CTA's switch from one tile to the next, in block-times: the piece's store, new
 #: mbarriers, the next tile's Q and first block from memory and its first S before any PV.  A CTA
-#: whose share holds a switch takes this many blocks fewer (launch.tail_plan's ``tail_gap``).
-#: Traced at FP8 d256, 8k tokens: two-segment CTAs ended their loop about 6 us (4 blocks) after
-#: one-segment ones (bench/results/2026-12-03_h200_tail_convergent_66075d0/trace).
+#: whose share holds a switch takes this many blocks fewer (plan.tail_plan's ``tail_gap``).
 SPLIT_TAIL_SWITCH_BLOCKS = 4
 
 #: The spread, in block-times, over which the kernel's last CTAs end: a tail kernel launched as
 #: the kernel's dependent starts its CTA j as the j-th SM comes free, so the first CTAs' shares
-#: are larger by up to half of it and the last ones' smaller (``tail_ramp``).  Traced at FP8
-#: d256, 8k tokens: the SMs' last CTAs ended over 14-18 us, the median 7-8 us before the last
-#: (about 11 block-times of 1.47 us; the same trace).
+#: are larger by up to half of it and the last ones' smaller (``tail_ramp``).
 SPLIT_TAIL_DRAIN_BLOCKS = 11
 
 

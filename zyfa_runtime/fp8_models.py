@@ -214,8 +214,8 @@ def _recipes() -> dict[str, Recipe]:
 
     The targets were chosen by the accuracy study (``bench/accuracy.py``, results and
     reasons in ``docs/numerics.md``): per target, the most accurate recipe whose P costs
-    fit under the target's matrix-pipe budget per KV tile, or, where the kernel turned out
-    to be bound by instruction issue (sm_90a), what its measured speed bought.
+    fit under the target's matrix-pipe budget per KV tile, or, where the kernel is bound by
+    instruction issue (sm_90a), the most accurate whose issue slots it can afford.
 
     * "gfx950": Lean P with the block's exact fp32 max and the centring offset, rounded
       sum, 64-key blocks: 2 VALU slots per P element plus the O rescale (d / 2N).
@@ -223,10 +223,10 @@ def _recipes() -> dict[str, Recipe]:
       blocks, the byte held to 1/8 code in half precision, two scores an instruction: 1.5
       FMA-pipe + 0.75 other instructions per element, no MUFU; causal, at d_v <= 128, the
       blocks the diagonal of each 64-row group cuts take P in two e4m3 terms
-      (``diagonal="hi_lo"``; "sm_90a/one" is the recipe without them).  "sm_90a/quad", the
-      recipe until the kernels measured its cost: the quadratic mantissa correction in half
-      precision, 2.5 + 1.25 ("sm_90a/fold": the same byte in fp32, 4 + 1.5; "sm_90a/fma": the
-      FMA form, 6 + 1.5), about 0.85x the error for 9-23 % of the kernels' time.
+      (``diagonal="hi_lo"``; "sm_90a/one" is the recipe without them).  "sm_90a/quad": the
+      quadratic mantissa correction in half precision, 2.5 + 1.25 ("sm_90a/fold": the same
+      byte in fp32, 4 + 1.5; "sm_90a/fma": the FMA form, 6 + 1.5), about 0.85x the error for
+      more issue slots than the kernels can afford (docs/numerics.md).
 
     Kernels take their P arithmetic from these two entries.  "lean64" / "lean128" are the
     first design (Lean P, integer block max, rounded sum) from which the ablations are

@@ -7,7 +7,6 @@ kernel (``versions.py``)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 
 from . import cache, versions
@@ -15,11 +14,12 @@ from .catalogue import KernArg, Variant
 from .errors import ZyfaError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Kernel:
     """One loaded kernel: its manifest entry and the driver's function handle, and those of its
     pre-pass (launched first) and its tail kernel (launched after it), where the entry has them,
-    all with the same arguments."""
+    all with the same arguments.  Compared and hashed by identity: a table loads one a (device,
+    variant)."""
     variant: Variant
     entry: dict
     function: object
@@ -29,13 +29,6 @@ class Kernel:
     @property
     def kernargs(self) -> list[KernArg]:
         return [KernArg(**a) for a in self.entry["kernargs"]]
-
-    @functools.cached_property
-    def packer(self):
-        """launch.packer of the manifest's argument layout: (struct, names, pointer names)."""
-        from .launch import packer
-        return packer(tuple((a["name"], a["type"], a["offset"]) for a in self.entry["kernargs"]),
-                      self.entry["kernarg_size"])
 
 
 class KernelTable:

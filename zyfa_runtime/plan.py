@@ -1,0 +1,441 @@
+"""Plan stage: from a validated call to the launches that run it.
+
+A call's :class:`Layout` is everything its launches hold but addresses: the kernel of the
+device's arch, the arguments that are no address, the tensor maps' geometry, the grids, the
+tile plan of a persistent or balanced-tail kernel and the bytes of its workspace.
+:func:`instantiate` fills in a call's addresses and queues its launches as a :class:`Plan`,
+which queues them again for the same call.  Recent layouts and plans are kept in two LRU caches
+by the keys :func:`layout_key` and :func:`plan_key`."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+import threading
+
+import numpy as np
+
+from . import launch, validate, workspace
+from .catalogue import Variant, eval_grid, vt_columns
+from .memory import DeviceArray
+from .tensors import contiguous_strides
+
+_lock = threading.Lock()
+_ones: dict[tuple[str, int], DeviceArray] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A call's launches less its addresses: what every call of one layout shares (the
+    tensors' shapes, strides, dtypes and devices, the options, the stream).  Made once such a
+    call has passed validation; the next call of that layout checks only its addresses
+    (``validate.check_addresses``) before :func:`instantiate` fills them in."""
+    problem: validate.Problem
+    kernel: object
+    values: dict                      # every argument that is no address
+    tensor_maps: dict                 # argument -> (tensor, dims, strides, box, swizzle bytes)
+    grids: tuple                      # grids(): (the pre-pass's or None, the kernel's, the tail's or None)
+    vt_bytes: int                     # of the V^T in the workspace (0: no pre-pass)
+    partial_bytes: int                # of a balanced tail's partials in it, after the V^T (0: none)
+    counter: tuple                    # (argument, bytes) of a tile counter: a persistent kernel's, a tail's
+    lse: tuple                        # (shape, strides) of the LSE
+    dependent: bool                   # queued as programmatic dependents (env and manifest allow it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A call's launches as queued, to queue again for the same call: the same inputs (every
+    pointer, shape, stride and dtype), options, stream and backend give the same argument
+    buffers, so a repeated call skips validation, tensor maps and packing.  The workspace and
+    tile counter addresses the buffers hold are checked on every reuse (a grown or released
+    workspace has moved: the call is planned anew).  It holds no reference to the tensors."""
+    device: int
+    launches: tuple
+    extents: dict                       # name -> (lo, hi), for the driver's tensor_extents
+    workspace: tuple[int, int] | None   # (bytes, address) of the call's workspace: V^T, then partials
+    counter: tuple[int, int] | None     # (bytes, address) of a persistent kernel's or a tail's counter
+
+    def queue_again(self, driver, stream: int) -> bool:
+        """Queue the launches on ``stream`` if the workspace and counter are where they were;
+        False (nothing queued) otherwise."""
+        if self.counter is not None:
+            if workspace.counter(driver, self.device, stream, self.counter[0]) != self.counter[1]:
+                return False
+        driver.make_current(self.device)
+        hold = (workspace.hold(driver, self.device, stream, self.workspace[0]) if self.workspace
+                else contextlib.nullcontext())
+        with hold as ws:
+            if self.workspace is not None and ws != self.workspace[1]:
+                return False
+            self.queue(driver, stream)
+        return True
+
+    def queue(self, driver, stream: int) -> None:
+        """Queue the launches on ``stream`` (the workspace, where there is one, held)."""
+        with driver.tensor_extents(self.extents):
+            launch.queue(driver, self.launches, stream)
+
+
+# --------------------------------------------------------------------------------------
+# A call's layout.
+
+def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape, lse_strides) -> Layout:
+    """The kernel (from ``table``, the kernels.KernelTable of ``driver``), the arguments that are
+    no address, the tensor maps' geometry and the grids of a validated call: every rule that
+    reads sizes or strides is applied here."""
+    kind, device = problem.device
+    arch = table.device_arch(device)
+    variant = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
+    kernel = table.get(device, variant)
+    if variant.built_from == "asm-generator":
+        _check_buffer_spans(problem, q, k, v, out)
+
+    b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
+    def strides(st: tuple):
+        return (st[0] if not problem.varlen else 0, st[b_], st[b_ + 1])
+    # out where the call allocates it: contiguous
+    o_strides = out.strides if out is not None else contiguous_strides(q.shape[:-1] + (problem.d_v,))
+
+    values = {
+        "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1],
+        "batch": problem.batch, "hq": problem.hq, "hkv": problem.hkv,
+        "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
+        "softmax_scale": problem.softmax_scale,
+    }
+    for name, st in (("q", q.strides), ("k", k.strides), ("v", v.strides), ("o", o_strides)):
+        values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(st)
+    maps = {arg: _tensor_map_geometry(problem, values, spec)
+            for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
+    sm_count, counter, partial_bytes = None, None, 0
+    dependent = (dependent_launches(os.environ.get("ZYFA_DEPENDENT_LAUNCH", "on"))
+                 and bool(kernel.entry.get("dependent_launch")))
+    if "persistent" in kernel.entry:
+        # One CTA an SM taking tiles from a counter: the tiles, and the counter's size.
+        values.update(persistent_tiles(kernel, values))
+        counter = ("tile_counter", kernel.entry["persistent"]["counter_bytes"])
+        sm_count = driver.attribute(device, "multiprocessor_count")
+    if "split_tail" in kernel.entry:
+        # The tiles past the last whole wave cut by keys (tail_plan): their pieces' partials in
+        # the workspace after the V^T, a count a cut tile.
+        tail = kernel.entry["split_tail"]
+        values.update(persistent_tiles(kernel, values, "split_tail"))
+        values.update(tail_plan(kernel.entry, values, driver.attribute(device, "multiprocessor_count"),
+                                problem.varlen, os.environ.get("ZYFA_SPLIT_TAIL", "auto"), dependent))
+        partial_bytes = 2 * values["tail_ctas"] * tail["slot_bytes"]
+        counter = ("tail_counter", max(values["tile_count"] - values["tail_first"], 1) * tail["counter_bytes"])
+    vt_bytes = 0
+    if "prepass" in kernel.entry:
+        # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
+        values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
+                                                         problem.total_k if problem.varlen else None)
+        vt_bytes = problem.hkv * values["vt_stride_h"]
+    launch_grids = grids(driver, kernel, values, sm_count)
+    return Layout(problem, kernel, values, maps, launch_grids, vt_bytes, partial_bytes, counter,
+                  (lse_shape, lse_strides), dependent)
+
+
+#: The gfx950 FP8 kernels address each (sequence, head) slice of a tensor through a buffer
+#: resource: 32-bit offsets and range checks, rows past the sequence read as zeros.
+BUFFER_SPAN_LIMIT = 2**31
+
+
+def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
+    """What the buffer addressing of the gfx950 FP8 kernels needs, as a clear error: the rows
+    one buffer covers span less than 2 GiB (K and V: a whole sequence of one head; Q and O:
+    the 256 rows of a workgroup), and rows do not overlap (a row stride of at least the head
+    dim: the range check that ends a sequence relies on it)."""
+    b_ = 0 if problem.varlen else 1
+    block_m = Variant("gfx950", problem.dtype, problem.d_qk, problem.d_v, problem.causal).tile.block_m
+    rows_q = min(problem.seqlen_q, block_m)
+    checks = [("q", q, rows_q, problem.d_qk, 1), ("k", k, problem.seqlen_k, problem.d_qk, 1),
+              ("v", v, problem.seqlen_k, problem.d_v, 1)]
+    if out is not None:
+        checks.append(("out", out, rows_q, problem.d_v, 2))
+    for name, t, rows, d, elem in checks:
+        stride = int(t.strides[b_])
+        if rows > 1 and stride < d:
+            raise ValueError(f"{name}: a sequence stride of {stride} elements is below the head "
+                             f"dim {d}: rows overlap, which the gfx950 FP8 kernels do not support")
+        span = ((max(rows, 1) - 1) * stride + d) * elem
+        if span >= BUFFER_SPAN_LIMIT:
+            raise ValueError(f"{name}: the rows one buffer of the gfx950 FP8 kernels covers span "
+                             f"{span} bytes, more than {BUFFER_SPAN_LIMIT - 1} (32-bit offsets): "
+                             "use a smaller row stride or shorter key sequences")
+
+
+def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict) -> tuple:
+    """Where the sm_90a kernels' TMA tensor map of Q, K or V (``spec["tensor"]``) comes from,
+    all but its address: (the tensor's argument, dims, strides, box, swizzle bytes); dims in bytes of (head
+    dim, heads, rows, sequences), a packed batch as one sequence of all its rows; box and
+    swizzle as the manifest's ``spec`` (catalogue.tensor_maps).  TMA takes strides in multiples
+    of 16 bytes."""
+    t = spec["tensor"]
+    elem = 1 if problem.dtype == "fp8_e4m3" else 2
+    row_bytes = elem * (problem.d_v if t == "v" else problem.d_qk)
+    heads = problem.hq if t == "q" else problem.hkv
+    total, seqlen = (problem.total_q, problem.seqlen_q) if t == "q" else (problem.total_k, problem.seqlen_k)
+    rows = max(total if problem.varlen else seqlen, 1)
+    one_sequence = problem.varlen or problem.batch == 1
+    # a dimension of one element: its stride is never used, so any valid one stands in
+    row = elem * values[f"{t}_stride_s"] if rows > 1 else heads * row_bytes
+    strides = (elem * values[f"{t}_stride_h"] if heads > 1 else row_bytes, row,
+               rows * row if one_sequence else elem * values[f"{t}_stride_b"])
+    bad = [s for s in strides if s <= 0 or s % 16]
+    if bad:
+        raise ValueError(f"{t}: the sm_90a kernels read {t.upper()} by TMA, which needs its head, row and batch "
+                         f"strides to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, "
+                         f"{strides[2]} bytes")
+    dims = (row_bytes, heads, rows, 1 if problem.varlen else problem.batch)
+    return t, dims, strides, tuple(spec["box"]), spec["swizzle_bytes"]
+
+
+#: The tiles of a persistent kernel are numbered by a 32-bit int in the kernel.
+MAX_TILES = 2**31 - 1
+
+
+def persistent_tiles(kernel, values: dict, key: str = "persistent") -> dict:
+    """The tile arguments of a persistent or balanced-tail kernel: ``tiles_x``, ``tiles_y``,
+    ``tiles_z`` (its manifest's ``persistent.tiles`` or ``split_tail.tiles`` rule, ``key``) and
+    ``tile_count``, their product; refused (ValueError) where the tiles overflow the kernel's
+    int.  They are not a launch grid: the device's grid limits do not apply to them."""
+    x, y, z = eval_grid(kernel.entry[key]["tiles"], values)
+    if x * y * z > MAX_TILES:
+        raise ValueError(f"{kernel.variant.name}: this problem has {x * y * z} tiles of "
+                         f"{kernel.entry['tile']['block_m']} query rows, more than {MAX_TILES}; split the "
+                         f"batch or the sequence")
+    return {"tiles_x": x, "tiles_y": y, "tiles_z": z, "tile_count": x * y * z}
+
+
+#: ``ZYFA_SPLIT_TAIL``: ``auto`` (the default) cuts the tail where tail_plan's rule says it pays,
+#: ``off`` never, ``always`` wherever there is a partial last wave (for tests and A/B runs).
+SPLIT_TAIL_MODES = ("auto", "off", "always")
+
+
+def tail_plan(entry: dict, values: dict, sm_count: int, packed: bool, mode: str = "auto",
+              dependent: bool = True) -> dict:
+    """A balanced-tail kernel's ``tail_first``, ``tail_ctas``, ``tail_gap`` and ``tail_ramp``
+    (catalogue.Tile.split_tail; the tail kernel's TailRun reads them, :func:`tail_units` as it
+    does): the R = tile_count mod sm_count tiles past the last whole wave, nb key blocks each,
+    cut among min(sm_count, R nb) CTAs.  None is cut (``tail_first`` = tile_count) for packed
+    batches (tiles of unequal length), tiles of one block, past the tail kernel's 32-bit
+    arithmetic (2^31 units, 2^12 SMs), nor, in ``auto`` mode, unless a CTA's share plus the
+    manifest's ``overhead_blocks`` is below nb.  Shares are equal in time: ``tail_gap`` =
+    ``switch_blocks`` units follow each tile, and a ``dependent`` tail's shares fall by
+    ``tail_ramp`` = ``drain_blocks`` units from its first CTA to its last; both are dropped
+    where a share could span three tiles or fall to the gap.  ``entry``: the kernel's manifest
+    entry; ``values``: the tile arguments and ``seqlen_k``."""
+    if mode not in SPLIT_TAIL_MODES:
+        raise ValueError(f"ZYFA_SPLIT_TAIL={mode!r}: one of {', '.join(SPLIT_TAIL_MODES)}")
+    tiles = values["tile_count"]
+    whole = {"tail_first": tiles, "tail_ctas": 0, "tail_gap": 0, "tail_ramp": 0}
+    nb = -(-values["seqlen_k"] // entry["tile"]["block_n"])
+    rest = tiles % sm_count
+    if packed or mode == "off" or rest == 0 or nb < 2 or sm_count >= 2**12:
+        return whole
+    st = entry["split_tail"]
+    share = -(-rest * nb // sm_count)
+    if mode == "auto" and share + st["overhead_blocks"] >= nb:
+        return whole
+    ctas = min(sm_count, rest * nb)
+    ramp = st["drain_blocks"] if dependent and tiles > rest else 0   # tiles == rest: no kernel to follow
+    for gap, ramp in ((st["switch_blocks"], ramp), (0, 0)):
+        cost = rest * (nb + gap) - gap
+        q, half = cost // ctas, -(-ramp // 2)
+        if cost >= 2**31:
+            continue
+        if (gap, ramp) == (0, 0) or (q + 2 + half <= nb and q - half - 1 > gap):
+            return {"tail_first": tiles - rest, "tail_ctas": ctas, "tail_gap": gap, "tail_ramp": ramp}
+    return whole
+
+
+def tail_units(plan: dict, tiles: int, nb: int) -> list[int]:
+    """The first block of each tail CTA and the run's end (len tail_ctas + 1) for ``plan``, as
+    the tail kernel's TailRun computes them (exactly, in Python's integers)."""
+    ctas, gap, ramp = plan["tail_ctas"], plan["tail_gap"], plan["tail_ramp"]
+    cost = (tiles - plan["tail_first"]) * (nb + gap) - gap
+    q, r = divmod(cost, ctas)
+    starts = []
+    for j in range(ctas + 1):
+        s = j * q + (2 * j * r + ramp * j * (ctas - j)) // (2 * ctas)
+        u = s // (nb + gap)
+        starts.append(u * nb + min(s - u * (nb + gap), nb))
+    return starts
+
+
+#: ``ZYFA_DEPENDENT_LAUNCH``: ``on`` (the default) queues a kernel after its pre-pass, and a tail
+#: kernel after the kernel, as programmatic dependents where the manifest allows it
+#: (``dependent_launch``); ``off`` queues every launch to start once the one before has ended.
+DEPENDENT_LAUNCH_MODES = ("on", "off")
+
+
+def dependent_launches(mode: str = "on") -> bool:
+    """Whether ``ZYFA_DEPENDENT_LAUNCH=mode`` allows dependent launches; refused
+    (ValueError) where it is neither mode."""
+    if mode not in DEPENDENT_LAUNCH_MODES:
+        raise ValueError(f"ZYFA_DEPENDENT_LAUNCH={mode!r}: one of {', '.join(DEPENDENT_LAUNCH_MODES)}")
+    return mode == "on"
+
+
+def grids(driver, kernel, values: dict, sm_count: int | None = None) -> tuple:
+    """The grids of ``kernel``'s launches for ``values``: (the pre-pass's or None, the
+    kernel's, the tail kernel's or None), each evaluated from the manifest's rule and refused
+    where too large (launch.grid_of); they read sizes only, never an address.  ``sm_count``: the
+    device's multiprocessors, for the grid of a persistent kernel."""
+    entry = kernel.entry
+    grid = launch.grid_of(driver, kernel, entry["grid"],
+                          values if sm_count is None else {**values, "sm_count": int(sm_count)})
+    pre = launch.grid_of(driver, kernel, entry["prepass"]["grid"], values) if kernel.prepass is not None else None
+    tail = launch.grid_of(driver, kernel, entry["split_tail"]["grid"], values) if kernel.tail is not None else None
+    return pre, grid, tail
+
+
+# --------------------------------------------------------------------------------------
+# A call's addresses, its workspace and its launches.
+
+#: Bytes the partials of a balanced tail start at, after the V^T in the workspace.
+PARTIALS_ALIGN = 256
+
+
+def _partials_at(vt_bytes: int) -> int:
+    return -(-vt_bytes // PARTIALS_ALIGN) * PARTIALS_ALIGN
+
+
+def workspace_bytes(layout: Layout) -> int:
+    """Bytes of a call's workspace: the V^T, then (from _partials_at) a balanced tail's
+    partials; 0 where it needs none."""
+    return _partials_at(layout.vt_bytes) + layout.partial_bytes if layout.partial_bytes else layout.vt_bytes
+
+
+def instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int, driver):
+    """Queue ``layout``'s launches for these tensors (their addresses checked): the outputs
+    the call allocates (out where not given, the LSE where asked for), and the Plan that queues
+    the same launches again."""
+    problem, kernel = layout.problem, layout.kernel
+    device = problem.device[1]
+    out_arr = None
+    if out is None:
+        out_arr = DeviceArray(driver, device, q.shape[:-1] + (problem.d_v,), "bf16")
+        out = out_arr.ref
+    lse_arr = DeviceArray(driver, device, layout.lse[0], "float32") if problem.return_lse else None
+    values = dict(layout.values)
+    values.update(q=q.ptr, k=k.ptr, v=v.ptr, o=out.ptr, lse=lse_arr.ptr if lse_arr is not None else None,
+                  cu_seqlens_q=cu_q.ptr if cu_q is not None else None,
+                  cu_seqlens_k=cu_k.ptr if cu_k is not None else None)
+    if problem.dtype == "fp8_e4m3":
+        for name, d in zip(("descale_q", "descale_k", "descale_v"), descales):
+            values[name] = d.ptr if d is not None else _one(driver, device)
+
+    driver.make_current(device)
+    tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+               "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
+    extents = {name: t.extent() for name, t in tensors.items() if t is not None}
+    for arg, (tensor, *geometry) in layout.tensor_maps.items():
+        values[arg] = driver.tensor_map_u8(values[tensor], *geometry)
+    counter = None
+    if layout.counter is not None:
+        name, nbytes = layout.counter
+        values[name] = workspace.counter(driver, device, stream, nbytes)
+        counter = (nbytes, values[name])
+        extents[name] = (counter[1], counter[1] + counter[0])
+    ws_bytes = workspace_bytes(layout)
+    hold = workspace.hold(driver, device, stream, ws_bytes) if ws_bytes else contextlib.nullcontext()
+    with hold as ws:
+        if layout.vt_bytes:
+            values["vt"] = ws
+            extents["vt"] = (ws, ws + layout.vt_bytes)
+        if "split_tail" in kernel.entry:
+            values["partials"] = ws + _partials_at(layout.vt_bytes) if layout.partial_bytes else None
+            if layout.partial_bytes:
+                extents["partials"] = (values["partials"], values["partials"] + layout.partial_bytes)
+        launches = launch.assemble(kernel, layout.grids, launch.pack_args(kernel, values), layout.dependent)
+        plan = Plan(device, launches, extents, (ws_bytes, ws) if ws is not None else None, counter)
+        plan.queue(driver, stream)
+    return out_arr, lse_arr, plan
+
+
+def _one(driver, device: int) -> int:
+    """A device float32 holding 1.0: the descale used when the caller passes none."""
+    key = (driver.name, device)
+    with _lock:
+        buf = _ones.get(key)
+        if buf is None:
+            buf = DeviceArray(driver, device, (1,), "float32")
+            driver.copy_htod(buf.ptr, memoryview(np.ones(1, np.float32).view(np.uint8)))
+            _ones[key] = buf
+        return buf.ptr
+
+
+# --------------------------------------------------------------------------------------
+# The caches: plans of recent dense calls that wrote into a given ``out`` without an LSE, by
+# plan key; layouts of recent calls, by layout key.  Keys hold no tensor: the caches must not
+# keep them alive.
+
+PLAN_CACHE_SIZE = 256
+LAYOUT_CACHE_SIZE = 256
+_plans: "collections.OrderedDict[tuple, Plan]" = collections.OrderedDict()
+_layouts: "collections.OrderedDict[tuple, Layout]" = collections.OrderedDict()
+
+
+def options_key(causal, softmax_scale, return_lse) -> tuple | None:
+    """The options as a key, or None where they are not plainly bools and a number (such a
+    call goes through validation, which names the problem)."""
+    if type(causal) is not bool or type(return_lse) is not bool or \
+            not (softmax_scale is None or type(softmax_scale) in (int, float)):
+        return None
+    return causal, None if softmax_scale is None else float(softmax_scale), return_lse
+
+
+def plan_key(driver, refs, options, stream: int) -> tuple:
+    """Everything a dense call's launches depend on."""
+    return (id(driver), options, int(stream),
+            *(None if r is None else (r.ptr, r.shape, r.strides, r.dtype, r.device, r.readonly) for r in refs))
+
+
+def layout_key(driver, refs, options, stream: int) -> tuple:
+    """What a dense call's launches depend on but its addresses."""
+    return (id(driver), options, int(stream),
+            *(None if r is None else (r.shape, r.strides, r.dtype, r.device, r.readonly) for r in refs))
+
+
+def varlen_layout_key(driver, refs, options, stream: int, max_seqlen_q, max_seqlen_k, cu_q, cu_k) -> tuple | None:
+    """What a packed call's launches depend on but its addresses and cu_seqlens values (the
+    cu_seqlens' shapes, strides, dtypes and devices, and max_seqlen, included); None where the
+    call is not so keyed (it goes through validation)."""
+    if not (options and type(max_seqlen_q) is int and type(max_seqlen_k) is int and None not in (cu_q, cu_k)):
+        return None
+    return ("varlen", layout_key(driver, refs, options, stream), max_seqlen_q, max_seqlen_k,
+            *((r.shape, r.strides, r.dtype, r.device) for r in (cu_q, cu_k)))
+
+
+def cached_plan(key) -> Plan | None:
+    return _cached(_plans, key)
+
+
+def keep_plan(key, plan: Plan) -> None:
+    _keep(_plans, key, plan, PLAN_CACHE_SIZE)
+
+
+def cached_layout(key) -> Layout | None:
+    return _cached(_layouts, key)
+
+
+def keep_layout(key, layout: Layout) -> None:
+    _keep(_layouts, key, layout, LAYOUT_CACHE_SIZE)
+
+
+def _cached(cache: collections.OrderedDict, key):
+    with _lock:
+        found = cache.get(key)
+        if found is not None:
+            cache.move_to_end(key)
+        return found
+
+
+def _keep(cache: collections.OrderedDict, key, value, size: int) -> None:
+    with _lock:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > size:
+            cache.popitem(last=False)
