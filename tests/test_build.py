@@ -64,6 +64,7 @@ def test_manifest_entry_agrees_with_its_code_object(clean_build, v):
         assert e["shared_bytes"] == e["dynamic_smem"] + meta.get("shared_static", 0) <= 227 * 1024
 
 
+@pytest.mark.slow
 def test_two_clean_builds_are_byte_identical(clean_build, tmp_path):
     assert build.main(["--out", str(tmp_path), "--jobs", "1"]) == 0
     files1 = sorted(p.name for p in clean_build.iterdir())

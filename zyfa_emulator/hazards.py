@@ -79,7 +79,14 @@ Four families of checks, each tracked per wave in program (issue) order:
    earlier one was retired before a barrier that the later one was issued after.  The
    same interval rule applies inside one wave between LDS DMA (``buffer/global_load ...
    lds``, counted by VM_CNT) and DS instructions (LGKM_CNT): the two counters are not
-   ordered with respect to each other.
+   ordered with respect to each other.  One family has a rule of its own,
+   ``lds-dma-unordered``: an LDS DMA write into bytes that a DS read -- of this wave,
+   issued before the DMA, or of another wave -- may still be reading because that read
+   is waited for only later (or, for another wave, because nothing orders the read
+   before the DMA at all), or that another wave's earlier LDS DMA, not waited for before
+   the barrier this one follows, may still be writing.  Nothing in the ISA orders these;
+   in practice the DMA data lands a global-memory round trip after its issue, which is
+   what such code relies on.
 4. **Interleavings**: :func:`interleavings_agree` runs one launch under several wave
    orders and quanta (``Config.seed``/``Config.quantum``) and compares the outputs.
 """
@@ -119,6 +126,14 @@ SRC_TABLE38 = "CDNA4 ISA §7.6 Table 38; LLVM GCNHazardRecognizer (gfx950)"
 SRC_TABLE11 = "CDNA4 ISA §4.5 Tables 11-12; LLVM GCNHazardRecognizer (gfx950)"
 SRC_COUNTERS = "CDNA4 ISA §4.4 (s_waitcnt), §8.3"
 SRC_BARRIER = "CDNA4 ISA §4.3 (s_barrier does not wait on counters), §4.4"
+
+#: Every rule the checker reports (the names of the module docstring's tables).
+RULES = ("counter", "mfma-raw", "mfma-waw", "mfma-srcab", "mfma-srcc", "mfma-srcc-same",
+         "mfma-war", "valu-mfma", "exec-mfma", "valu-permlane", "exec-permlane",
+         "trans-forward", "dst-sel-forward", "valu-sgpr-valu", "valu-sgpr-vmem",
+         "valu-sgpr-lanesel", "exec-lanesel", "valu-vgpr-readlane", "valu-dpp", "exec-dpp",
+         "m0-lds-dma", "store-data", "vcc-div-fmas", "setreg", "lds-race", "lds-dma-order",
+         "lds-dma-unordered")
 
 #: Transcendental VALU ops ("Trans" in ISA §4.5): issue through the transcendental unit.
 TRANS_OPS = frozenset(
@@ -279,7 +294,9 @@ class _LdsState:
         self.w_iseq = np.zeros(size, np.int32)                 # wave instruction counts
         self.w_rseq = np.zeros(size, np.int32)
         self.w_rgen = np.full(size, -1, np.int32)
+        self.w_igen = np.full(size, -1, np.int32)
         self.r_rgen = np.full((nwaves, size), -1, np.int32)   # last read by wave w
+        self.r_igen = np.full((nwaves, size), -1, np.int32)   # ... issued in this generation
         self.r_iseq = np.full((nwaves, size), -1, np.int32)
         self.r_rseq = np.full((nwaves, size), -1, np.int32)
 
@@ -320,8 +337,15 @@ class HazardChecker:
     must create a violation (the tests mutate real kernels that way)."""
 
     def __init__(self, raise_on_error: bool = True, counters: bool = True,
-                 waitstates: bool = True, lds: bool = True, record_tight: bool = False):
+                 waitstates: bool = True, lds: bool = True, record_tight: bool = False,
+                 report_only: frozenset | set | tuple = ()):
         self.raise_on_error = raise_on_error
+        # rules whose violations are recorded in ``violations`` but never raise (for code
+        # nobody here can change, e.g. AMD's own kernels: their sites are findings)
+        self.report_only = frozenset(report_only)
+        unknown = self.report_only - set(RULES)
+        if unknown:
+            raise ValueError(f"unknown hazard rule(s) {sorted(unknown)}")
         self.record_tight = record_tight
         self.tight: set = set()
         self.counters = counters
@@ -360,7 +384,7 @@ class HazardChecker:
     def _report(self, rule, inst, wave, detail, source):
         v = Violation(rule, inst.where(), wave.name(), detail, source)
         self.violations.append(v)
-        if self.raise_on_error:
+        if self.raise_on_error and rule not in self.report_only:
             raise HazardError(str(v))
 
     # -- the observer ----------------------------------------------------------------------
@@ -688,42 +712,91 @@ class HazardChecker:
         other = (ww >= 0) & (ww != me)
         bad = other & (ls.w_rgen[b] >= igen)
         if bad.any():
-            i = int(np.nonzero(bad)[0][0])
-            problems.append(("lds-race", b[bad], f"written by wave {int(ww[i])} of the "
-                             f"workgroup without an s_barrier (after its s_waitcnt) in between"))
+            # unordered only against an LDS DMA's memory round trip (lds-dma-unordered):
+            # this LDS DMA over another wave's LDS DMA issued before a barrier this one was
+            # issued after (write-after-write), or a read issued before a barrier another
+            # wave's LDS DMA was issued after, performed after that DMA (write-after-read)
+            if write:
+                war = bad & (ls.w_queue[b] == 1) & (ls.w_igen[b] < igen) if queue == 1 \
+                    else np.zeros_like(bad)
+            else:
+                war = bad & (ls.w_queue[b] == 1) & (ls.w_igen[b] > igen)
+            race = bad & ~war
+            if race.any():
+                i = int(np.nonzero(race)[0][0])
+                problems.append(("lds-race", b[race], f"written by wave {int(ww[i])} of the "
+                                 "workgroup without an s_barrier (after its s_waitcnt) in "
+                                 "between"))
+            if war.any():
+                i = int(np.nonzero(war)[0][0])
+                if write:
+                    why = (f"written by an LDS DMA of wave {int(ww[i])} not waited for before "
+                           "an s_barrier this LDS DMA was issued after")
+                else:
+                    why = (f"overwritten by an LDS DMA of wave {int(ww[i])} issued after an "
+                           "s_barrier that this read was issued before but not waited for "
+                           "before")
+                problems.append(("lds-dma-unordered", b[war], why))
         # same wave, other counter (LDS DMA vs DS): program order must be enforced by waits
         same = (ww == me) & (ls.w_queue[b] != queue)
         if same.any():
             wi, wr = ls.w_iseq[b], ls.w_rseq[b]
-            bad = same & (((wi < iseq) & (wr > iseq)) | ((wi > iseq) & (rseq > wi)))
+            bad = same & (wi < iseq) & (wr > iseq)
+            later = same & (wi > iseq) & (rseq > wi)
+            war = later if not write else np.zeros_like(later)
+            bad |= later & ~war
             if bad.any():
                 problems.append(("lds-dma-order", b[bad],
                                  "written by this wave's " + ("DS" if queue else "LDS DMA") +
                                  " operation on the other counter without an s_waitcnt "
                                  "in between"))
+            if war.any():
+                problems.append(("lds-dma-unordered", b[war], "overwritten by this wave's LDS DMA "
+                                 "issued after this read but before the s_waitcnt that "
+                                 "retires the read"))
         if write:
             for w2 in range(ls.r_rgen.shape[0]):
                 if w2 == me:
                     continue
                 bad = ls.r_rgen[w2, b] >= igen
                 if bad.any():
-                    problems.append(("lds-race", b[bad], f"read by wave {w2} of the workgroup "
-                                     "without an s_barrier (after its s_waitcnt) in between"))
+                    if queue == 0:
+                        problems.append(("lds-race", b[bad], f"read by wave {w2} of the "
+                                         "workgroup without an s_barrier (after its s_waitcnt) "
+                                         "in between"))
+                        break
+                    # an LDS DMA overwriting what another wave read: write-after-read
+                    # (lds-dma-unordered), its read issued before a barrier this DMA was
+                    # issued after, or without any barrier in between
+                    early = bad & (ls.r_igen[w2, b] < igen)
+                    how = ("issued before an s_barrier this LDS DMA was issued after, but not "
+                           "waited for before it") if early.all() else \
+                        ("without an s_barrier between that read and this LDS DMA (it holds "
+                         "only if the other wave reads within the DMA's memory round trip)")
+                    problems.append(("lds-dma-unordered", b[bad], f"read by wave {w2} of the "
+                                     f"workgroup, {how}"))
                     break
             if queue == 1:           # DMA write vs this wave's DS reads
                 ri, rr = ls.r_iseq[me, b], ls.r_rseq[me, b]
                 has = ri >= 0
-                bad = has & (((ri < iseq) & (rr > iseq)) | ((ri > iseq) & (rseq > ri)))
+                war = has & (ri < iseq) & (rr > iseq)
+                bad = has & (ri > iseq) & (rseq > ri)
                 if bad.any():
                     problems.append(("lds-dma-order", b[bad], "read by this wave's DS "
                                      "operation without an s_waitcnt in between"))
+                if war.any():
+                    problems.append(("lds-dma-unordered", b[war], "still being read by this wave's "
+                                     "earlier DS operation (no s_waitcnt lgkmcnt before this "
+                                     "LDS DMA was issued)"))
             ls.w_wave[b] = me
             ls.w_queue[b] = queue
             ls.w_iseq[b] = iseq
             ls.w_rseq[b] = rseq
             ls.w_rgen[b] = rgen
+            ls.w_igen[b] = igen
         else:
             ls.r_rgen[me, b] = np.maximum(ls.r_rgen[me, b], rgen)
+            ls.r_igen[me, b] = np.maximum(ls.r_igen[me, b], igen)
             if queue == 0:
                 ls.r_iseq[me, b] = iseq
                 ls.r_rseq[me, b] = rseq

@@ -12,7 +12,15 @@ packed input item ``t`` (items are little-endian across the register tuple):
 Result: D = C + A.B, computed as exact products summed in float64 and rounded once to
 float32 (the order and precision of the matrix core's internal accumulation are not
 documented; this is the most accurate choice, so compare with hardware within
-tolerances).  MFMAs ignore EXEC and keep denormals (ISA §7.1.2).
+tolerances).  MFMAs ignore EXEC, MODE's rounding and MODE's denormal control: input and
+output denormals are kept and the result is rounded to nearest even (ISA §7.1.2 rules,
+and the same rules for the F8F6F4 forms, scaled or not, in §7.1.5), so an fp32 subnormal
+result stays subnormal even when MODE.FP_DENORM flushes VALU results.
+
+Scaled forms (§7.1.5 "Scale", §7.2): each 32-wide K block of a row of A and of a column
+of B has an E8M0 scale (``numerics.e8m0_to_f64``: 0x00 is 2^-127, 0xFF is NaN), applied
+to the block's dot product before accumulation, so a NaN scale makes the whole row (A)
+or column (B) of D NaN.  ABID[0] = 0 makes the hardware use 1.0 for every scale.
 """
 
 from __future__ import annotations
@@ -180,22 +188,27 @@ def _v_mfma(w, inst):
 
 
 def _scaled_product(w, inst, sh: Shape, A: np.ndarray, Bt: np.ndarray) -> np.ndarray:
-    """Sum over 32-wide K blocks of 2^(sA-127) 2^(sB-127) A_blk.B_blk (ISA §7.2.1)."""
+    """Sum over 32-wide K blocks of scale_A scale_B A_blk.B_blk (ISA §7.2.1), each scale
+    an E8M0 byte: 2^(e-127) for e = 0x00..0xFE (0x00 is 2^-127, not zero), NaN for 0xFF."""
     sa_code, sb_code, sel, sel_hi = inst.scale
+    if sa_code < 256 or sb_code < 256:
+        # §7.2.1 also allows float inline constants (their exponent field is the scale);
+        # LLVM's assembler takes only VGPRs, and nothing else is modelled
+        w.fail(inst, "scale operands other than VGPRs are not modelled")
     byte_a = (sel_hi & 1) << 1 | (sel & 1)
     byte_b = (sel_hi >> 1 & 1) << 1 | (sel >> 1 & 1)
     sa = (np.broadcast_to(np.asarray(read32(w, inst, sa_code), U32), (64,)) >> U32(8 * byte_a)) & U32(0xFF)
     sb = (np.broadcast_to(np.asarray(read32(w, inst, sb_code), U32), (64,)) >> U32(8 * byte_b)) & U32(0xFF)
+    if not inst.abid & 1:
+        # §7.1.5: ABID[0] = 0 forces every scale into the ALU as 1.0 (biased exponent 0x7f)
+        sa = sb = np.full(64, 0x7F, U32)
     nblk = sh.K // 32
     lane = np.arange(64)
     # lane l supplies the scale of row/column l % M for K block l // M
     scale_a = np.zeros((sh.M, nblk), F64)
     scale_b = np.zeros((sh.N, nblk), F64)
-    with np.errstate(all="ignore"):
-        ea = np.where(sa == 0xFF, np.nan, np.ldexp(1.0, sa.astype(np.int64) - 127))
-        eb = np.where(sb == 0xFF, np.nan, np.ldexp(1.0, sb.astype(np.int64) - 127))
-    scale_a[lane % sh.M, lane // sh.M] = ea
-    scale_b[lane % sh.N, lane // sh.N] = eb
+    scale_a[lane % sh.M, lane // sh.M] = nx.e8m0_to_f64(sa)
+    scale_b[lane % sh.N, lane // sh.N] = nx.e8m0_to_f64(sb)
     P = np.zeros((sh.M, sh.N), F64)
     for blk in range(nblk):
         ks = slice(32 * blk, 32 * blk + 32)

@@ -181,3 +181,16 @@ def _minifloat_table(ebits: int, mbits: int, bias: int) -> np.ndarray:
 E2M3_TABLE = _minifloat_table(2, 3, 1)   # FP6 "fp6"
 E3M2_TABLE = _minifloat_table(3, 2, 3)   # FP6 "bf6"
 E2M1_TABLE = _minifloat_table(2, 1, 1)   # FP4
+
+
+# --------------------------------------------------------------------------------------
+# E8M0 block scales of the scaled MFMAs
+
+def e8m0_to_f64(codes) -> np.ndarray:
+    """E8M0 scale codes (low 8 bits used) to float64: 2^(code - 127), and NaN for 0xFF.
+
+    CDNA4 ISA §7.2: the scale is an exponent offset encoded as an 8-bit exponent with
+    bias 127, valid values -127..127, 0xFF is NaN.  There is no zero: 0x00 is 2^-127.
+    """
+    c = np.asarray(codes).astype(np.int64) & 0xFF
+    return np.where(c == 0xFF, np.nan, np.ldexp(1.0, c - 127))

@@ -858,6 +858,27 @@ def _v_mad64(w, inst):
     w.sset64(inst.sdst, bool_to_mask(carry & w.execmask()))
 
 
+def _signed64(x) -> np.ndarray:
+    x = np.broadcast_to(np.asarray(x, U32), (64,)).astype(I64)
+    return np.where(x >= 1 << 31, x - (1 << 32), x)
+
+
+@handler("v_add_i32", "v_sub_i32")
+def _v_addsub_i32(w, inst):
+    # VOP3A opcodes 668/669 (CDNA4 ISA chapter 12): D.i32 = S0.i32 + S1.i32 (resp. -),
+    # no carry out.  Without clamp the result wraps (two's complement); with the VOP3
+    # clamp bit it saturates to [-2**31, 2**31 - 1] -- LLVM selects exactly these with
+    # clamp for llvm.sadd.sat / llvm.ssub.sat on gfx9 targets.
+    if inst.omod:
+        w.fail(inst, "omod on an integer result is not modelled")
+    a = _signed64(read32(w, inst, inst.src0))
+    b = _signed64(read32(w, inst, inst.src1))
+    r = a + b if inst.name == "v_add_i32" else a - b
+    if inst.clamp:
+        r = np.clip(r, -(1 << 31), (1 << 31) - 1)
+    write32(w, inst, inst.vdst, (r & MASK32).astype(U32))
+
+
 def _exponent(x):
     return ((np.asarray(x, F32).view(U32) >> U32(23)) & U32(0xFF)).astype(np.int64)
 
@@ -949,6 +970,23 @@ def _write_half(w, inst, pair):
     else:
         r = (old & U32(0xFFFF0000)) | pair
     write32(w, inst, inst.vdst, r)
+
+
+@handler("v_ashr_pk_u8_i32", "v_ashr_pk_i8_i32")
+def _v_ashr_pk(w, inst):
+    # CDNA4 ISA chapter 12 (VOP3 opcodes 614 / 613): byte 0 = SAT8(S0.i32 >> S2[4:0]), byte 1 =
+    # SAT8(S1.i32 >> S2[4:0]), an arithmetic shift; SAT8 saturates to [0, 255] (u8) or
+    # [-128, 127] (i8).  The 16-bit result goes to the half of vdst that op_sel[3] selects.
+    if inst.clamp or inst.omod or inst.opsel & 7 or inst.abs or inst.neg:
+        w.fail(inst, "modifiers other than op_sel[3] are not modelled")
+    lo_sat, hi_sat = (0, 255) if inst.name == "v_ashr_pk_u8_i32" else (-128, 127)
+    shift = (np.asarray(read32(w, inst, inst.src2), U32) & U32(31)).astype(I64)
+
+    def sat8(code):
+        x = np.asarray(read32(w, inst, code), U32).view(I32).astype(I64) >> shift
+        return (np.clip(x, lo_sat, hi_sat) & 0xFF).astype(U32)
+    pair = np.broadcast_to(sat8(inst.src0) | (sat8(inst.src1) << U32(8)), (64,))
+    _write_half(w, inst, pair)
 
 
 @handler("v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32")

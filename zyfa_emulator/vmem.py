@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from .errors import EmulatorError, registry
-from .wave import LANES, MASK32, U32, U64
+from .wave import CONST32, LANES, MASK32, U32, U64
 
 HANDLERS, handler = registry()
 
@@ -243,8 +243,7 @@ def _buffer_setup(w, inst):
         w.fail(inst, "swizzled buffer resources are not modelled")
     if rsrc.add_tid:
         w.fail(inst, "buffer resources with ADD_TID_ENABLE are not modelled")
-    soff = w.s[inst.soffset] if inst.soffset < 128 else (
-        inst.soffset - 128 if inst.soffset <= 192 else 0)
+    soff = _soffset(w, inst)
     v0 = w.v[inst.addr - 256].astype(np.int64)
     v1 = w.v[inst.addr - 255].astype(np.int64) if inst.addr < 511 else np.zeros(64, np.int64)
     if inst.idxen and inst.offen:
@@ -255,19 +254,44 @@ def _buffer_setup(w, inst):
         index, voff = np.zeros(64, np.int64), v0
     else:
         index = voff = np.zeros(64, np.int64)
-    offset = voff + inst.offset
+    offset = (voff + inst.offset) & MASK32       # formed in 32-bit offset space
     return rsrc, soff, index, offset
 
 
-def _buffer_dwords(rsrc, soff, index, offset, nbytes):
-    """Per lane and dword: (address, in range) for an access of ``nbytes``."""
+def _soffset(w, inst) -> int:
+    """SOFFSET as the unsigned 32-bit value it supplies: an SGPR (or M0), or an inline
+    constant's 32-bit pattern (-1 is 0xFFFFFFFF, not a subtraction)."""
+    code = inst.soffset
+    if code < 128:
+        return int(w.s[code])
+    value = CONST32[code]
+    if value is None:
+        w.fail(inst, f"SOFFSET operand code {code} is not modelled")
+    return int(value) & MASK32
+
+
+def _buffer_dwords(rsrc, soff, index, offset, nbytes, idxen=False):
+    """Per lane and dword: (address, in range) for an access of ``nbytes``.
+
+    Range check of a linear (unswizzled, no ADD_TID) buffer:
+    * structured (IDXEN with STRIDE != 0): the whole access is in range iff
+      index < NUM_RECORDS;
+    * raw (otherwise): element ``k`` (a dword; the whole access for byte/short) is in
+      range iff ``offset + SOFFSET + (k + 1) * size <= NUM_RECORDS``, where offset =
+      VOFFSET + inst_offset in 32-bit arithmetic and SOFFSET is unsigned 32-bit, the sum
+      not wrapped -- so a "negative" (wrapped) SOFFSET puts the access out of range.
+    Out-of-range elements read 0 and are not stored (CDNA4 ISA §9.1 buffer range
+    checking, per dword for dwordx2/3/4).  The ISA text quoted for gfx9 leaves SOFFSET
+    out of the raw check; gfx950 hardware counts it (see docs/emulator.md, "Buffer
+    range checking")."""
+    size = min(nbytes, 4)
     ndw = max(1, nbytes // 4)
     k = np.arange(ndw, dtype=np.int64) * 4
     off_k = offset[:, None] + k[None, :]
-    if rsrc.stride == 0:
-        in_range = off_k < rsrc.num_records
-    else:
+    if idxen and rsrc.stride != 0:
         in_range = np.broadcast_to((index < rsrc.num_records)[:, None], off_k.shape)
+    else:
+        in_range = off_k + (soff + size) <= rsrc.num_records
     addr = rsrc.base + soff + rsrc.stride * index[:, None] + off_k
     return addr, in_range
 
@@ -277,7 +301,7 @@ def _buffer_dwords(rsrc, soff, index, offset, nbytes):
 def _buffer_load(w, inst):
     _, nbytes, signed, _ = _access(inst.name)
     rsrc, soff, index, offset = _buffer_setup(w, inst)
-    addr, in_range = _buffer_dwords(rsrc, soff, index, offset, nbytes)
+    addr, in_range = _buffer_dwords(rsrc, soff, index, offset, nbytes, inst.idxen)
     lanes = np.nonzero(w.execmask())[0]
     addr, in_range = addr[lanes], in_range[lanes]
     mem = w.machine.memory
@@ -323,7 +347,7 @@ def _gather_checked(mem, addr, in_range, unit, what) -> np.ndarray:
 def _buffer_store(w, inst):
     _, nbytes, _, _ = _access(inst.name)
     rsrc, soff, index, offset = _buffer_setup(w, inst)
-    addr, in_range = _buffer_dwords(rsrc, soff, index, offset, nbytes)
+    addr, in_range = _buffer_dwords(rsrc, soff, index, offset, nbytes, inst.idxen)
     lanes = np.nonzero(w.execmask())[0]
     addr, in_range = addr[lanes], in_range[lanes]
     ndw = addr.shape[1]
@@ -485,8 +509,13 @@ def _ds_read_tr(w, inst):
     # 12) bytes, one row per lane address, and each lane receives one column of the
     # group's element matrix: with n = elements per lane, lane d of a group gets element
     # (d % n) of source lane (16 / n) * r + d // n as its element r.
+    # §11.4 makes a full EXEC a precondition of these reads.  A lane's result comes from
+    # other lanes' addresses and the guide does not say what inactive lanes contribute or
+    # receive, so any other EXEC (zero included) is refused at issue: nothing is read and
+    # no register changes.
     if not w.exec_full():
-        w.fail(inst, "transpose LDS reads require EXEC to be all ones")
+        w.fail(inst, f"transpose LDS reads require EXEC to be all ones (ISA §11.4); EXEC is "
+                     f"0x{w.exec:016x}, and what a partial EXEC does is not specified")
     bits, ndw = _TR[inst.name]
     nbytes = 4 * ndw
     if (inst.offset % 8) or np.any(w.v[inst.addr - 256] % 8):

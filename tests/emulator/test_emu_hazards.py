@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.backends import using_backend
+from tests.sweeps import sweep
 from emukit import build, run
 
 from zyfa_emulator import Config, Machine
@@ -98,6 +99,13 @@ PAIRS = {
                       "s_mov_b32 m0, 0\n  s_nop 0\n  buffer_load_dword v0, s[8:11], 0 offen lds\n"
                       "  s_waitcnt vmcnt(0)\n  ds_read_b32 v1, v0\n  s_waitcnt lgkmcnt(0)",
                       "lds-dma-order"),
+    # -- LDS DMA overwriting bytes an earlier DS read of the wave may still be reading
+    "lds_dma_unordered": ("s_mov_b32 m0, 0\n  ds_read_b32 v1, v0\n"
+                    "  buffer_load_dword v0, s[8:11], 0 offen lds\n"
+                    "  s_waitcnt vmcnt(0)\n  s_waitcnt lgkmcnt(0)",
+                    "s_mov_b32 m0, 0\n  ds_read_b32 v1, v0\n  s_waitcnt lgkmcnt(0)\n"
+                    "  buffer_load_dword v0, s[8:11], 0 offen lds\n  s_waitcnt vmcnt(0)",
+                    "lds-dma-unordered"),
 }
 
 # Two waves exchange a dword per lane through LDS (v31 = work-item id): wave 0 writes
@@ -116,6 +124,37 @@ RACES = {
     "race_wait_after_barrier": EXCHANGE.format(wait_before="", barrier="s_barrier"),
     "race_ok": EXCHANGE.format(wait_before="s_waitcnt lgkmcnt(0)", barrier="s_barrier"),
 }
+
+# Both waves read LDS bytes 0..63, pass a barrier, then each LDS-DMAs into its own 256
+# bytes (M0 = 4 x its first work-item id): wave 0's DMA overwrites what wave 1 read.
+WAR_DMA = """
+  v_readfirstlane_b32 s0, v31
+  s_lshl_b32 m0, s0, 2
+  ds_read_b32 v3, v0
+  {wait}
+  s_barrier
+  buffer_load_dword v0, s[8:11], 0 offen lds
+  s_waitcnt vmcnt(0)
+  s_waitcnt lgkmcnt(0)"""
+# Wave 0 LDS-DMAs bytes 0..255 before a barrier, wave 1 the same bytes after it.
+WAW_DMA = """
+  s_mov_b32 m0, 0
+  v_readfirstlane_b32 s0, v31
+  s_cmp_eq_u32 s0, 0
+  s_cbranch_scc0 .Lsecond_{n}
+  buffer_load_dword v0, s[8:11], 0 offen lds
+  {wait}
+.Lsecond_{n}:
+  s_barrier
+  s_cmp_eq_u32 s0, 0
+  s_cbranch_scc1 .Ldone_{n}
+  buffer_load_dword v0, s[8:11], 0 offen lds
+.Ldone_{n}:
+  s_waitcnt vmcnt(0)"""
+RACES["waw_dma_cross"] = WAW_DMA.format(wait="", n=0)
+RACES["waw_dma_cross_ok"] = WAW_DMA.format(wait="s_waitcnt vmcnt(0)", n=1)
+RACES["war_dma_cross"] = WAR_DMA.format(wait="")
+RACES["war_dma_cross_ok"] = WAR_DMA.format(wait="s_waitcnt lgkmcnt(0)")
 
 SNIPPETS = {}
 for _n, (_bad, _good, _rule) in PAIRS.items():
@@ -198,6 +237,36 @@ def test_lds_race_between_waves_detected(code, name):
     assert "LDS bytes 0x" in chk.violations[0].detail
 
 
+def test_lds_dma_write_after_an_unwaited_read_of_another_wave(code):
+    chk, _ = _run(code, "war_dma_cross", waves=2)
+    rules = {v.rule for v in chk.violations}
+    assert rules == {"lds-dma-unordered"}, [str(v) for v in chk.violations]
+    assert any("wave 0" in v.detail and v.wave.startswith("wave 1") for v in chk.violations)
+    chk, _ = _run(code, "war_dma_cross_ok", waves=2)
+    assert not chk.violations, [str(v) for v in chk.violations]
+
+
+def test_lds_dma_over_another_waves_unwaited_lds_dma(code):
+    chk, _ = _run(code, "waw_dma_cross", waves=2)
+    assert {v.rule for v in chk.violations} == {"lds-dma-unordered"}, \
+        [str(v) for v in chk.violations]
+    chk, _ = _run(code, "waw_dma_cross_ok", waves=2)
+    assert not chk.violations, [str(v) for v in chk.violations]
+
+
+def test_report_only_rules_are_recorded_not_raised(code):
+    m = Machine()
+    buf = np.zeros(1024, np.uint8)
+    m.memory.add(buf.ctypes.data, buf.nbytes, "buf", buf)
+    chk = HazardChecker(report_only={"m0-lds-dma"}).attach(m)
+    run(code, "m0_lds_dma_bad", _setup(buf), lds=1024, machine=m)
+    assert [v.rule for v in chk.violations] == ["m0-lds-dma"]
+    with pytest.raises(HazardError):
+        run(code, "valu_mfma_bad", _setup(buf), lds=1024, machine=m)
+    with pytest.raises(ValueError, match="unknown hazard rule"):
+        HazardChecker(report_only={"no-such-rule"})
+
+
 def test_lds_exchange_with_wait_and_barrier_is_clean(code):
     chk, wg = _run(code, "race_ok", waves=2)
     assert not chk.violations, [str(v) for v in chk.violations]
@@ -250,7 +319,8 @@ def _bf16(rng, shape):
 
 
 @kernels
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"d{v[0]}x{v[1]}_{'causal' if v[2] else 'full'}")
+@pytest.mark.parametrize("variant", sweep(VARIANTS, key=tuple,
+                                           name=lambda v: f"d{v[0]}x{v[1]}_{'causal' if v[2] else 'full'}"))
 def test_bf16_kernels_are_hazard_clean(emulator, variant):
     from zyfa_runtime import flash_attn_func, reference
     dq, dv, causal = variant

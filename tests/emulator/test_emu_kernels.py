@@ -19,6 +19,8 @@ from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, reference
 from zyfa_runtime.catalogue import Variant
 from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND, check_variant
 
+from tests.sweeps import sweep
+
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = [Variant("gfx950", "bf16", dq, dv, causal)
             for dq, dv in ((64, 64), (128, 128), (192, 128), (256, 256)) for causal in (False, True)]
@@ -47,7 +49,7 @@ def lse_error(lse, ref):
     return float(np.abs(lse[finite] - ref[finite]).max()) if finite.any() else 0.0
 
 
-@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("v", sweep(VARIANTS))
 def test_numpy_inputs_gqa3_causal_offset(emulator, v):
     # NumPy arrays straight into the API (host memory is device memory here): GQA ratio 3,
     # Sq != Sk with lengths that are not tile multiples, LSE requested.
@@ -61,7 +63,7 @@ def test_numpy_inputs_gqa3_causal_offset(emulator, v):
     assert lse_error(lse.numpy(), ref_lse) <= LSE_BOUND
 
 
-@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("v", sweep(VARIANTS))
 def test_numpy_inputs_varlen_with_an_empty_sequence(emulator, v):
     rng = np.random.default_rng(zlib.crc32(v.name.encode()) + 1)
     seq_q, seq_k = [9, 0, 70], [20, 5, 33]
@@ -80,7 +82,7 @@ def test_numpy_inputs_varlen_with_an_empty_sequence(emulator, v):
     assert lse_error(lse.numpy(), ref_lse) <= LSE_BOUND
 
 
-@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick={(64, 64, True)}))
 def test_selfcheck_cases(emulator, v):
     # The same cases `python -m zyfa_runtime check` runs on a GPU (device allocations,
     # strided views, GQA 3 and 5, Sq > Sk causal rows without keys, varlen).
@@ -89,17 +91,23 @@ def test_selfcheck_cases(emulator, v):
     assert not bad, bad
 
 
-def test_cli_check_on_the_emulator():
-    env = dict(os.environ, ZYFA_BACKEND="emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
+def test_cli_quick_check_runs_attention_on_the_gpu_or_else_the_emulator():
+    # README command 1's last step: with no backend named it takes the GPU if one is usable,
+    # otherwise it says so and runs one BF16 and one FP8 gfx950 kernel on the emulator.
+    env = {k: v for k, v in os.environ.items() if k != "ZYFA_BACKEND"}
+    env.update(ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-m", "zyfa_runtime", "check", "--only",
-                           "bf16_d64x64_causal", "--seed", "3"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "zyfa_runtime", "check", "--quick", "--seed", "3"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "backend emulator" in proc.stdout and "4/4 cases passed" in proc.stdout
+    if "CPU emulator instead" in proc.stdout:
+        assert "backend emulator" in proc.stdout and "2/2 cases passed over 2 variants" in proc.stdout
+        assert "bf16_d64x64_causal" in proc.stdout and "fp8_e4m3_d64x64_causal" in proc.stdout
+    else:
+        assert "cases passed" in proc.stdout and "FAIL" not in proc.stdout
 
 
-@pytest.mark.parametrize("v", [VARIANTS[1], VARIANTS[6]], ids=lambda v: v.name)
+@pytest.mark.parametrize("v", sweep([VARIANTS[1], VARIANTS[6]], quick={(64, 64, True)}))
 def test_results_do_not_depend_on_wave_interleaving(emulator, v):
     # Waves of a workgroup run round-robin; a missing barrier or wait would make the
     # output depend on how finely they interleave.

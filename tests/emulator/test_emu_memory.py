@@ -19,6 +19,7 @@ SNIPPETS = {
     "bload": "buffer_load_dword v1, v0, s[8:11], 0 offen\n  s_waitcnt vmcnt(0)",
     "bload_x4": "buffer_load_dwordx4 v[4:7], v0, s[8:11], s12 offen offset:4\n  s_waitcnt vmcnt(0)",
     "bload_idx": "buffer_load_dword v1, v0, s[8:11], 0 idxen offset:4\n  s_waitcnt vmcnt(0)",
+    "bload_soff_consts": "buffer_load_dword v1, v0, s[8:11], 16 offen\n  buffer_load_dword v2, v0, s[8:11], -1 offen\n  s_waitcnt vmcnt(0)",
     "bstore": "buffer_store_dword v1, v0, s[8:11], 0 offen\n  s_waitcnt vmcnt(0)",
     "bload_lds": "s_mov_b32 m0, s12\n  s_nop 0\n  buffer_load_dword v0, s[8:11], 0 offen offset:4 lds\n  s_waitcnt vmcnt(0)",
     "bload_lds_x4": "s_mov_b32 m0, 64\n  s_nop 0\n  buffer_load_dwordx4 v0, s[8:11], 0 offen lds\n  s_waitcnt vmcnt(0)",
@@ -39,6 +40,7 @@ SNIPPETS = {
     "tr_b16": "ds_read_b64_tr_b16 v[2:3], v0\n  s_waitcnt lgkmcnt(0)",
     "tr_b8": "ds_read_b64_tr_b8 v[2:3], v0\n  s_waitcnt lgkmcnt(0)",
     "tr_b4": "ds_read_b64_tr_b4 v[2:3], v0\n  s_waitcnt lgkmcnt(0)",
+    "tr_b6": "ds_read_b96_tr_b6 v[2:4], v0\n  s_waitcnt lgkmcnt(0)",
     "lds_oob": "ds_read_b32 v1, v0\n  s_waitcnt lgkmcnt(0)",
     "barrier_exchange": """
   v_lshlrev_b32_e32 v1, 2, v0
@@ -157,19 +159,58 @@ def test_vmcnt_retires_in_issue_order(code, machine):
 def test_buffer_loads_outside_num_records_read_zero(code, machine):
     data = buffer(machine, 1024, fill=np.arange(256, dtype=np.uint32) + 1)
     w = run(code, "bload", regs(v0=LANE * 4, **rsrc(data.ctypes.data, 100)), machine=machine)
-    # dword at byte offset o is in range iff o < num_records (ISA §9.1.5, stride 0)
-    assert np.array_equal(w.v[1], np.where(LANE * 4 < 100, LANE + 1, 0))
+    # dword at byte offset o is in range iff o + 4 <= num_records (raw buffer)
+    assert np.array_equal(w.v[1], np.where(LANE * 4 + 4 <= 100, LANE + 1, 0))
 
 
-def test_buffer_range_check_is_per_dword_and_ignores_soffset(code, machine):
+def test_buffer_range_check_is_per_dword_and_counts_soffset(code, machine):
     data = buffer(machine, 4096, fill=np.arange(1024, dtype=np.uint32))
-    # offset = v0 + 4; dwords at offset + 4k; soffset (s12 = 64) moves the address only
-    w = run(code, "bload_x4", regs(v0=LANE * 16, s12=64, **rsrc(data.ctypes.data, 40)),
+    # offset = v0 + 4, dwords at offset + 4k; dword k is in range iff
+    # offset + 4k + SOFFSET + 4 <= num_records (SOFFSET s12 = 64 counts)
+    w = run(code, "bload_x4", regs(v0=LANE * 16, s12=64, **rsrc(data.ctypes.data, 104)),
             machine=machine)
     for k in range(4):
         off = LANE * 16 + 4 + 4 * k
-        expect = np.where(off < 40, (off + 64) // 4, 0)
+        expect = np.where(off + 64 + 4 <= 104, (off + 64) // 4, 0)
         assert np.array_equal(w.v[4 + k], expect), k
+    assert 0 < np.count_nonzero(w.v[4:8]) < 4 * 64          # a ragged edge inside one lane
+    # the same resource with num_records 40: with SOFFSET counted nothing is in range
+    w = run(code, "bload_x4", regs(v0=LANE * 16, s12=64, **rsrc(data.ctypes.data, 40)),
+            machine=machine)
+    assert not w.v[4:8].any()
+
+
+def test_buffer_range_check_end_of_dword_and_wrapped_soffset(code, machine):
+    data = buffer(machine, 4096, fill=np.arange(1024, dtype=np.uint32) + 1)
+    # a dword straddling num_records is out of range: 4 * lane + 4 <= 102
+    w = run(code, "bload", regs(v0=LANE * 4, **rsrc(data.ctypes.data, 102)), machine=machine)
+    assert np.array_equal(w.v[1], np.where(LANE * 4 + 4 <= 102, LANE + 1, 0))
+    # SOFFSET is unsigned 32-bit: 0xFFFFFFC0 ("-64") does not step back, it puts every
+    # dword out of range (the sum is not wrapped), even with the largest num_records
+    w = run(code, "bload_x4", regs(v0=LANE * 16 + 64, s12=-64,
+                                   **rsrc(data.ctypes.data, 0xFFFFFFFF)), machine=machine)
+    assert not w.v[4:8].any()
+    # VOFFSET + inst_offset is formed in 32 bits: 0xFFFFFFFC + 4 wraps to offset 0
+    w = run(code, "bload_x4", regs(v0=np.full(64, 0xFFFFFFFC), s12=0,
+                                   **rsrc(data.ctypes.data, 64)), machine=machine)
+    assert np.array_equal(w.v[4:8, 0], [1, 2, 3, 4])
+
+
+def test_buffer_soffset_inline_constants(code, machine):
+    data = buffer(machine, 1024, fill=np.arange(256, dtype=np.uint32) + 1)
+    # SOFFSET 16 moves the address and counts in the check; -1 is 0xFFFFFFFF: out of range
+    w = run(code, "bload_soff_consts", regs(v0=LANE * 4, **rsrc(data.ctypes.data, 100)),
+            machine=machine)
+    assert np.array_equal(w.v[1], np.where(LANE * 4 + 16 + 4 <= 100, LANE + 5, 0))
+    assert not w.v[2].any()
+
+
+def test_buffer_raw_check_without_idxen_ignores_stride(code, machine):
+    data = buffer(machine, 1024, fill=np.arange(256, dtype=np.uint32) + 1)
+    # STRIDE != 0 but no IDXEN: a raw access, checked on the byte offset
+    w = run(code, "bload", regs(v0=LANE * 4, **rsrc(data.ctypes.data, 100, stride=16)),
+            machine=machine)
+    assert np.array_equal(w.v[1], np.where(LANE * 4 + 4 <= 100, LANE + 1, 0))
 
 
 def test_buffer_index_addressing(code, machine):
@@ -308,6 +349,31 @@ def test_transpose_read_b4(code):
 def test_transpose_read_needs_full_exec(code):
     with pytest.raises(EmulatorError, match="EXEC"):
         run(code, "tr_b16", regs(v0=np.zeros(64), exec=1), lds=64)
+
+
+TR_MNEMONIC = {"tr_b16": "ds_read_b64_tr_b16", "tr_b8": "ds_read_b64_tr_b8",
+               "tr_b4": "ds_read_b64_tr_b4", "tr_b6": "ds_read_b96_tr_b6"}
+
+
+@pytest.mark.parametrize("name", sorted(TR_MNEMONIC))
+@pytest.mark.parametrize("exec_mask", [0x7FFFFFFFFFFFFFFF, 0xFFFFFFFF00000000, 0xFFFF0000FFFFFFFF,
+                                       0xFFFFFFFFFFFFFFFE, 0x5555555555555555, 0])
+def test_transpose_read_refuses_partial_exec(code, name, exec_mask):
+    # ISA §11.4 requires EXEC to be all ones for these cross-lane reads and says nothing
+    # about inactive lanes (whether their addresses still feed active lanes, whether their
+    # registers are kept): any other mask, a single missing lane or EXEC = 0 included,
+    # is refused with the instruction named, instead of made-up semantics.  Addresses
+    # are valid, so EXEC is the only reason to refuse.
+    setup = regs(v0=(LANE * 16).astype(np.uint32), exec=exec_mask)
+    with pytest.raises(EmulatorError, match=rf"{TR_MNEMONIC[name]} .*EXEC is 0x{exec_mask:016x}"):
+        run(code, name, setup, lds=1024)
+
+
+@pytest.mark.parametrize("name", sorted(TR_MNEMONIC))
+def test_transpose_read_with_full_exec_runs(code, name):
+    # the same setup with EXEC all ones is accepted (the refusal above is EXEC's doing)
+    w = run(code, name, regs(v0=(LANE * 16).astype(np.uint32), exec=(1 << 64) - 1), lds=1024)
+    assert w.exec == (1 << 64) - 1
 
 
 def test_lds_out_of_range(code):

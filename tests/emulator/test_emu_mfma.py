@@ -11,7 +11,9 @@ C + A.B exactly.
 import ml_dtypes
 import numpy as np
 import pytest
-from emukit import build, run
+from emukit import as_f32, build, run
+
+from zyfa_emulator import EmulatorError, LoadedCode
 
 LANE = np.arange(64)
 
@@ -27,6 +29,11 @@ SNIPPETS = {
     "fp6_32x32x64": "v_mfma_f32_32x32x64_f8f6f4 v[0:15], v[16:21], v[24:29], v[0:15] cbsz:2 blgp:2\n  s_nop 15",
     "scaled_16x16x128": "v_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], v[0:3], v20, v21 op_sel:[1,0,0] op_sel_hi:[0,1,0]\n  s_nop 15",
     "legacy_fp8_16x16x32": "v_mfma_f32_16x16x32_fp8_fp8 v[0:3], v[4:5], v[6:7], v[0:3]\n  s_nop 7",
+    # scale bytes 0 (op_sel 0); the v_add_f32 shows MODE's fp32 denormal control in effect
+    "scale_16x16x128": "v_mfma_scale_f32_16x16x128_f8f6f4 v[0:3], v[4:11], v[12:19], v[0:3], v32, v33\n"
+                       "  v_add_f32_e32 v40, v41, v41\n  s_nop 15",
+    "scale_32x32x64": "v_mfma_scale_f32_32x32x64_f8f6f4 v[0:15], v[16:23], v[24:31], v[0:15], v32, v33\n"
+                      "  v_add_f32_e32 v40, v41, v41\n  s_nop 15",
 }
 
 
@@ -235,3 +242,160 @@ def test_scaled_mfma_applies_block_scales(code):
         scale = np.outer(2.0 ** (ea[:, blk] - 127), 2.0 ** (eb[:, blk] - 127))
         expect += scale * (A[:, ks] @ B[ks, :])
     assert np.array_equal(unpack_d(w, 16), expect)
+
+
+# --------------------------------------------------------------------------------------
+# Scaled MFMA: E8M0 scale codes 0x00 / 0xFF, fp32 subnormal results, ABID[0].
+#
+# ISA §7.2: a scale is an 8-bit exponent with bias 127 whose valid values are -127..127,
+# 0xFF being NaN, so 0x00 is 2^-127 (E8M0 has no zero); scales multiply each 32-wide K
+# block's dot product before accumulation.  §7.1.5 (F8F6F4 rules): MODE's denormal control
+# is ignored and input and output denormals are kept, rounding is RNE; ABID[0] = 0 makes
+# every scale 1.0.
+
+SCALED = {16: ("scale_16x16x128", 128, fp8_k_16, 4, 12), 32: ("scale_32x32x64", 64, fp8_k_32, 16, 24)}
+FLUSH = 0x300           # MODE: FP_DENORM = 0 (flush fp32 and fp16/64 denormals), IEEE, DX10
+KEEP = 0x3F0            # MODE: FP_DENORM = 3 for both
+TINY = np.float32(2.0 ** -130)
+
+
+def scale_words(e: np.ndarray, M: int) -> np.ndarray:
+    """Per lane: byte 0 = e[l % M][l // M] (row / column l % M, K block l // M); the other
+    bytes 0xFF so that a wrong byte select shows up as NaN."""
+    return np.array([0xFFFFFF00 | int(e[l % M, l // M]) for l in range(64)], np.uint32)
+
+
+def run_scaled(code, M, A, B, C, ea, eb, mode=0x2F0, loaded=None):
+    name, K, kmap, a_reg, b_reg = SCALED[M]
+    a = pack_items(operand(A, M, kmap, 32, fp8_codes), 8)
+    b = pack_items(operand(B.T, M, kmap, 32, fp8_codes), 8)
+
+    def setup(w):
+        w.v[a_reg:a_reg + 8], w.v[b_reg:b_reg + 8], w.v[0:M * M // 64] = a, b, pack_c(C, M)
+        w.v[32], w.v[33] = scale_words(ea, M), scale_words(eb, M)
+        w.v[41] = np.full(64, TINY).view(np.uint32)
+    return run(loaded or code, name, setup, mode=mode)
+
+
+def block_sum(A, B, C, sa, sb):
+    """C + sum_blk sa[:, blk] sb[:, blk]^T * (A_blk . B_blk) in float64 (exact for the
+    small integers and power-of-two scales used here)."""
+    out = C.astype(np.float64).copy()
+    for blk in range(sa.shape[1]):
+        ks = slice(32 * blk, 32 * blk + 32)
+        out += np.outer(sa[:, blk], sb[:, blk]) * (A[:, ks] @ B[ks, :])
+    return out
+
+
+@pytest.mark.parametrize("M", [16, 32])
+def test_e8m0_zero_is_two_to_the_minus_127(code, M):
+    K = SCALED[M][1]
+    rng = np.random.default_rng(11)
+    A, B = rand_ints(rng, (M, K)), rand_ints(rng, (K, M))
+    C = rand_ints(rng, (M, M), -50, 50)
+    zero = np.zeros((M, K // 32), np.int64)
+    # 0x00 with 0xFE: 2^-127 * 2^127 = 1 (zero would leave C, NaN would poison D)
+    D = unpack_d(run_scaled(code, M, A, B, C, zero, zero + 0xFE), M)
+    assert np.array_equal(D, A @ B + C)
+    # 0x00 with 0x7F: 2^-127 exactly (normal fp32 results: |A.B| * 2^-127 >= 2^-127)
+    D = unpack_d(run_scaled(code, M, A, B, 0 * C, zero, zero + 0x7F), M)
+    assert np.array_equal(D, (A @ B) * 2.0 ** -127)
+    assert np.any(D != 0)
+
+
+@pytest.mark.parametrize("M", [16, 32])
+def test_e8m0_ff_makes_its_row_or_column_nan(code, M):
+    K = SCALED[M][1]
+    nblk = K // 32
+    rng = np.random.default_rng(12)
+    A, B = rand_ints(rng, (M, K)), rand_ints(rng, (K, M))
+    C = rand_ints(rng, (M, M), -50, 50)
+    ea = rng.integers(0x7C, 0x83, (M, nblk))
+    eb = rng.integers(0x7C, 0x83, (M, nblk))
+    ra, ba, cb, bb = 5, nblk - 1, 9, 0
+    ea[ra, ba] = 0xFF                  # A row 5, last K block
+    eb[cb, bb] = 0xFF                  # B column 9, first K block
+    A[ra, 32 * ba:32 * ba + 32] = 0    # a NaN scale poisons the block even with zero data
+    D = unpack_d(run_scaled(code, M, A, B, C, ea, eb), M)
+    nan = np.zeros((M, M), bool)
+    nan[ra, :] = True
+    nan[:, cb] = True
+    assert np.array_equal(np.isnan(D), nan)
+    sa, sb = 2.0 ** (ea - 127.0), 2.0 ** (eb - 127.0)
+    assert np.array_equal(D[~nan], block_sum(A, B, C, sa, sb)[~nan])
+
+
+@pytest.mark.parametrize("M", [16, 32])
+@pytest.mark.parametrize("mode", [FLUSH, KEEP])
+def test_scaled_mfma_keeps_subnormal_results_whatever_mode(code, M, mode):
+    K = SCALED[M][1]
+    rng = np.random.default_rng(13)
+    A, B = rand_ints(rng, (M, K)), rand_ints(rng, (K, M))
+    zero = np.zeros((M, K // 32), np.int64)
+    S = A @ B
+    # 2^-127 * 2^-20: D = S * 2^-147 = 4 S quanta of the fp32 subnormal range, exact
+    w = run_scaled(code, M, A, B, np.zeros((M, M)), zero, zero + 107, mode=mode)
+    assert (as_f32(w.v[40]) == (0 if mode == FLUSH else 2 * TINY)).all()   # MODE in effect
+    D = unpack_d(w, M)
+    assert np.array_equal(D, S * 2.0 ** -147)
+    assert np.any((D != 0) & (np.abs(D) < 2.0 ** -126))
+    # 2^-127 * 2^-24: D = S / 4 quanta, rounded to nearest even at subnormal precision
+    D = unpack_d(run_scaled(code, M, A, B, np.zeros((M, M)), zero, zero + 103, mode=mode), M)
+    assert np.array_equal(D, np.rint(S / 4) * 2.0 ** -149)
+    assert np.any(S % 4 == 2) and np.any(S % 4 == 1)      # ties and non-ties were rounded
+
+
+@pytest.mark.parametrize("M", [16, 32])
+def test_scaled_mfma_keeps_subnormal_accumulator(code, M):
+    # C subnormal, A.B = 0: D = C bit for bit although MODE flushes fp32 denormals
+    K = SCALED[M][1]
+    rng = np.random.default_rng(14)
+    A = np.zeros((M, K))
+    B = rand_ints(rng, (K, M))
+    C = rng.integers(-(1 << 23) + 1, 1 << 23, (M, M)) * 2.0 ** -149
+    e = np.full((M, K // 32), 0x7F)
+    w = run_scaled(code, M, A, B, C, e, e, mode=FLUSH)
+    assert (as_f32(w.v[40]) == 0).all()
+    assert np.array_equal(unpack_d(w, M), C)
+    # and a subnormal C plus a subnormal product: one exact sum, still subnormal
+    A = rand_ints(rng, (M, K))
+    zero = np.zeros((M, K // 32), np.int64)
+    D = unpack_d(run_scaled(code, M, A, B, C, zero, zero + 107, mode=FLUSH), M)
+    assert np.array_equal(D, C + (A @ B) * 2.0 ** -147)
+
+
+def test_abid0_forces_unit_scales(code):
+    # ABID[0] = 0 in the MFMA half of the 16-byte instruction (bit 11 of its first
+    # dword): the scales are 1.0 whatever the scale VGPRs hold (here 0xFF, NaN).
+    assert code.fetch(code.entry(code.co.kernel("scale_16x16x128"))).abid & 1  # LLVM sets it
+    loaded, entry = patched(code, "scale_16x16x128", 8, lambda w: w & ~(1 << 11))
+    assert loaded.fetch(entry).abid & 1 == 0
+    rng = np.random.default_rng(15)
+    A, B = rand_ints(rng, (16, 128)), rand_ints(rng, (128, 16))
+    C = rand_ints(rng, (16, 16), -50, 50)
+    nan = np.full((16, 4), 0xFF)
+    D = unpack_d(run_scaled(code, 16, A, B, C, nan, nan, loaded=loaded), 16)
+    assert np.array_equal(D, A @ B + C)
+
+
+def patched(code, name: str, offset: int, edit) -> tuple:
+    """A private copy of the loaded code with the dword at ``offset`` bytes into kernel
+    ``name`` replaced by ``edit(dword)``; returns (copy, entry address)."""
+    loaded = LoadedCode(code.co)
+    entry = loaded.entry(code.co.kernel(name))
+    off = entry - loaded.base + offset
+    word = int(loaded.buf[off:off + 4].view(np.uint32)[0])
+    loaded.buf[off:off + 4] = np.array([edit(word)], np.uint32).view(np.uint8)
+    loaded.image = loaded.buf.tobytes()
+    return loaded, entry
+
+
+def test_scale_operand_other_than_a_vgpr_is_refused(code):
+    # SRC0 of the scale prefix (bits 8:0 of its second dword) set to 242, the inline
+    # constant 1.0: the guide would take its exponent field, which is not modelled
+    loaded, entry = patched(code, "scale_16x16x128", 4, lambda w: (w & ~0x1FF) | 242)
+    assert loaded.fetch(entry).scale[0] == 242
+    e = np.full((16, 4), 0x7F)
+    with pytest.raises(EmulatorError, match="scale operands other than VGPRs"):
+        run_scaled(code, 16, np.zeros((16, 128)), np.zeros((128, 16)), np.zeros((16, 16)), e, e,
+                   loaded=loaded)

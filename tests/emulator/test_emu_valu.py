@@ -81,6 +81,25 @@ SNIPPETS = {
     "accvgpr": "v_accvgpr_write_b32 a3, v0\n  v_accvgpr_mov_b32 a4, a3\n  v_accvgpr_read_b32 v2, a4",
     "bitop3": "v_bitop3_b32 v3, v0, v1, v2 bitop3:0xca",
     "fmamk": "v_fmamk_f32 v2, v0, 0x40400000, v1",
+    "ashr_pk": """
+  v_ashr_pk_u8_i32 v3, v0, v1, 8
+  v_ashr_pk_u8_i32 v3, v1, v0, v2 op_sel:[0,0,0,1]
+  v_ashr_pk_i8_i32 v4, v0, v1, v2""",
+    # the FP8 kernels' byte: y 2^-141 as an fp32 subnormal (FMA), then its bits >> 8
+    "ashr_byte": """
+  v_pk_fma_f32 v[4:5], v[0:1], s[6:7], v[2:3] op_sel_hi:[1,0,1] neg_lo:[0,0,1] neg_hi:[0,0,1]
+  s_nop 0
+  v_ashr_pk_u8_i32 v6, v4, v5, 8""",
+    "exp_clamp": "v_exp_f32_e64 v1, v0 clamp",
+    "fma_abs_bump": "v_fma_f32 v2, |v0|, s4, v0",
+    "cmp_nle": "v_cmp_nle_f32_e64 s[6:7], v0, 2.0",
+    "add_sub_i32": """
+  v_add_i32 v2, v0, v1
+  v_sub_i32 v3, v0, v1
+  v_add_i32 v4, v0, v1 clamp
+  v_sub_i32 v5, v0, v1 clamp
+  v_sub_i32 v6, s4, v0
+  v_add_i32 v7, v0, -16""",
 }
 
 
@@ -502,3 +521,112 @@ def test_bitop3_truth_table(code):
 def test_fmamk_literal(code):
     w = run(code, "fmamk", setv(v0=np.full(64, 2.0, np.float32), v1=np.full(64, 1.0, np.float32)))
     assert (as_f32(w.v[2]) == 7.0).all()
+
+
+def test_add_sub_i32_wrap_and_clamp_saturates(code):
+    # VOP3A v_add_i32 / v_sub_i32 (CDNA4 ISA chapter 12): D.i32 = S0.i32 +/- S1.i32, no
+    # carry out; wraps without clamp, saturates to the signed 32-bit range with clamp.
+    i32max, i32min = 2**31 - 1, -2**31
+    a = np.array([5, -7, i32max, i32min, i32max - 3, i32min + 3, 0, -1] * 8, np.int64)
+    b = np.array([3, 9, 1, -1, -5, 5, i32min, i32max] * 8, np.int64)
+    w = run(code, "add_sub_i32", setv(v0=a.astype(np.int32), v1=b.astype(np.int32),
+                                      s4=-100))
+
+    def wrap(x):
+        return ((x + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+    def sat(x):
+        return np.clip(x, i32min, i32max).astype(np.int32)
+
+    got = {r: w.v[r].view(np.int32) for r in range(2, 8)}
+    assert np.array_equal(got[2], wrap(a + b))
+    assert np.array_equal(got[3], wrap(a - b))
+    assert np.array_equal(got[4], sat(a + b))
+    assert np.array_equal(got[5], sat(a - b))
+    assert got[4][2] == i32max and got[5][6] == i32max and got[3][6] == i32min   # saturated / wrapped
+    assert np.array_equal(got[6], wrap(-100 - a))
+    assert np.array_equal(got[7], wrap(a - 16))
+
+
+def test_ashr_pk_shifts_saturates_and_writes_the_selected_half(code):
+    # CDNA4 ISA chapter 12, V_ASHR_PK_U8_I32 / V_ASHR_PK_I8_I32: byte 0 = SAT8(S0.i32 >>
+    # S2[4:0]), byte 1 = SAT8(S1.i32 >> S2[4:0]) (arithmetic shift), D[15:0] = the pair;
+    # op_sel[3] writes D[31:16] instead, the other half keeps its value.
+    vals = np.array([120 * 256 + 255, 256 * 256, -1, -2**31, 2**31 - 1, 0x7FC00000,
+                     0xFF800000 - 2**32, 127 * 256, 0, 255, 1], np.int64)
+    a = np.resize(vals, 64)
+    b = np.resize(vals[::-1], 64)
+    shift = np.resize([8, 40], 64)                   # only S2[4:0] counts: 40 shifts by 8
+    w = run(code, "ashr_pk", setv(v0=a.astype(np.int32), v1=b.astype(np.int32),
+                                  v2=shift.astype(np.uint32), v3=np.full(64, 0xAABBCCDD, np.uint32)))
+
+    def sat(x, lo, hi):
+        return np.clip(x >> 8, lo, hi) & 0xFF
+
+    u_lo = sat(a, 0, 255) | sat(b, 0, 255) << 8
+    u_hi = sat(b, 0, 255) | sat(a, 0, 255) << 8
+    assert np.array_equal(w.v[3], (u_hi << 16 | u_lo).astype(np.uint32))
+    i_lo = sat(a, -128, 127) | sat(b, -128, 127) << 8
+    assert np.array_equal(w.v[4] & 0xFFFF, i_lo.astype(np.uint32))
+    # by hand: 120 * 256 + 255 -> 120; 65536 -> 255 (saturated); -1 -> 0 (u8) / 0xFF (i8,
+    # -1); -2^31 -> 0 / 0x80 (-128); a positive NaN's bits -> 255; -inf's bits -> 0
+    assert [int(x) for x in sat(vals, 0, 255)] == [120, 255, 0, 0, 255, 255, 0, 127, 0, 0, 0]
+    assert [int(x) for x in sat(vals[:4], -128, 127)] == [120, 127, 0xFF, 0x80]
+
+
+def test_ashr_byte_of_a_subnormal_fma_rounds_and_clamps(code):
+    """The FP8 kernels' P byte: v_pk_fma_f32 writes z = S a - U with a = 2^-120 and U = u
+    2^-141, so z = (2^21 S - u) 2^-141: while it is an fp32 subnormal (denormals kept) its
+    bits are rint(256 (2^21 S - u)) (nearest-even on the exact value), and >> 8 with u8
+    saturation gives floor(y + 1/2) for u = -1/2.  Negative z (any size, -0, -inf) is 0."""
+    u = -0.5                                            # code units: the byte is floor(y + 1/2)
+    # y values (code units) as S = y / 2^21, exact in fp32
+    ys = np.array([119.5, 119.5 - 2**-9, 119.0 + 255 / 256, 120.0 + 1 / 512, 120.0 + 3 / 512,
+                   0.0, -0.5, -0.5 - 2**-9, -300.0, -2.0**40, -np.inf, 200.0, 119.5 - 2**-8], np.float64)
+    want = [120, 120, 120, 120, 120, 0, 0, 0, 0, 0, 0, 200, 119]
+    # 256 (y + 1/2): 119.5 - 2^-9 -> 30719.5, a tie, to the even 30720 -> 120; 119 + 255/256 ->
+    # 30847 -> 120; 120 + 1/512 -> 30848.5 -> 30848 (even) -> 120; 120 + 3/512 -> 30849.5 ->
+    # 30850 -> 120; -0.5 - 2^-9 -> -0.5 -> -0 -> 0; 119.5 - 2^-8 -> 30719 -> 119
+    s = np.resize(ys / 2.0**21, 64).astype(np.float32)
+    pairs = s.reshape(32, 2)
+    regs = {"v0": np.resize(pairs[:, 0], 64), "v1": np.resize(pairs[:, 1], 64)}
+    ub = np.float32(np.ldexp(u, -141))
+    w = run(code, "ashr_byte", setv(**regs, v2=np.full(64, ub), v3=np.full(64, ub),
+                                    s6=int(np.float32(2.0**-120).view(np.uint32)), s7=0))
+    got = [(int(w.v[6][lane]) >> (8 * h)) & 0xFF for lane in range(7) for h in (0, 1)]
+    assert got[:len(want)] == want
+    # the subnormal z is what carries the byte: flushing fp32 denormals zeroes every byte
+    w = run(code, "ashr_byte", setv(**regs, v2=np.full(64, ub), v3=np.full(64, ub),
+                                    s6=int(np.float32(2.0**-120).view(np.uint32)), s7=0), mode=0x2C0)
+    assert (w.v[6] & 0xFFFF == 0).all()
+
+
+def test_exp_clamp_caps_at_one(code):
+    # VOP3 clamp on v_exp_f32: min(2^x, 1) over [0, 1]; -inf -> 0, +inf -> 1
+    x = np.resize(np.array([0.5, 0.0, -1.0, -0.25, np.inf, -np.inf, 3.0, -200.0], np.float32), 64)
+    w = run(code, "exp_clamp", setv(v0=x))
+    want = np.resize(np.array([1, 1, 0.5, 2.0**-0.25, 1, 0, 1, 0], np.float32), 64)
+    assert np.array_equal(as_f32(w.v[1]), want)
+
+
+def test_fma_abs_moves_up_by_at_least_an_ulp(code):
+    # fma(|u|, 2^-23, u): u + |u| 2^-23 rounded once; for a normal u at least one ulp up,
+    # whatever its sign; a subnormal u stays (its ulp is 2^-149); 0 stays 0; -inf gives NaN
+    x = np.array([1.0, -1.0, 3.0, -3.0, 1.9999999, 2.0**-130, -2.0**-130, 0.0, -2.0**40, np.inf, -np.inf],
+                 np.float32)
+    w = run(code, "fma_abs_bump", setv(v0=np.resize(x, 64), s4=int(np.float32(2.0**-23).view(np.uint32))))
+    got = as_f32(w.v[2])[:len(x)]
+    normal = np.isfinite(x) & (np.abs(x) >= 2.0**-126)
+    assert (got[normal] >= np.nextafter(x[normal], np.float32(np.inf))).all()
+    assert got[0] == np.float32(1 + 2.0**-23) and got[1] == np.float32(-1 + 2.0**-23)
+    assert got[5] == x[5] and got[6] == x[6] and got[7] == 0 and got[9] == np.inf
+    assert np.isnan(got[10])
+
+
+def test_cmp_nle_is_true_for_nan(code):
+    # not (a <= b): NaN compares true
+    x = np.resize(np.array([np.nan, 2.0, np.nextafter(np.float32(2), np.float32(3)), -np.inf, np.inf, 1.0],
+                           np.float32), 64)
+    w = run(code, "cmp_nle", setv(v0=x))
+    m = w.s[6] | w.s[7] << 32
+    assert [(m >> i) & 1 for i in range(6)] == [1, 0, 1, 0, 1, 0]
