@@ -11,7 +11,13 @@ as_tensor view built once; "torch" rows pass the PyTorch tensors themselves (DLP
 Then a packed batch (flash_attn_varlen_func, which keeps no plan): its cu_seqlens as device
 tensors (read back for validation: each call waits for the GPU) or as host arrays (staged to
 the device by a queued copy: no call waits).
-Run from the repository root on a GPU machine: PYTHONPATH=$PWD python3 bench/host_overhead.py.
+Then the serving comparison (``serving``): 1,000 calls queued back to back with one
+synchronisation at the end, zyfa with the PyTorch tensors passed themselves (their DLPack
+exports remembered: tensors.call_view) beside PyTorch's SDPA on its cuDNN backend in the same
+run on the same tensors: dense BF16 and FP8, and packed with host cu_seqlens, device ones
+checked (a read-back each call) and device ones unchecked (check_cu_seqlens=False).
+Run from the repository root on a GPU machine: PYTHONPATH=$PWD python3 bench/host_overhead.py
+(``--serving`` for the comparison alone).
 """
 import time
 
@@ -93,6 +99,69 @@ def varlen(seqs=(4096, 1000, 3000, 8192, 2000, 6000, 300, 8000), H=32, D=128, ca
               f"{where}: host {host * 1e6:.0f} us/call, wall {wall * 1e6:.0f} us/call", flush=True)
 
 
+def queued(call, n: int = 1000, warmup: int = 50) -> tuple[float, float]:
+    """(host, wall) microseconds a call: ``n`` calls queued back to back, one synchronisation
+    after the last."""
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        call()
+    host = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return host / n * 1e6, (time.perf_counter() - t) / n * 1e6
+
+
+def serving(shapes=((1, 128, 8, 2, 128), (1, 1024, 32, 8, 128), (4, 2048, 32, 8, 128)), n: int = 1000) -> None:
+    """zyfa beside SDPA (cuDNN) per shape (B, S, Hq, Hkv, D), causal: dense BF16 and FP8 with
+    PyTorch tensors passed directly, then the same rows packed (B sequences of S)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    st = torch.cuda.current_stream()
+    for B, S, Hq, Hkv, D in shapes:
+        tag = f"B{B} S{S} H{Hq}/{Hkv} d{D} causal"
+        q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        rows = [("zyfa bf16 dense, torch tensors", lambda: zr.flash_attn_func(q, k, v, causal=True, out=out,
+                                                                              stream=st))]
+        fp8 = [x.to(torch.float8_e4m3fn) for x in (q, k, v)]
+        one = torch.ones(B, Hkv, device="cuda")
+        try:     # PyTorch exports float8 by DLPack in recent versions
+            zr.flash_attn_func(*fp8, causal=True, out=out, stream=st, descale_q=one, descale_k=one, descale_v=one)
+            rows.append(("zyfa fp8 dense, torch tensors, (B, Hkv) descales",
+                         lambda: zr.flash_attn_func(*fp8, causal=True, out=out, stream=st, descale_q=one,
+                                                    descale_k=one, descale_v=one)))
+        except (TypeError, RuntimeError, BufferError) as e:
+            print(f"{tag}: fp8 torch tensors not exported by this PyTorch ({e})")
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))   # SDPA's (B, H, S, D), views
+        kt, vt = (x.repeat_interleave(Hq // Hkv, dim=1) for x in (kt, vt))
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                sdpa(qt, kt, vt, is_causal=True)
+        rows.append(("torch SDPA cudnn (allocates its output)", cudnn))
+        cu = torch.arange(0, (B + 1) * S, S, device="cuda", dtype=torch.int32)
+        cu_host = cu.cpu().numpy()
+        pq, pk, pv = (x.reshape(B * S, *x.shape[2:]) for x in (q, k, v))
+        pout = out.view(B * S, Hq, D)
+        for where, c, check in (("host cu_seqlens", cu_host, True), ("device cu_seqlens, checked", cu, True),
+                                ("device cu_seqlens, check_cu_seqlens=False", cu, False)):
+            rows.append((f"zyfa bf16 packed, {where}",
+                         lambda c=c, check=check: zr.flash_attn_varlen_func(
+                             pq, pk, pv, cu_seqlens_q=c, cu_seqlens_k=c, max_seqlen_q=S, max_seqlen_k=S, causal=True,
+                             out=pout, stream=st, check_cu_seqlens=check)))
+        for name, call in rows:
+            host, wall = queued(call, n)
+            # host cu_seqlens: past staging.SLOTS calls ahead the host waits for the GPU (its pace)
+            print(f"{tag}: {name}: host {host:.1f} us/call, wall {wall:.1f} us/call ({n} calls, one sync)",
+                  flush=True)
+
+
 if __name__ == "__main__":
-    main()
-    varlen()
+    import sys
+    if "--serving" not in sys.argv:
+        main()
+        varlen()
+    serving()

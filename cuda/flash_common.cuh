@@ -23,16 +23,25 @@ struct SeqBounds {
   int sq, sk;                   // its query rows and keys
 };
 
+// Sequence [cu[b], cu[b + 1]) of a packed batch, clamped: its first row to [0, total], its
+// end to [first, total], its length to at most max_len (max_seqlen: the grid's query blocks,
+// the pre-pass's key blocks).  So whatever the values (decreasing, negative, past the end:
+// the runtime may pass them unread), 0 <= start <= start + len <= total: a sequence never
+// reaches outside its tensor's rows (garbage values give garbage output, in bounds).
+__device__ __forceinline__ void clamped_segment(const int* cu, int b, int total, int max_len, long long& start,
+                                                int& len) {
+  const int first = min(max(cu[b], 0), total);
+  const int end = min(max(cu[b + 1], first), total);
+  start = first;
+  len = min(end - first, max_len);
+}
+
 template <class P>
 __device__ __forceinline__ SeqBounds sequence_bounds(const P& p, int b) {
   SeqBounds s{0, 0, p.seqlen_q, p.seqlen_k};
   if (p.cu_seqlens_q != nullptr) {
-    const int* cq = static_cast<const int*>(p.cu_seqlens_q);
-    const int* ck = static_cast<const int*>(p.cu_seqlens_k);
-    s.q_start = cq[b];
-    s.sq = cq[b + 1] - cq[b];
-    s.k_start = ck[b];
-    s.sk = ck[b + 1] - ck[b];
+    clamped_segment(static_cast<const int*>(p.cu_seqlens_q), b, p.total_q, p.seqlen_q, s.q_start, s.sq);
+    clamped_segment(static_cast<const int*>(p.cu_seqlens_k), b, p.total_k, p.seqlen_k, s.k_start, s.sk);
   }
   return s;
 }

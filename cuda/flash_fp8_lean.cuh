@@ -91,16 +91,16 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // The first V^T column of sequence b: b ceil(sk / 128) 128 for a dense batch; in a packed
 // (varlen) batch its first key rounded up to a multiple of 128, plus 128 b, which leaves room
 // for every sequence's last block: 128 (ceil((k_b + sk_b) / 128) - ceil(k_b / 128)) + 128 >=
-// 128 ceil(sk_b / 128).  catalogue.vt_columns sizes the workspace by the same rule.
+// 128 ceil(sk_b / 128).  catalogue.vt_columns sizes the workspace by the same rule.  k0: the
+// sequence's first key as sequence_bounds clamps it (0 <= k0 <= k0 + sk_b <= total_k), so that
+// its blocks end within the workspace whatever cu_seqlens_k holds: ceil(k0 / 128) +
+// ceil(sk_b / 128) <= ceil(total_k / 128) + 1, and b + 1 <= batch.
 static_assert(kVtBlock == kBlockN, "the pre-pass's key blocks are the kernel's (catalogue.VT_BLOCK)");
 
 template <class P>
-__device__ __forceinline__ long long vt_column0(const P& p, int b) {
+__device__ __forceinline__ long long vt_column0(const P& p, int b, long long k0) {
   constexpr int kB = kVtBlock;
-  if (p.cu_seqlens_k != nullptr) {
-    const long long k0 = static_cast<const int*>(p.cu_seqlens_k)[b];
-    return (k0 + kB - 1) / kB * kB + static_cast<long long>(kB) * b;
-  }
+  if (p.cu_seqlens_k != nullptr) return (k0 + kB - 1) / kB * kB + static_cast<long long>(kB) * b;
   return static_cast<long long>(b) * ((p.seqlen_k + kB - 1) / kB * kB);
 }
 
@@ -152,7 +152,7 @@ __device__ void transpose_v(const P& p) {
   // a V^T chunk holds keys 2t, 2t + 1, 2t + 8, 2t + 9 (P's order): of their words y, the pairs
   // (y[2t], y[2t + 1]) and (y[2t + 8], y[2t + 9]) interleaved by byte, then joined by halves
   // (the module comment: k position 4t + i of a 16-key group holds key {2t, 2t + 1, 2t + 8, 2t + 9}[i]).
-  uint8_t* vt = vt_block(p, h, vt_column0(p, b) + n0);
+  uint8_t* vt = vt_block(p, h, vt_column0(p, b, s.k_start) + n0);
 #pragma unroll
   for (int j = 0; j < kUnits / kVtThreads; ++j) {
     const int u = threadIdx.x + j * kVtThreads, g = u % 8, a = u / 8;
@@ -414,12 +414,21 @@ __device__ __forceinline__ void hi_lo_p(uint32_t (&pa)[kBlockN / 8], uint32_t (&
   }
 }
 
-// c = fp32(softmax_scale * log2(e) * dq * dk), the products in double (fp8_models.log2_scale).
+// A descale of sequence b and key/value head h_kv: element [b, h_kv] of a (B, Hkv) view by its
+// strides in elements (one value: both 0; a broadcast view: either 0).
+__device__ __forceinline__ float descale_at(const void* d, long long stride_b, long long stride_h, int b, int h_kv) {
+  return static_cast<const float*>(d)[b * stride_b + h_kv * stride_h];
+}
+
+// c = fp32(softmax_scale * log2(e) * dq * dk), the products in double (fp8_models.log2_scale),
+// with the descales of the CTA's sequence b and key/value head h_kv (every query head of the
+// group shares them).
 template <class P>
-__device__ __forceinline__ float log2_scale(const P& p) {
-  return static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eD *
-                            static_cast<double>(*static_cast<const float*>(p.descale_q)) *
-                            static_cast<double>(*static_cast<const float*>(p.descale_k)));
+__device__ __forceinline__ float log2_scale(const P& p, int b, int h_kv) {
+  const float dq = descale_at(p.descale_q, p.descale_q_stride_b, p.descale_q_stride_h, b, h_kv);
+  const float dk = descale_at(p.descale_k, p.descale_k_stride_b, p.descale_k_stride_h, b, h_kv);
+  return static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eD * static_cast<double>(dq) *
+                            static_cast<double>(dk));
 }
 
 // ---- the epilogue --------------------------------------------------------------------------
@@ -438,7 +447,10 @@ template <class P>
 __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kDv / 2],
                                            const float (&acc_l)[4], const float (&frame)[2], int r_lo, int wg_row0,
                                            int cw, uint32_t sQg) {
-  const float dv_scale = *static_cast<const float*>(p.descale_v);
+  // The key/value head derived afresh (opaque: the group size hq / hkv of the prologue is not
+  // kept through the consumer's loop for it).
+  const int h_kv = w.h / (static_cast<int>(opaque(static_cast<uint32_t>(p.hq))) / p.hkv);
+  const float dv_scale = descale_at(p.descale_v, p.descale_v_stride_b, p.descale_v_stride_h, w.b, h_kv);
   float inv[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {

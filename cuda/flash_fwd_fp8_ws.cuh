@@ -586,7 +586,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   const ConsumerLane me(wg, row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
-  const float c = log2_scale(p);
+  const float c = log2_scale(p, w.b, w.h_kv);
   const Turns turns{cw};
 
   float acc_o[kDv / 2];
@@ -725,7 +725,7 @@ struct Copies {
 template <class P>
 __device__ __forceinline__ Copies copies(const P& p, const CtaWork& w) {
   const bool packed_k = p.cu_seqlens_k != nullptr;
-  return {vt_block(p, w.h_kv, vt_column0(p, w.b)), p.cu_seqlens_q != nullptr ? w.seq.sq - w.row0 : kBlockM,
+  return {vt_block(p, w.h_kv, vt_column0(p, w.b, w.seq.k_start)), p.cu_seqlens_q != nullptr ? w.seq.sq - w.row0 : kBlockM,
           packed_k ? static_cast<int>(w.seq.k_start) : 0, packed_k ? 0 : w.b};
 }
 

@@ -25,6 +25,9 @@ Per built kernel ``<name>`` it declares
   balanced tail (``ZYFA_<NAME>_TAIL_*``, ``zyfa_<name>_tail`` and ``zyfa_<name>_tail_grid``:
   the tail's plan, partials and counter), whether its launches are programmatic dependents
   (``ZYFA_<NAME>_DEPENDENT_LAUNCH``), and its tensor maps (``ZYFA_<NAME>_TENSOR_MAPS(X)``).
+* What it takes of a packed batch's ``cu_seqlens`` (clamped to ``total_q``/``total_k`` where it
+  has them, else a valid batch) and of FP8 descales (``(B, Hkv)`` by their strides where it has
+  them, else one value each), in comments: read from its arguments.
 
 plus the manifest format, package version, toolkit pins and compilers as macros, and
 ``ZYFA_KERNELS(X)``, an X-macro listing every built kernel as ``X(name, NAME)``.
@@ -234,11 +237,38 @@ def _kernel(entry: dict) -> list[str]:
     else:
         terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
         out += _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
+    out += _contract(name, args)
     out += _tensor_maps(name, entry)
     if "split_tail" in entry:
         out += _split_tail(name, entry, st, args)
     if "prepass" in entry:
         out += _prepass(name, entry, st, args)
+    return out
+
+
+def _contract(name: str, args: set) -> list[str]:
+    """What the kernel takes of a packed batch's cu_seqlens and of FP8 descales, by the
+    arguments it has (catalogue.clamps_cu_seqlens, catalogue.per_head_descales)."""
+    out = []
+    if {"cu_seqlens_q", "total_q", "total_k"} <= args:
+        out += [f"/* {name}: packed (cu_seqlens_q/_k non-null, int32[batch + 1]): set total_q and total_k to the",
+                " * rows of q and of k/v.  Sequence b is [cu[b], cu[b + 1]) clamped: its first row to",
+                " * [0, total], its end to [first, total], its length to seqlen_q / seqlen_k (max_seqlen): any",
+                " * values stay inside q, k, v, o and lse (values that are no valid batch give wrong output,",
+                " * never an access outside them), so they need not be checked on the host.  Dense: unused. */"]
+    elif "cu_seqlens_q" in args:
+        out += [f"/* {name}: packed (cu_seqlens_q/_k non-null, int32[batch + 1]): the values must be a valid",
+                " * batch -- cu[0] = 0, non-decreasing, cu[batch] = the rows of q (of k/v), no sequence longer",
+                " * than seqlen_q (seqlen_k) -- the kernel reads as they are. */"]
+    if {"descale_q_stride_b", "descale_q_stride_h"} <= args:
+        out += [f"/* {name}: descale_q/_k/_v point to fp32 dequantisation factors, one a (sequence b,",
+                " * key/value head g): descale_q[b * descale_q_stride_b + g * descale_q_stride_h] (strides",
+                " * in elements, non-negative); every query head of g shares it.  One value a tensor: both",
+                " * strides 0; FlashAttention-3's (batch, heads_kv) tensor: its strides (a broadcast view's",
+                " * zeros included). */"]
+    elif "descale_q" in args:
+        out += [f"/* {name}: descale_q/_k/_v each point to one fp32 dequantisation factor (the whole",
+                " * tensor's). */"]
     return out
 
 

@@ -117,6 +117,16 @@ __device__ inline void store4(u16* dst, u32x2 val) { __builtin_memcpy(dst, &val,
 // bf16 element e (0..7) of a 16-byte chunk.
 __device__ inline u32 half_of(u32x4 v, int e) { return (v[e >> 1] >> ((e & 1) * 16)) & 0xffffu; }
 
+// Segment [cu[b], cu[b + 1]) of a packed batch, clamped: its first row to [0, total], its end
+// to [first, total], its length to at most max_len; so 0 <= first <= first + len <= total.
+__device__ inline void clamped_segment(const int* cu, int b, int total, int max_len, i64& first, int& len) {
+  const int c0 = cu[b], c1 = cu[b + 1];
+  const int lo = c0 < 0 ? 0 : c0 > total ? total : c0;
+  const int hi = c1 < lo ? lo : c1 > total ? total : c1;
+  first = lo;
+  len = hi - lo < max_len ? hi - lo : max_len;
+}
+
 }  // namespace detail
 
 __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p) {
@@ -137,18 +147,15 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   const int b = __builtin_amdgcn_workgroup_id_z();
 
   // ---- this sequence's rows -------------------------------------------------------
+  // Packed: [cu[b], cu[b + 1]) clamped to the tensor's rows (first in [0, total], end in
+  // [first, total], length at most max_seqlen), so that whatever the values (the runtime may
+  // pass them unread) no access leaves q, k, v, o or the LSE: garbage in, garbage out.
   const int* cu_q = static_cast<const int*>(p.cu_seqlens_q);
   const int* cu_k = static_cast<const int*>(p.cu_seqlens_k);
   int sq = p.seqlen_q, sk = p.seqlen_k;
   i64 q_first = 0, k_first = 0;  // packed row of the sequence's row 0 (varlen)
-  if (cu_q) {
-    q_first = cu_q[b];
-    sq = cu_q[b + 1] - cu_q[b];
-  }
-  if (cu_k) {
-    k_first = cu_k[b];
-    sk = cu_k[b + 1] - cu_k[b];
-  }
+  if (cu_q) clamped_segment(cu_q, b, p.total_q, p.seqlen_q, q_first, sq);
+  if (cu_k) clamped_segment(cu_k, b, p.total_k, p.seqlen_k, k_first, sk);
   const int m0 = mblock * kBlockM;
   if (m0 >= sq) return;  // whole workgroup leaves before any barrier
 

@@ -346,6 +346,24 @@ def test_header_carries_the_manifest_values():
         assert bool(maps) == (var["arch"] == "sm_90a")
 
 
+def test_header_states_what_each_kernel_takes_of_cu_seqlens_and_descales():
+    """The contract follows the arguments: kernels with total_q/total_k clamp packed
+    sequences, the others need valid values; FP8 kernels with descale strides take (B, Hkv)
+    descales, the others one value each."""
+    from zyfa_runtime.catalogue import clamps_cu_seqlens, per_head_descales
+    h = write_header(catalogue_manifest())
+    for v in all_variants():
+        names = {a.name for a in kernargs(v)}
+        assert ("total_q" in names) == ("total_k" in names) == clamps_cu_seqlens(v) == (v.built_from != "asm-generator")
+        assert ("descale_q_stride_b" in names) == per_head_descales(v) == (v.dtype == "fp8_e4m3" and v.arch == "sm_90a")
+        clamps = f"/* {v.name}: packed (cu_seqlens_q/_k non-null, int32[batch + 1]): set total_q and total_k"
+        valid = f"/* {v.name}: packed (cu_seqlens_q/_k non-null, int32[batch + 1]): the values must be a valid"
+        assert (clamps in h, valid in h) == (clamps_cu_seqlens(v), not clamps_cu_seqlens(v)), v.name
+        per_head = f"/* {v.name}: descale_q/_k/_v point to fp32 dequantisation factors, one a (sequence b,"
+        one = f"/* {v.name}: descale_q/_k/_v each point to one fp32 dequantisation factor"
+        assert (per_head in h, one in h) == (per_head_descales(v), v.dtype == "fp8_e4m3" and not per_head_descales(v))
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda e: e["kernargs"][1].update(offset=4), "overlaps|aligned"),
     (lambda e: e["kernargs"][2].update(offset=12), "aligned"),

@@ -461,3 +461,73 @@ def test_fake_memory_and_events():
     assert d.event_elapsed_ms(a, b) >= 0.0
     d.event_destroy(a)
     d.event_destroy(b)
+
+
+@pytest.mark.parametrize("module,cls,names", [
+    (cuda, "CudaDriver", ("cuMemAllocAsync", "cuMemFreeAsync", "cuMemsetD8Async", "cuMemsetD32Async",
+                          "cuThreadExchangeStreamCaptureMode")),
+    (hip, "HipDriver", ("hipMallocAsync", "hipFreeAsync", "hipMemsetD8Async", "hipMemsetD32Async",
+                        "hipThreadExchangeStreamCaptureMode")),
+])
+def test_stream_ordered_memory_and_the_relaxed_capture_mode(monkeypatch, module, cls, names):
+    """What a captured call asks of a GPU driver: allocation, memsets and free queued on the
+    given stream (a graph's memory nodes when captured), and the thread's capture mode relaxed
+    around a module load, then put back as it was."""
+    ffi = module.ffi
+    as_int = lambda x: x if isinstance(x, int) else int(ffi.cast("uintptr_t", x))  # noqa: E731
+    seen, modes = [], [1]      # the thread's mode before: thread-local (1)
+
+    def alloc(out, size, stream):
+        out[0] = ffi.cast("void *", 0x7000) if module is hip else 0x7000
+        seen.append(("alloc", size, as_int(stream)))
+        return 0
+
+    def free(p, stream):
+        seen.append(("free", as_int(p), as_int(stream)))
+        return 0
+
+    def memset8(p, value, n, stream):
+        seen.append(("memset8", as_int(p), value, n, as_int(stream)))
+        return 0
+
+    def memset32(p, value, n, stream):
+        seen.append(("memset32", as_int(p), value & 0xFFFFFFFF, n, as_int(stream)))
+        return 0
+
+    def exchange(mode):
+        mode[0], modes[0] = modes[0], mode[0]
+        seen.append(("mode", modes[0]))
+        return 0
+    use_stub(monkeypatch, module, StubLib(**dict(zip(names, (alloc, free, memset8, memset32, exchange)))))
+    driver = getattr(module, cls)()
+    ptr = driver.alloc_async(0, 96, 0x55)
+    driver.memset_d8_async(ptr, 0, 8, 0x55)
+    driver.memset_d32_async(ptr + 16, 0x3F800000, 1, 0x55)
+    driver.free_async(ptr, 0x55)
+    with driver.relaxed_capture():
+        assert modes[0] == 2                                   # relaxed meanwhile
+    assert modes[0] == 1
+    assert seen == [("alloc", 96, 0x55), ("memset8", 0x7000, 0, 8, 0x55), ("memset32", 0x7010, 0x3F800000, 1, 0x55),
+                    ("free", 0x7000, 0x55), ("mode", 2), ("mode", 1)]
+
+
+def test_the_fake_refuses_what_a_capture_forbids_and_records_stream_operations():
+    f = fake.FakeDriver(discrete=True)
+    a = f.alloc(0, 64)
+    f.capturing.add(3)
+    for call in (lambda: f.alloc(0, 8), lambda: f.free(a), lambda: f.memset_d8(a, 0, 8), lambda: f.synchronize(0),
+                 lambda: f.copy_htod(a, bytes(8)), lambda: f.copy_dtoh(bytearray(8), a),
+                 lambda: f.load_module(0, b"x"), lambda: f.host_alloc(0, 8)):
+        with pytest.raises(ZyfaError, match="CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"):
+            call()
+    with f.relaxed_capture():
+        f.load_module(0, b"x")
+    b = f.alloc_async(0, 32, 3)
+    f.memset_d8_async(b, 0, 8, 3)
+    f.memset_d32_async(b + 8, 0x3F800000, 2, 3)
+    assert np.frombuffer(f.buffer(b)[8:16].tobytes(), np.float32).tolist() == [1.0, 1.0]
+    f.free_async(b, 3)
+    assert f.ops == [("alloc_async", b, 32, 3), ("memset_async", b, 0, 8, 3), ("memset_async", b + 8, 0x3F800000, 8, 3),
+                     ("free_async", b, 3)]
+    f.capture_mode = "relaxed"
+    f.free(f.alloc(0, 8))

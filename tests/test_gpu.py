@@ -447,7 +447,7 @@ def test_a_packed_call_inside_a_graph_capture_is_refused_and_the_capture_survive
     side = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
-        with pytest.raises(ValueError, match="cannot be captured into a graph"):
+        with pytest.raises(ValueError, match="takes device cu_seqlens with check_cu_seqlens=False"):
             flash_attn_varlen_func(qr, qr, qr, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=60,
                                    max_seqlen_k=60, stream=side.cuda_stream)
         y = q * 2
@@ -770,3 +770,376 @@ def test_back_to_back_calls_each_read_their_own_values(v, split_tail, monkeypatc
         assert not np.isnan(o).any()
         ref = reference.attention(hq_[1], hk[1], hv[1], causal=v.causal)
         assert reference.relative_error(o, ref) <= RECIPE_FP64_BOUND, v.name
+
+
+# --------------------------------------------------------------------------------------
+# Serving stacks: graph capture, unchecked cu_seqlens, descales per sequence and head.
+
+def _fill(arr, host):
+    DRIVER.copy_htod(arr.ptr, memoryview(np.ascontiguousarray(host).reshape(-1).view(np.uint8)))
+
+
+def _forget_layouts():
+    from zyfa_runtime import plan as plan_mod
+    with plan_mod._lock:
+        plan_mod._plans.clear()
+        plan_mod._layouts.clear()
+
+
+CAPTURED = [("bf16", 128, False, "auto"), ("fp8_e4m3", 128, True, "auto"), ("fp8_e4m3", 256, False, "always")]
+
+
+@pytest.mark.parametrize("dtype,d,causal,split_tail", CAPTURED,
+                         ids=["bf16-persistent", "fp8-vt", "fp8-balanced-tail"])
+def test_captured_after_a_warm_up_on_another_stream_graphs_replay_right_side_by_side(dtype, d, causal, split_tail,
+                                                                                    monkeypatch):
+    """torch's pattern: the call run on a side stream, then captured on torch's own capture
+    stream (another), twice, on two sets of tensors.  The two graphs replayed at once on two
+    more streams (their scratch -- counters, V^T, a balanced tail's partials -- each the
+    graph's own), inputs refilled between rounds: each output bit for bit what a direct call
+    on the same values writes."""
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import flash_attn_func
+    from zyfa_runtime.memory import DeviceArray
+    from zyfa_runtime.selfcheck import _quantise
+    monkeypatch.setenv("ZYFA_SPLIT_TAIL", split_tail)
+    _forget_layouts()
+    rng = np.random.default_rng()
+    b, hq, hkv, sq, sk = 1, 16, 4, 1500, 2000
+    shapes = ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d))
+    sets = []
+    for _ in range(2):
+        qkv = [DeviceArray(DRIVER, 0, sh, dtype) for sh in shapes]
+        per_head = Variant(ARCH, dtype, d, d, causal).built_from != "asm-generator"   # gfx950 FP8: one value
+        scales = ({n: DeviceArray(DRIVER, 0, (b, hkv) if per_head else (1,), "float32")
+                   for n in ("descale_q", "descale_k", "descale_v")} if dtype == "fp8_e4m3" else {})
+        sets.append((qkv, scales, DeviceArray(DRIVER, 0, (b, sq, hq, d), "bf16"),
+                     DeviceArray(DRIVER, 0, (b, sq, hq, d), "bf16")))
+
+    def refill(qkv, scales):
+        for arr, sh in zip(qkv, shapes):
+            _fill(arr, _quantise(rng.standard_normal(sh).astype(np.float32), dtype)[0])
+        for arr in scales.values():
+            _fill(arr, rng.uniform(0.5, 2.0, arr.shape).astype(np.float32))
+
+    side = torch.cuda.Stream()
+    for qkv, scales, out, _ in sets:
+        refill(qkv, scales)
+        flash_attn_func(*qkv, causal=causal, out=out, stream=side.cuda_stream, **scales)     # warm-up
+    torch.cuda.synchronize()
+    graphs = []
+    for qkv, scales, out, _ in sets:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):        # torch's capture stream, not the side stream
+            flash_attn_func(*qkv, causal=causal, out=out, stream=torch.cuda.current_stream().cuda_stream, **scales)
+        graphs.append(g)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for _ in range(3):
+        for qkv, scales, out, direct in sets:
+            refill(qkv, scales)
+            DRIVER.memset_d8(out.ptr, 0xFF, out.nbytes)
+        torch.cuda.synchronize()
+        for g, st in zip(graphs, streams):
+            with torch.cuda.stream(st):
+                g.replay()
+        torch.cuda.synchronize()
+        for qkv, scales, out, direct in sets:
+            flash_attn_func(*qkv, causal=causal, out=direct, **scales)
+        torch.cuda.synchronize()
+        for _, _, out, direct in sets:
+            got = out.numpy().view(np.uint16)
+            assert not np.isnan(bf16_to_f64(got)).any()
+            assert np.array_equal(got, direct.numpy().view(np.uint16))
+
+
+FIRST_CALL_CAPTURED = """
+import numpy as np, torch
+from zyfa_runtime import as_tensor, flash_attn_func
+torch.manual_seed(0)
+side = torch.cuda.Stream()
+q = torch.randn(1, 700, 8, 128, device="cuda")
+bf = [q.bfloat16(), q[:, :, :2].bfloat16().contiguous(), q[:, :, 2:4].bfloat16().contiguous()]
+f8 = [as_tensor(x.to(torch.float8_e4m3fn).view(torch.uint8), dtype="fp8_e4m3") for x in bf]
+outs = [torch.empty(1, 700, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g, stream=side):      # no call before: modules load inside the capture
+    s = torch.cuda.current_stream().cuda_stream
+    flash_attn_func(*bf, out=outs[0], stream=s)                 # persistent: a counter
+    flash_attn_func(*f8, causal=True, out=outs[1], stream=s)    # V^T, and no descale given: 1.0
+g.replay()
+torch.cuda.synchronize()
+flash_attn_func(*bf, out=outs[2])
+flash_attn_func(*f8, causal=True, out=outs[3])
+torch.cuda.synchronize()
+assert not outs[0].isnan().any() and not outs[1].isnan().any()
+assert torch.equal(outs[0].view(torch.int16), outs[2].view(torch.int16))
+assert torch.equal(outs[1].view(torch.int16), outs[3].view(torch.int16))
+print("first call captured: ok")
+"""
+
+
+def test_the_first_call_of_a_process_may_be_captured():
+    """A process's first call, inside a capture in the global mode (torch.cuda.graph's default):
+    its modules load (in the relaxed mode), its scratch is the graph's, and the replay writes
+    what a direct call does."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", FIRST_CALL_CAPTURED], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
+
+
+def test_what_a_captured_call_would_allocate_is_refused_and_the_capture_survives():
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import as_tensor, flash_attn_func
+    q = torch.randn(1, 100, 2, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 2, 100, device="cuda")
+    qr, o, l = as_tensor(q), as_tensor(out), as_tensor(lse)
+    side = torch.cuda.Stream()
+    flash_attn_func(qr, qr, qr, out=o, stream=side.cuda_stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        s = torch.cuda.current_stream().cuda_stream
+        with pytest.raises(ValueError, match="needs out="):
+            flash_attn_func(qr, qr, qr, stream=s)
+        with pytest.raises(ValueError, match="needs lse="):
+            flash_attn_func(qr, qr, qr, out=o, return_lse=True, stream=s)
+        flash_attn_func(qr, qr, qr, out=o, lse=l, return_lse=True, stream=s)
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    ref, ref_lse = reference.attention(*(q.double().cpu().numpy(),) * 3, return_lse=True)
+    o_bound, lse_bound = bounds(Variant(ARCH, "bf16", 64, 64, False))
+    assert reference.relative_error(out.double().cpu().numpy(), ref) < o_bound
+    assert np.abs(lse.cpu().numpy() - ref_lse).max() < lse_bound
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+def test_a_packed_call_captured_with_unchecked_cu_seqlens_follows_each_replays_values(dtype):
+    """Device cu_seqlens, check_cu_seqlens=False, captured once: each replay reads what the
+    cu_seqlens buffers hold then (a new split of the same rows), bit for bit what a checked
+    direct call on them writes."""
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import flash_attn_varlen_func
+    from zyfa_runtime.memory import DeviceArray, to_device
+    from zyfa_runtime.selfcheck import _quantise
+    rng = np.random.default_rng()
+    tq, tk, hq, hkv, d = 1200, 1500, 8, 2, 128
+    q, k, v = (to_device(DRIVER, 0, _quantise(rng.standard_normal(s).astype(np.float32), dtype)[0], dtype)
+               for s in ((tq, hq, d), (tk, hkv, d), (tk, hkv, d)))
+    cu_q, cu_k = DeviceArray(DRIVER, 0, (5,), "int32"), DeviceArray(DRIVER, 0, (5,), "int32")
+    out, direct = DeviceArray(DRIVER, 0, (tq, hq, d), "bf16"), DeviceArray(DRIVER, 0, (tq, hq, d), "bf16")
+    splits = [([300, 300, 300, 300], [375, 375, 375, 375]), ([1000, 0, 150, 50], [100, 900, 0, 500]),
+              ([1, 1, 1, 1197], [1497, 1, 1, 1])]
+    max_q, max_k = 1200, 1500
+    side = torch.cuda.Stream()
+    _fill(cu_q, np.array([0, 300, 600, 900, 1200], np.int32))
+    _fill(cu_k, np.array([0, 375, 750, 1125, 1500], np.int32))
+    flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                           causal=True, out=out, stream=side.cuda_stream, check_cu_seqlens=False)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                               max_seqlen_k=max_k, causal=True, out=out,
+                               stream=torch.cuda.current_stream().cuda_stream, check_cu_seqlens=False)
+    for lq, lk in splits:
+        cq, ck = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lq, lk))
+        _fill(cu_q, cq)
+        _fill(cu_k, ck)
+        DRIVER.memset_d8(out.ptr, 0xFF, out.nbytes)
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        flash_attn_varlen_func(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                               causal=True, out=direct)
+        DRIVER.synchronize(0)
+        got = out.numpy().view(np.uint16)
+        assert not np.isnan(bf16_to_f64(got)).any() and np.array_equal(got, direct.numpy().view(np.uint16))
+
+
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+#: cu_seqlens that are no batch (tests/emulator/test_emu_capture.py's, scaled to 700 / 900 rows)
+ADVERSARIAL = [
+    ([0, 500, 100, 700], [0, 900, 200, 50]),
+    ([0, 500, 100, 2000], [0, 900, 200, 5000]),
+    ([0, 200, 400, 750], [0, 300, 600, 950]),
+    ([-300, 200, 400, 700], [0, 300, 600, 900]),
+    ([-400, 7, 1 << 30, INT32_MAX], [INT32_MIN, -1, 0, INT32_MAX]),
+    ([INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN], [3, INT32_MAX, 2, INT32_MIN]),
+]
+CLAMPING = [v for v in all_variants() if v.arch == ARCH and v.built_from != "asm-generator"]
+
+
+@pytest.mark.parametrize("v", CLAMPING, ids=lambda v: v.name)
+def test_adversarial_cu_seqlens_never_reach_outside_the_tensors(v):
+    """check_cu_seqlens=False with values that are no batch: each tensor its own allocation
+    (run under compute-sanitizer, an access outside one is an error: ``compute-sanitizer
+    --tool memcheck python -m pytest tests/test_gpu.py -k adversarial``), out and the LSE views
+    between poisoned guard rows, which stay as they were; the call ends and the device is
+    usable after it (a call on valid values right after is right)."""
+    from zyfa_runtime import flash_attn_varlen_func
+    from zyfa_runtime.memory import DeviceArray, to_device, view
+    from zyfa_runtime.selfcheck import _descales, _quantise
+    rng = np.random.default_rng()
+    tq, tk, hq, hkv = 700, 900, 4, 2
+    host = [_quantise(rng.standard_normal(s).astype(np.float32), v.dtype)
+            for s in ((tq, hq, v.d_qk), (tk, hkv, v.d_qk), (tk, hkv, v.d_v))]
+    q, k, vv = (to_device(DRIVER, 0, h[0], v.dtype) for h in host)
+    scales = _descales(DRIVER, 0, tuple(h[2] for h in host))
+    big_o = np.full((tq + 2, hq, v.d_v), 0xFFFF, np.uint16)
+    big_l = np.full((hq, tq + 64), 0xFFFFFFFF, np.uint32)
+    o_dev, l_dev = to_device(DRIVER, 0, big_o, "bf16"), to_device(DRIVER, 0, big_l.view(np.float32), "float32")
+    out = view(o_dev, big_o[1:1 + tq], big_o)
+    lse = view(l_dev, big_l.view(np.float32)[:, 32:32 + tq], big_l.view(np.float32))
+    for cu_q, cu_k in ADVERSARIAL:
+        cq, ck = (to_device(DRIVER, 0, np.array(c, np.int32), "int32") for c in (cu_q, cu_k))
+        flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=600, max_seqlen_k=800,
+                               causal=v.causal, out=out, lse=lse, return_lse=True, check_cu_seqlens=False, **scales)
+        DRIVER.synchronize(0)
+        o, l = o_dev.numpy().view(np.uint16), l_dev.numpy().view(np.uint32)
+        assert (o[0] == 0xFFFF).all() and (o[-1] == 0xFFFF).all(), (cu_q, cu_k)
+        assert (l[:, :32] == 0xFFFFFFFF).all() and (l[:, 32 + tq:] == 0xFFFFFFFF).all(), (cu_q, cu_k)
+    cu = to_device(DRIVER, 0, np.array([0, 700], np.int32), "int32")
+    cuk = to_device(DRIVER, 0, np.array([0, 900], np.int32), "int32")
+    flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu, cu_seqlens_k=cuk, max_seqlen_q=700, max_seqlen_k=900,
+                           causal=v.causal, out=out, **scales)
+    got = bf16_to_f64(o_dev.numpy().view(np.uint16)[1:1 + tq])
+    ref = reference.attention(host[0][1][None], host[1][1][None], host[2][1][None], causal=v.causal)[0]
+    bound = 0.05 if v.dtype == "fp8_e4m3" else bounds(v)[0]
+    assert not np.isnan(got).any() and reference.relative_error(got, ref) <= bound
+
+
+FP8_PER_HEAD = [v for v in all_variants() if v.arch == ARCH and v.dtype == "fp8_e4m3" and v.built_from != "asm-generator"]
+
+
+@pytest.mark.parametrize("v", FP8_PER_HEAD, ids=lambda v: v.name)
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+def test_fp8_descales_per_sequence_and_kv_head_match_the_model_fp64_and_each_group_alone(v, packed, monkeypatch):
+    """Inputs whose magnitude differs by sequence and key/value head, each (sequence, group)
+    quantised with its own scales, passed as (B, Hkv) descales -- q's contiguous, k's a
+    transposed view, v's every other element of a wider tensor: O within the sm_90a recipe
+    model's bound and the recipe's distance to fp64, and each (sequence, group) bit for bit the
+    output of a call on that group alone with its descales as one value each (the kernel reads
+    its CTA's).  Then the same descales as a (B, Hkv) view of one value (zero strides) give
+    the bits of one value passed as such."""
+    from zyfa_runtime import flash_attn_func, flash_attn_varlen_func
+    from zyfa_runtime.memory import DeviceArray, to_device, view
+    from zyfa_runtime.selfcheck import MODEL_BOUNDS, RECIPE_FP64_BOUND, _poisoned_out
+    import ml_dtypes
+    monkeypatch.setenv("ZYFA_SPLIT_TAIL", "off")     # the same tiles alone and together
+    _forget_layouts()
+    rng = np.random.default_rng()
+    hq, hkv = 6, 2
+    group = hq // hkv
+    seq_q, seq_k = ([150, 77, 300], [200, 130, 260]) if packed else ([150] * 3, [260] * 3)
+    bsz = len(seq_q)
+    mag = {t: rng.uniform(0.05, 20.0, (bsz, hkv)) for t in "qkv"}
+    cq, ck = (np.concatenate([[0], np.cumsum(n)]) for n in (seq_q, seq_k))
+    codes, exact, scales = {}, {}, {}
+    for t, d, h, cu in (("q", v.d_qk, hq, cq), ("k", v.d_qk, hkv, ck), ("v", v.d_v, hkv, ck)):
+        rows = int(cu[-1])
+        x = rng.standard_normal((rows, h, d))
+        sc = np.zeros((bsz, hkv), np.float32)
+        c = np.zeros((rows, h, d), ml_dtypes.float8_e4m3fn)
+        e = np.zeros((rows, h, d))
+        for b in range(bsz):
+            for g in range(hkv):
+                hs = slice(g * group, (g + 1) * group) if t == "q" else slice(g, g + 1)
+                part = x[cu[b]:cu[b + 1], hs] * mag[t][b, g]
+                sc[b, g] = np.float32(max(np.abs(part).max(), 1e-30) / 448.0)
+                c[cu[b]:cu[b + 1], hs] = (part / sc[b, g]).astype(ml_dtypes.float8_e4m3fn)
+                e[cu[b]:cu[b + 1], hs] = c[cu[b]:cu[b + 1], hs].astype(np.float64) * np.float64(sc[b, g])
+        codes[t], exact[t], scales[t] = c, e, sc
+    if not packed:
+        codes = {t: c.reshape(bsz, -1, *c.shape[1:]) for t, c in codes.items()}
+        exact = {t: e.reshape(bsz, -1, *e.shape[1:]) for t, e in exact.items()}
+    q, k, vv = (to_device(DRIVER, 0, codes[t], "fp8_e4m3") for t in "qkv")
+    dq = to_device(DRIVER, 0, scales["q"], "float32")
+    kt = np.ascontiguousarray(scales["k"].T)
+    dk_dev = to_device(DRIVER, 0, kt, "float32")
+    dk = view(dk_dev, kt.T, kt)                                    # (B, Hkv), strides (1, B)
+    wide = np.repeat(scales["v"], 2, axis=1)
+    dv_dev = to_device(DRIVER, 0, wide, "float32")
+    dv = view(dv_dev, wide[:, ::2], wide)                          # (B, Hkv), strides (2 Hkv, 2)
+    out_shape = codes["q"].shape[:-1] + (v.d_v,)
+    out = _poisoned_out(DRIVER, 0, out_shape)
+    kw = dict(descale_q=dq, descale_k=dk, descale_v=dv, causal=v.causal, out=out)
+    cu_kw = {}
+    if packed:
+        cu_kw = dict(cu_seqlens_q=to_device(DRIVER, 0, cq.astype(np.int32), "int32"),
+                     cu_seqlens_k=to_device(DRIVER, 0, ck.astype(np.int32), "int32"),
+                     max_seqlen_q=max(seq_q), max_seqlen_k=max(seq_k))
+        flash_attn_varlen_func(q, k, vv, **cu_kw, **kw)
+    else:
+        flash_attn_func(q, k, vv, **kw)
+    o = bf16_to_f64(out.numpy().view(np.uint16))
+    assert not np.isnan(o).any()
+    scale = float(np.float32(1.0 / np.sqrt(v.d_qk)))
+    ref_cu = dict(cu_seqlens_q=cq, cu_seqlens_k=ck) if packed else {}
+    model = reference.fp8_attention(codes["q"], codes["k"], codes["v"], recipe="sm_90a", descale_q=scales["q"],
+                                    descale_k=scales["k"], descale_v=scales["v"], causal=v.causal,
+                                    softmax_scale=scale, **ref_cu)
+    fp64 = reference.attention(exact["q"], exact["k"], exact["v"], causal=v.causal, **ref_cu)
+    assert reference.relative_error(o, model) <= MODEL_BOUNDS["sm_90a"][0]
+    assert reference.relative_error(o, fp64) <= RECIPE_FP64_BOUND
+    bits = out.numpy().view(np.uint16)
+    for b in range(bsz):
+        for g in range(hkv):
+            hs = slice(g * group, (g + 1) * group)
+            if packed:
+                part = lambda a, cu, sl: np.ascontiguousarray(a[cu[b]:cu[b + 1], sl])[None]  # noqa: E731
+                mine = bits[cq[b]:cq[b + 1], hs]
+            else:
+                part = lambda a, cu, sl: np.ascontiguousarray(a[b:b + 1, :, sl])  # noqa: E731
+                mine = bits[b, :, hs]
+            if mine.size == 0:
+                continue
+            alone = flash_attn_func(*(to_device(DRIVER, 0, part(codes[t], cu, sl), "fp8_e4m3")
+                                      for t, cu, sl in (("q", cq, hs), ("k", ck, slice(g, g + 1)),
+                                                        ("v", ck, slice(g, g + 1)))),
+                                    causal=v.causal,
+                                    **{f"descale_{t}": to_device(DRIVER, 0, np.array([scales[t][b, g]], np.float32),
+                                                                 "float32") for t in "qkv"})
+            assert np.array_equal(alone.numpy().view(np.uint16)[0], mine.reshape(alone.shape[1:])), (b, g)
+    # (B, Hkv) views of one value: the bits of one value each
+    value = np.array([0.75], np.float32)
+    one = to_device(DRIVER, 0, value, "float32")
+    flat = view(one, np.broadcast_to(value.reshape(1, 1), (bsz, hkv)), value)    # strides (0, 0)
+    outs = []
+    for d in (flat, one):
+        o2 = _poisoned_out(DRIVER, 0, out_shape)
+        kw = dict(descale_q=d, descale_k=d, descale_v=d, causal=v.causal, out=o2)
+        if packed:
+            flash_attn_varlen_func(q, k, vv, **cu_kw, **kw)
+        else:
+            flash_attn_func(q, k, vv, **kw)
+        outs.append(o2.numpy().view(np.uint16))
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_torch_tensors_passed_directly_follow_their_values_shapes_and_storage():
+    """PyTorch tensors passed themselves, call after call (their export remembered): values
+    written in place are read; a tensor resized, or given other storage, is read as it is now."""
+    torch = pytest.importorskip("torch")
+    from zyfa_runtime import flash_attn_func
+    q = torch.randn(1, 200, 4, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    st = torch.cuda.current_stream()
+
+    def check():
+        flash_attn_func(q, q, q, out=out, stream=st)
+        torch.cuda.synchronize()
+        ref = reference.attention(*(q.double().cpu().numpy(),) * 3)
+        assert reference.relative_error(out.double().cpu().numpy(), ref) < 8e-3
+    check()
+    q.copy_(torch.randn_like(q))
+    check()
+    q.resize_(1, 150, 4, 64)
+    out.resize_(1, 150, 4, 64)
+    check()
+    q.set_(torch.randn(1, 150, 4, 64, device="cuda", dtype=torch.bfloat16))
+    check()

@@ -190,13 +190,51 @@ def test_device_arrays_of_the_fake_are_device_memory(gpu_like):
     assert gpu_like.pointer_info(np.zeros(4).ctypes.data) == ("cpu", 0)
 
 
-def test_a_packed_call_on_a_stream_being_captured_is_refused_before_anything_is_queued(gpu_like):
-    """A graph would replay the copy from a slot that later calls rewrite (and device
-    cu_seqlens would be read back, which capture forbids): refused, nothing staged or launched."""
+def test_a_packed_call_on_a_stream_being_captured_takes_unchecked_device_cu_seqlens_only(gpu_like):
+    """Host cu_seqlens would be replayed from a slot that later calls rewrite, and checking
+    device ones reads them back, which capture forbids: both refused, nothing staged, read or
+    launched.  Device ones with check_cu_seqlens=False: launched as they are, nothing read back,
+    nothing allocated but in stream order (the fake raises on anything a capture refuses)."""
     qkv, cu_q, cu_k = packed(gpu_like, [5, 65], [9, 61])
+    dq, dk = to_device(gpu_like, 0, cu_q, "int32"), to_device(gpu_like, 0, cu_k, "int32")
+    out = DeviceArray(gpu_like, 0, (70, 4, 128), "bf16")
     gpu_like.capturing.add(4)
-    with pytest.raises(ValueError, match="cannot be captured into a graph"):
-        call(qkv, cu_q, cu_k, stream=4)
-    assert gpu_like.htod_async == [] and gpu_like.launches == []
-    call(qkv, cu_q, cu_k, stream=5)                     # other streams are not affected
-    assert len(gpu_like.launches) == 1
+    for cus, match in (((cu_q, cu_k), "takes device cu_seqlens with check_cu_seqlens=False"),
+                       ((dq, cu_k), "takes device cu_seqlens with check_cu_seqlens=False"),
+                       ((dq, dk), "pass check_cu_seqlens=False")):
+        with pytest.raises(ValueError, match=match):
+            call(qkv, *cus, lengths_from=(cu_q, cu_k), out=out, stream=4)
+    with pytest.raises(ValueError, match="needs out="):
+        call(qkv, dq, dk, lengths_from=(cu_q, cu_k), stream=4, check_cu_seqlens=False)
+    assert gpu_like.htod_async == [] and gpu_like.launches == [] and gpu_like.dtoh == 0
+    call(qkv, dq, dk, lengths_from=(cu_q, cu_k), out=out, stream=4, check_cu_seqlens=False)
+    (launch,) = gpu_like.launches
+    args = unpack_args(entry_of(BF16), launch.args)
+    assert (args["cu_seqlens_q"], args["cu_seqlens_k"]) == (dq.ptr, dk.ptr) and launch.stream == 4
+    assert (args["total_q"], args["total_k"]) == (70, 70) and gpu_like.dtoh == 0
+    gpu_like.capture_mode = "relaxed"                   # other streams then are not affected
+    call(qkv, cu_q, cu_k, stream=5)
+    assert len(gpu_like.launches) == 2 and len(gpu_like.htod_async) == 1
+
+
+def test_unchecked_device_cu_seqlens_are_never_read_and_a_known_layout_is_not_revalidated(gpu_like,
+                                                                                       monkeypatch):
+    """check_cu_seqlens=False outside a capture: no read-back (no wait for the GPU), values that
+    are no valid batch passed to the kernel as they are (it clamps them); shapes, dtypes and
+    addresses still checked; host values still checked (reading them costs nothing)."""
+    qkv, cu_q, cu_k = packed(gpu_like, [5, 65], [9, 61])
+    bad = to_device(gpu_like, 0, np.array([7, -3, 1 << 30], np.int32), "int32")
+    call(qkv, bad, bad, lengths_from=(cu_q, cu_k), check_cu_seqlens=False)
+    assert gpu_like.dtoh == 0 and len(gpu_like.launches) == 1
+    monkeypatch.setattr(validate, "check_varlen", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("again")))
+    call(qkv, bad, bad, lengths_from=(cu_q, cu_k), check_cu_seqlens=False)
+    assert gpu_like.dtoh == 0 and len(gpu_like.launches) == 2
+    monkeypatch.undo()
+    short = to_device(gpu_like, 0, np.array([0, 5], np.int32), "int32")
+    with pytest.raises(ValueError, match="cu_seqlens_k has 2 entries"):
+        call(qkv, bad, short, lengths_from=(cu_q, cu_k), check_cu_seqlens=False)
+    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0, got 7"):
+        call(qkv, np.array([7, -3, 1 << 30], np.int32), bad, lengths_from=(cu_q, cu_k), check_cu_seqlens=False)
+    with pytest.raises(TypeError, match="check_cu_seqlens must be a bool"):
+        call(qkv, bad, bad, lengths_from=(cu_q, cu_k), check_cu_seqlens="no")
+    assert len(gpu_like.launches) == 2

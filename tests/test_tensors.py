@@ -393,3 +393,118 @@ def test_stream_handle_rejects_other_objects(stream):
 def test_stream_handle_rejects_negative_handles():
     with pytest.raises(ValueError, match="stream"):
         stream_handle(-1)
+
+
+# --------------------------------------------------------------------------------------
+# A PyTorch tensor passed call after call: its export remembered (tensors.call_view).  A
+# stand-in "torch" module: a Tensor over a NumPy array that counts its exports and answers
+# what call_view reads of a PyTorch tensor.
+
+
+class FakeTorchTensor:
+    def __init__(self, a: np.ndarray, device: int = -1):
+        self.a, self.device_index, self.exports, self.streams = a, device, 0, []
+
+    def __dlpack__(self, stream=None, **kw):
+        self.exports += 1
+        self.streams.append(stream)
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+    def data_ptr(self):
+        return self.a.__array_interface__["data"][0]
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+    def get_device(self):
+        return self.device_index
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    import sys
+    import types
+    from zyfa_runtime import tensors
+    torch = types.ModuleType("torch")
+    torch.Tensor = FakeTorchTensor
+    torch.current = 0
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: torch.current)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(tensors, "_exports", {})
+    return torch
+
+
+def test_a_tensor_passed_again_is_not_exported_again(fake_torch):
+    from zyfa_runtime import tensors
+    t = FakeTorchTensor(np.zeros((2, 3, 4), np.float32))
+    first = tensors.call_view(t, 0)
+    assert first == as_tensor(FakeTorchTensor(t.a), None) and t.exports == 1
+    again = tensors.call_view(t, 0)
+    assert again == first and again.owner is None and t.exports == 1     # no reference to the tensor kept
+    # values written in place change nothing an export yields
+    t.a[...] = 7
+    assert tensors.call_view(t, 0) == first and t.exports == 1
+
+
+@pytest.mark.parametrize("change", ["resize", "restride", "repoint", "retype"])
+def test_a_tensor_whose_export_would_differ_is_exported_again(fake_torch, change):
+    from zyfa_runtime import tensors
+    base = np.zeros((4, 6), np.float32)
+    t = FakeTorchTensor(base[:2])
+    old = tensors.call_view(t, 0)
+    t.a = {"resize": base[:3], "restride": base[:2, ::2], "repoint": base[1:3],
+           "retype": base[:2].view(np.int32)}[change]
+    new = tensors.call_view(t, 0)
+    assert t.exports == 2 and new != old and new == as_tensor(FakeTorchTensor(t.a), None)
+    assert tensors.call_view(t, 0) == new and t.exports == 2
+
+
+def test_an_export_to_a_stream_is_remembered_only_where_it_would_order_nothing(fake_torch):
+    """To stream 5 while PyTorch's current stream is 5: remembered.  While it is another, the
+    export makes stream 5 wait for it: done every call."""
+    from zyfa_runtime import tensors
+    t = FakeTorchTensor(np.zeros(8, np.float32), device=0)
+    fake_torch.current = 5
+    tensors.call_view(t, 5)
+    tensors.call_view(t, 5)
+    assert t.exports == 1 and t.streams == [5]
+    fake_torch.current = 6
+    tensors.call_view(t, 5)
+    tensors.call_view(t, 5)
+    assert t.exports == 3 and t.streams == [5, 5, 5]
+    tensors.call_view(t, 0)          # no stream given to the export: nothing to order
+    assert t.exports == 3
+
+
+def test_the_cache_keeps_no_tensor_alive_and_a_new_tensor_at_an_old_id_is_exported(fake_torch):
+    from zyfa_runtime import tensors
+    t = FakeTorchTensor(np.zeros(8, np.float32))
+    tensors.call_view(t, 0)
+    assert len(tensors._exports) == 1
+    del t
+    gc.collect()
+    assert tensors._exports == {}
+    kept = []
+    for i in range(tensors.EXPORT_CACHE_SIZE + 10):
+        x = FakeTorchTensor(np.zeros(2 + i % 3, np.float32))    # ids of dead ones come back
+        assert tensors.call_view(x, 0).shape == x.shape and x.exports == 1
+        if i % 2:
+            kept.append(x)
+    assert len(tensors._exports) <= tensors.EXPORT_CACHE_SIZE
+
+
+def test_other_objects_are_read_as_as_tensor_reads_them(fake_torch):
+    from zyfa_runtime import tensors
+    a = np.zeros((3, 4), np.float32)
+    assert tensors.call_view(a, 0) == as_tensor(a) and tensors._exports == {}

@@ -540,10 +540,63 @@ def test_descales_must_be_float32(name, dtype):
 
 
 @pytest.mark.parametrize("name", ["descale_q", "descale_k", "descale_v"])
-@pytest.mark.parametrize("shape", [(2,), (1, 1), (4, 2)])
-def test_descales_must_hold_one_value(name, shape):
-    args = dense("fp8_e4m3", **{name: ref(shape, "float32", 6)})
-    rejects(check_dense, args, ValueError, name, "one value")
+@pytest.mark.parametrize("shape", [(2,), (1, 1), (4, 2), (2, 4), (2, 2, 1), (1, 2, 2)])
+def test_descales_hold_one_value_or_one_a_sequence_and_kv_head(name, shape):
+    args = dense("fp8_e4m3", **{name: ref(shape, "float32", 6)})       # batch 2, heads_kv 2
+    rejects(check_dense, args, ValueError, name, "one value", "(batch, heads_kv)", "(2, 2)")
+
+
+@pytest.mark.parametrize("name", ["descale_q", "descale_k", "descale_v"])
+@pytest.mark.parametrize("strides", [(2, 1), (1, 2), (0, 1), (2, 0), (0, 0), (64, 3)])
+def test_descales_of_batch_by_kv_heads_take_any_non_negative_strides(name, strides):
+    args = dense("fp8_e4m3", **{name: ref((2, 2), "float32", 6, strides=strides)})
+    assert check_dense(**args).dtype == "fp8_e4m3"
+    args = dense("fp8_e4m3", **{name: ref((2, 2), "float32", 6, strides=(strides[0], -1))})
+    rejects(check_dense, args, ValueError, name, "negative stride")
+
+
+def test_packed_descales_are_one_a_sequence():
+    three = ref((3, 2), "float32", 6)          # CU_Q: three sequences; heads_kv 2
+    assert check_varlen(**varlen("fp8_e4m3", descale_v=three)).batch == 3
+    rejects(check_varlen, varlen("fp8_e4m3", descale_v=ref((2, 2), "float32", 6)), ValueError,
+            "descale_v", "(3, 2)")
+
+
+@pytest.mark.parametrize("name", ["descale_q", "descale_k", "descale_v"])
+def test_descales_misaligned_or_elsewhere_are_refused(name):
+    rejects(check_dense, dense("fp8_e4m3", **{name: ref((2, 2), "float32", 6, offset=2)}), ValueError,
+            name, "4-byte aligned")
+    rejects(check_dense, dense("fp8_e4m3", **{name: ref((2, 2), "float32", 6, device=("cuda", 1))}),
+            ValueError, name, "one device")
+
+
+# --------------------------------------------------------------------------------------
+# The LSE into the caller's tensor.
+
+
+def test_lse_given_takes_the_lse_shape_and_any_head_and_batch_strides():
+    lse = ref((2, 4, 5), "float32", 8, strides=(64, 8, 1))
+    assert check_dense(**dense(lse=lse, return_lse=True)).return_lse
+    assert check_varlen(**varlen(lse=ref((4, 8), "float32", 8, strides=(16, 1)), return_lse=True)).return_lse
+
+
+@pytest.mark.parametrize("lse,exc,words", [
+    (ref((2, 4, 5), "float64", 8), TypeError, ("lse", "float32")),
+    (ref((2, 5, 4), "float32", 8), ValueError, ("lse shape", "(2, 4, 5)")),
+    (ref((2, 4, 5), "float32", 8, strides=(40, 10, 2)), ValueError, ("lse", "unit stride")),
+    (ref((2, 4, 5), "float32", 8, strides=(20, -5, 1)), ValueError, ("lse", "negative stride")),
+    (ref((2, 4, 5), "float32", 8, readonly=True), ValueError, ("lse is read-only",)),
+    (ref((2, 4, 5), "float32", 8, offset=2), ValueError, ("lse", "4-byte aligned")),
+    (ref((2, 4, 5), "float32", 3), ValueError, ("lse overlaps out",)),
+    (ref((2, 4, 5), "float32", 0, offset=64), ValueError, ("lse overlaps q",)),
+    (ref((2, 4, 5), "float32", 8, device=("cuda", 1)), ValueError, ("lse", "one device")),
+])
+def test_lse_given_is_refused_unless_it_fits(lse, exc, words):
+    rejects(check_dense, dense(lse=lse, return_lse=True), exc, *words)
+
+
+def test_lse_given_needs_return_lse():
+    rejects(check_dense, dense(lse=ref((2, 4, 5), "float32", 8)), ValueError, "return_lse must be True")
 
 
 # --------------------------------------------------------------------------------------

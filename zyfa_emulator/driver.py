@@ -19,6 +19,13 @@ allocations and registered arrays are valid), ``ZYFA_EMULATOR_QUANTUM`` sets the
 round-robin quantum, ``ZYFA_EMULATOR_SEED`` a seeded random wave order (and quanta) per
 round, ``ZYFA_EMULATOR_HAZARDS=1`` attaches the hazard and ordering checker
 (``hazards.py``; the first violation raises).
+
+Stream capture is simulated (``zyfa_runtime.driver.base.SimulatedCapture``):
+``begin_capture(stream)`` starts recording that stream's operations instead of running them,
+``end_capture(stream)`` returns them as a :class:`CapturedGraph`, whose ``replay()`` runs
+them as a graph would -- its stream-ordered allocations poisoned afresh (their contents are
+undefined at each replay), its memsets and launches run again -- and meanwhile whatever a
+capture forbids (a synchronous allocation, copy or memset, a wait) raises.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import time
 
 import numpy as np
 
-from zyfa_runtime.driver.base import ATTRIBUTES, Driver, Function, Module
+from zyfa_runtime.driver.base import ATTRIBUTES, Driver, Function, Module, SimulatedCapture
 from zyfa_runtime.errors import CodeObjectError, ZyfaError
 
 from .codeobject import CodeObject, CodeObjectFormatError
@@ -58,7 +65,34 @@ def _address(buf, writable: bool = False) -> tuple[int, int]:
     return arr.ctypes.data, arr.nbytes
 
 
-class EmulatorDriver(Driver):
+class CapturedGraph:
+    """The operations a captured stream recorded, in order: ``("alloc", ptr, nbytes)``,
+    ``("memset", ptr, value, width, count)``, ``("launch", function, grid, block, shared, args,
+    extents)``, ``("free", ptr)``.  ``replay()`` runs them; ``release()`` frees the graph's
+    allocations (a freed one is kept until then: the next replay allocates it again)."""
+
+    def __init__(self, driver: "EmulatorDriver", ops: list):
+        self.driver, self.ops = driver, ops
+
+    def replay(self) -> None:
+        d = self.driver
+        for op in self.ops:
+            if op[0] == "alloc":
+                ctypes.memset(op[1], ALLOC_FILL, op[2])
+            elif op[0] == "memset":
+                d._memset(*op[1:])
+            elif op[0] == "launch":
+                with d.tensor_extents(op[6]):
+                    d._dispatch(*op[1:6])
+
+    def release(self) -> None:
+        for op in self.ops:
+            if op[0] == "alloc":
+                self.driver._free(op[1])
+        self.ops = []
+
+
+class EmulatorDriver(SimulatedCapture, Driver):
     name = "emulator"
     host_memory_is_device = True
 
@@ -80,6 +114,27 @@ class EmulatorDriver(Driver):
         self._alloc_ids = itertools.count(1)
         self.max_dynamic_shared: dict[str, int] = {}
         self.launches = 0
+        self._init_capture()
+        self._captures: dict[int, list] = {}           # capturing stream -> its operations
+        self._extents = threading.local()              # the launch's tensor_extents, for a capture
+
+    # -- capture ---------------------------------------------------------------------------
+    def begin_capture(self, stream: int) -> None:
+        if not stream or stream in self.capturing:
+            raise ZyfaError(f"stream {stream} cannot begin a capture (the default stream, or capturing)")
+        self.capturing.add(int(stream))
+        self._captures[int(stream)] = []
+
+    def end_capture(self, stream: int) -> CapturedGraph:
+        self.capturing.discard(int(stream))
+        return CapturedGraph(self, self._captures.pop(int(stream)))
+
+    def _record(self, stream: int, op: tuple) -> bool:
+        ops = self._captures.get(int(stream))
+        if ops is None:
+            return False
+        ops.append(op)
+        return True
 
     @staticmethod
     def _valid(device: int) -> None:
@@ -118,6 +173,7 @@ class EmulatorDriver(Driver):
     # -- code ------------------------------------------------------------------------------
     def load_module(self, device: int, image: bytes) -> Module:
         self._valid(device)
+        self._unsafe("hipModuleLoadData")
         try:
             co = CodeObject(bytes(image))
         except CodeObjectFormatError as e:
@@ -150,6 +206,12 @@ class EmulatorDriver(Driver):
         if shared_bytes > max(limit, 0) and shared_bytes + function.handle.group_segment_fixed_size \
                 > LDS_BYTES:
             raise ZyfaError(f"{function.symbol}: {shared_bytes} bytes of dynamic LDS requested")
+        if self._record(stream, ("launch", function, tuple(grid), tuple(block), shared_bytes, bytes(args),
+                                 dict(getattr(self._extents, "now", {})))):
+            return
+        self._dispatch(function, grid, block, shared_bytes, args)
+
+    def _dispatch(self, function: Function, grid, block, shared_bytes: int, args: bytes) -> None:
         with self._lock:
             self.machine.dispatch(function.module.handle, function.handle, grid, block,
                                   bytes(args), dynamic_lds=shared_bytes)
@@ -157,6 +219,36 @@ class EmulatorDriver(Driver):
 
     # -- memory ----------------------------------------------------------------------------
     def alloc(self, device: int, nbytes: int) -> int:
+        self._unsafe("hipMalloc")
+        return self._alloc(device, nbytes)
+
+    def alloc_async(self, device: int, nbytes: int, stream: int) -> int:
+        ptr = self._alloc(device, nbytes)
+        self._record(stream, ("alloc", ptr, max(int(nbytes), 1)))
+        return ptr
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        if not self._record(stream, ("free", ptr)):
+            self._free(ptr)
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        self._check_range(ptr, nbytes, "memset")
+        if not self._record(stream, ("memset", ptr, value, 1, nbytes)):
+            self._memset(ptr, value, 1, nbytes)
+
+    def memset_d32_async(self, ptr: int, value: int, count: int, stream: int) -> None:
+        self._check_range(ptr, 4 * count, "memset")
+        if not self._record(stream, ("memset", ptr, value, 4, count)):
+            self._memset(ptr, value, 4, count)
+
+    @staticmethod
+    def _memset(ptr: int, value: int, width: int, count: int) -> None:
+        if width == 1:
+            ctypes.memset(ptr, value & 0xFF, count)
+        else:
+            np.ctypeslib.as_array((ctypes.c_uint32 * count).from_address(ptr))[:] = value & 0xFFFFFFFF
+
+    def _alloc(self, device: int, nbytes: int) -> int:
         self._valid(device)
         n = max(int(nbytes), 1)
         buf = np.full(n + 256, ALLOC_FILL, dtype=np.uint8)
@@ -170,6 +262,10 @@ class EmulatorDriver(Driver):
         return ptr
 
     def free(self, ptr: int) -> None:
+        self._unsafe("hipFree")
+        self._free(ptr)
+
+    def _free(self, ptr: int) -> None:
         with self._lock:
             if self._buffers.pop(ptr, None) is None:
                 raise ZyfaError(f"free of 0x{ptr:x}, which the emulator did not allocate")
@@ -181,6 +277,8 @@ class EmulatorDriver(Driver):
         not already inside a known region (a driver allocation, a registered array) becomes
         a named host region -- read-only unless it is the output -- and is removed again
         afterwards.  Overlapping extents (views of one buffer) are merged."""
+        before = getattr(self._extents, "now", {})
+        self._extents.now = extents            # what a launch recorded by a capture replays with
         spans = sorted((lo, hi, name) for name, (lo, hi) in extents.items() if hi > lo)
         merged: list[list] = []
         for lo, hi, name in spans:
@@ -195,14 +293,15 @@ class EmulatorDriver(Driver):
                 view = np.ctypeslib.as_array((ctypes.c_uint8 * (hi - lo)).from_address(lo))
                 try:
                     self.machine.memory.add(lo, hi - lo, f"host tensor {'+'.join(names)} "
-                                            f"({hi - lo} bytes)", view, writable="out" in names,
-                                            kind="host")
+                                            f"({hi - lo} bytes)", view,
+                                            writable="out" in names or "lse" in names, kind="host")
                 except EmulatorError:
                     continue            # inside (or across) a known region: that one bounds it
                 added.append(lo)
         try:
             yield
         finally:
+            self._extents.now = before
             with self._lock:
                 for lo in added:
                     self.machine.memory.remove(lo)
@@ -236,21 +335,25 @@ class EmulatorDriver(Driver):
                             "the emulator")
 
     def copy_htod(self, ptr: int, host) -> None:
+        self._unsafe("hipMemcpyHtoD")
         src, n = _address(host)
         self._check_range(ptr, n, "copy to device")
         ctypes.memmove(ptr, src, n)
 
     def copy_dtoh(self, host, ptr: int) -> None:
+        self._unsafe("hipMemcpyDtoH")
         dst, n = _address(host, writable=True)
         self._check_range(ptr, n, "copy from device")
         ctypes.memmove(dst, ptr, n)
 
     def memset_d8(self, ptr: int, value: int, nbytes: int) -> None:
+        self._unsafe("hipMemset")
         self._check_range(ptr, nbytes, "memset")
         ctypes.memset(ptr, value & 0xFF, nbytes)
 
     def synchronize(self, device: int) -> None:
         self._valid(device)       # launches are synchronous
+        self._unsafe("hipDeviceSynchronize")
 
     # -- events ----------------------------------------------------------------------------
     def event_create(self, device: int = 0) -> int:
@@ -266,6 +369,7 @@ class EmulatorDriver(Driver):
         self._events[event] = (time.perf_counter(), self.machine.instructions)
 
     def event_synchronize(self, event: int) -> None:
+        self._unsafe("hipEventSynchronize")
         if event not in self._events:
             raise ZyfaError(f"unknown event {event}")
 

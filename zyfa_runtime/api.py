@@ -23,7 +23,7 @@ from .kernels import KernelTable
 from .memory import DeviceArray, device_kind
 from .plan import (cached_layout, cached_plan, instantiate, keep_layout, keep_plan, layout_key, layout_of,
                    options_key, plan_key, varlen_layout_key)
-from .tensors import TensorRef, as_tensor, stream_handle
+from .tensors import TensorRef, call_view, stream_handle
 
 _lock = threading.Lock()
 _tables: dict[str, KernelTable] = {}
@@ -43,98 +43,137 @@ def kernel_table(driver) -> KernelTable:
 
 
 def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
-                    descale_q=None, descale_k=None, descale_v=None, out=None,
+                    descale_q=None, descale_k=None, descale_v=None, out=None, lse=None,
                     return_lse: bool = False, stream=None):
     """Attention forward over a batch of equal-length sequences.
 
     q (B, Sq, Hq, Dqk), k (B, Sk, Hkv, Dqk), v (B, Sk, Hkv, Dv); returns out (B, Sq, Hq, Dv)
     in bf16 -- ``out`` itself when given, else a :class:`DeviceArray` -- and, with
-    ``return_lse``, also the fp32 natural-log LSE (B, Hq, Sq).  FP8 inputs (e4m3) take
-    optional fp32 per-tensor descales (device tensors of one element).
+    ``return_lse``, also the fp32 natural-log LSE (B, Hq, Sq): ``lse`` itself when given, else
+    a DeviceArray.  FP8 inputs (e4m3) take optional fp32 descales: one value each (shape () or
+    (1,)) or one a sequence and key/value head (shape (B, Hkv), any strides).
+
+    On a stream being captured into a graph the call allocates nothing, waits for nothing and
+    reads nothing back: give ``out`` (and ``lse`` with ``return_lse``); its scratch, where it
+    needs any, is allocated and freed by the graph itself (workspace.py).
     """
     driver = get_driver()
     s = stream_handle(stream)
+    captured = driver.stream_capturing(s)
     qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
-    outr = _ref(driver, out, s)
+    outr, lser = _ref(driver, out, s), _ref(driver, lse, s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
-    refs = (qr, kr, vr, outr, dq, dk, dv)
+    if captured:
+        _capturable("flash_attn_func", outr, lser, return_lse)
+    refs = (qr, kr, vr, outr, lser, dq, dk, dv)
     options = options_key(causal, softmax_scale, return_lse)
     # A call that repeats one already validated and queued (the same tensors, options and
-    # stream) queues its launches again.  Only with ``out`` given and no LSE: otherwise each
-    # call allocates, and its outputs' addresses are new.
-    key = plan_key(driver, refs, options, s) if options and outr is not None and not return_lse else None
+    # stream) queues its launches again.  Only with ``out`` given, and ``lse`` where the LSE is
+    # asked for (otherwise each call allocates, and its outputs' addresses are new), and never
+    # inside a capture (the plan's scratch is the stream's; a graph has its own).
+    key = (plan_key(driver, refs, options, s)
+           if options and outr is not None and (lser is not None or not return_lse) and not captured else None)
     if key is not None:
         plan = cached_plan(key)
         if plan is not None and plan.queue_again(driver, s):
-            return out
+            return _result(out, None, lse, return_lse)
     # A call of a layout already validated (new addresses) has only its addresses checked.
     lkey = layout_key(driver, refs, options, s) if options else None
     layout = cached_layout(lkey) if lkey is not None else None
     if layout is not None:
         validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr,
-                                 tuple((n, d) for n, d in zip(("descale_q", "descale_k", "descale_v"), refs[4:])
-                                       if d is not None))
+                                 tuple((n, d) for n, d in zip(("descale_q", "descale_k", "descale_v"), refs[5:])
+                                       if d is not None), lser)
     else:
         problem = validate.check_dense(qr, kr, vr, outr, causal=causal, softmax_scale=softmax_scale,
                                        descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
-                                       host_ok=driver.host_memory_is_device)
+                                       host_ok=driver.host_memory_is_device, lse=lser)
         _check_backend(driver, problem)
         layout = layout_of(problem, qr, kr, vr, outr, driver, kernel_table(driver),
                            (problem.batch, problem.hq, problem.seqlen_q),
-                           (problem.hq * problem.seqlen_q, problem.seqlen_q))
+                           tuple(lser.strides[:2]) if lser is not None else
+                           (problem.hq * problem.seqlen_q, problem.seqlen_q), (dq, dk, dv))
         if lkey is not None:
             keep_layout(lkey, layout)
-    out_arr, lse, plan = instantiate(layout, qr, kr, vr, outr, (dq, dk, dv), None, None, s, driver)
+    out_arr, lse_arr, plan = instantiate(layout, qr, kr, vr, outr, lser, (dq, dk, dv), None, None, s, driver,
+                                         captured)
     if key is not None:
         keep_plan(key, plan)
-    return _result(out, out_arr, lse, return_lse)
+    return _result(out, out_arr, lse if lse is not None else lse_arr, return_lse)
 
 
 def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                            max_seqlen_k: int, causal: bool = False,
                            softmax_scale: float | None = None, descale_q=None, descale_k=None,
-                           descale_v=None, out=None, return_lse: bool = False, stream=None):
+                           descale_v=None, out=None, lse=None, return_lse: bool = False, stream=None,
+                           check_cu_seqlens: bool = True):
     """Attention forward over packed sequences of different lengths.
 
     q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv); sequence b owns rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (int32, length B+1).  Returns out (Tq, Hq, Dv) and,
-    with ``return_lse``, the LSE (Hq, Tq).  The cu_seqlens values are checked before launch:
+    with ``return_lse``, the LSE (Hq, Tq) (``lse`` itself where given).  Descales as
+    :func:`flash_attn_func`'s, (B, Hkv) with B the sequences.  The cu_seqlens values:
 
     * given in host memory (a NumPy array, a CPU tensor, a list of ints), they are checked
       there and copied to the device on ``stream`` through page-locked memory, without
       synchronising (``staging.py``); the call has read them when it returns;
-    * given as device tensors, they are read back first: a small copy that synchronises.
+    * given as device tensors, they are read back to be checked first: a small copy that
+      synchronises -- unless ``check_cu_seqlens=False`` (FlashAttention-3's behaviour): then
+      they are not read at all, and the kernel clamps each sequence to the tensors' rows (its
+      first row to [0, Tq], its end to [first, Tq], its length to max_seqlen; K and V alike),
+      so that values that are not a valid batch give wrong output but never an access outside
+      q, k, v, out or the LSE.  Kernels that do not clamp (gfx950 FP8, for now) refuse it.
 
     A call whose layout (shapes, strides, dtypes, devices, options, stream and max_seqlen) has
-    been validated before has only its cu_seqlens values and its addresses checked.  A packed
-    call cannot be captured into a graph (its cu_seqlens values are checked before launch): on a
-    stream being captured it raises ValueError and queues nothing.
+    been validated before has only its cu_seqlens values (where checked) and its addresses
+    checked.  On a stream being captured into a graph only device cu_seqlens with
+    ``check_cu_seqlens=False`` are accepted (host ones would be replayed from page-locked
+    memory that later calls rewrite; checking device ones reads them back, which capture
+    forbids), with ``out`` (and ``lse`` with ``return_lse``) given; anything else raises
+    ValueError and queues nothing.
     """
     driver = get_driver()
     s = stream_handle(stream)
-    if driver.stream_capturing(s):
-        raise ValueError("flash_attn_varlen_func cannot be captured into a graph: its cu_seqlens "
-                         "values are checked before launch (device ones are read back, which capture "
-                         "forbids; host ones would be replayed from page-locked memory that later calls "
-                         "rewrite); call it outside the capture")
+    captured = driver.stream_capturing(s)
+    if not isinstance(check_cu_seqlens, (bool, np.bool_)):
+        raise TypeError(f"check_cu_seqlens must be a bool, got {type(check_cu_seqlens).__name__}")
     qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
-    outr = _ref(driver, out, s)
+    outr, lser = _ref(driver, out, s), _ref(driver, lse, s)
     cq = _ref(driver, _int32_sequence(cu_seqlens_q), s)
     ck = _ref(driver, _int32_sequence(cu_seqlens_k), s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
-    values_q, values_k = _cu_values(driver, cq), _cu_values(driver, ck)
-    refs = (qr, kr, vr, outr, dq, dk, dv)
+    if captured:
+        if any(_staged(driver, r) for r in (cq, ck)):
+            raise ValueError("flash_attn_varlen_func on a stream being captured into a graph takes device "
+                             "cu_seqlens with check_cu_seqlens=False: host ones would be replayed from "
+                             "page-locked memory that later calls rewrite")
+        if check_cu_seqlens:
+            raise ValueError("flash_attn_varlen_func on a stream being captured into a graph cannot check its "
+                             "cu_seqlens values (reading them back waits for the device, which capture "
+                             "forbids): pass check_cu_seqlens=False (the kernel clamps every sequence to the "
+                             "tensors' rows), or call it outside the capture")
+        _capturable("flash_attn_varlen_func", outr, lser, return_lse)
+    # Host values are read (free); device ones only where checked (a read-back waits for the GPU).
+    read = [check_cu_seqlens or _staged(driver, r) for r in (cq, ck)]
+    values_q = _cu_values(driver, cq) if read[0] else None
+    values_k = _cu_values(driver, ck) if read[1] else None
+    refs = (qr, kr, vr, outr, lser, dq, dk, dv)
     options = options_key(causal, softmax_scale, return_lse)
     # A call of a layout already validated (shapes, strides, the cu_seqlens' and max_seqlen
     # included) has its cu_seqlens values and its addresses checked, as each call's may differ.
     lkey = varlen_layout_key(driver, refs, options, s, max_seqlen_q, max_seqlen_k, cq, ck)
     layout = cached_layout(lkey) if lkey is not None else None
     if layout is not None:
-        validate.check_cu_values(layout.problem, values_q, values_k)
+        if all(read):
+            validate.check_cu_values(layout.problem, values_q, values_k)
+        else:
+            for suffix, values in (("q", values_q), ("k", values_k)):
+                if values is not None:
+                    validate.check_cu_values_of(layout.problem, suffix, values)
         scalars = [(n, r) for n, r in (("cu_seqlens_q", cq), ("cu_seqlens_k", ck), ("descale_q", dq),
                                        ("descale_k", dk), ("descale_v", dv))
                    if r is not None and not _staged(driver, r)]
-        validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr, tuple(scalars))
+        validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr, tuple(scalars), lser)
         problem = layout.problem
     else:
         problem = validate.check_varlen(
@@ -142,12 +181,17 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
             max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
             descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
             cu_values_q=values_q, cu_values_k=values_k,
-            host_ok=driver.host_memory_is_device, host_cu=True)
+            host_ok=driver.host_memory_is_device, host_cu=True, lse=lser)
         _check_backend(driver, problem)
         layout = layout_of(problem, qr, kr, vr, outr, driver, kernel_table(driver),
-                           (problem.hq, problem.total_q), (0, problem.total_q))
+                           (problem.hq, problem.total_q), (0, lser.strides[0] if lser is not None else problem.total_q),
+                           (dq, dk, dv))
         if lkey is not None:
             keep_layout(lkey, layout)
+    if not all(read) and not layout.clamps_cu_seqlens:
+        raise ValueError(f"check_cu_seqlens=False needs a kernel that clamps every sequence to the tensors' rows; "
+                         f"{layout.kernel.variant.name} does not (not implemented yet): check the values "
+                         "(check_cu_seqlens=True), or pass them in host memory")
     # No plan is kept: the cu_seqlens values may change where nothing else does.
     host = [(i, values) for i, (ref, values) in enumerate(((cq, values_q), (ck, values_k))) if _staged(driver, ref)]
     stage = (staging.stage(driver, problem.device[1], s, [values for _, values in host]) if host
@@ -156,8 +200,20 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
         cu = [cq, ck]
         for (i, values), ptr in zip(host, ptrs):
             cu[i] = TensorRef(ptr, values.shape, (1,), "int32", problem.device)
-        out_arr, lse, _plan = instantiate(layout, qr, kr, vr, outr, (dq, dk, dv), cu[0], cu[1], s, driver)
-    return _result(out, out_arr, lse, return_lse)
+        out_arr, lse_arr, _plan = instantiate(layout, qr, kr, vr, outr, lser, (dq, dk, dv), cu[0], cu[1], s,
+                                              driver, captured)
+    return _result(out, out_arr, lse if lse is not None else lse_arr, return_lse)
+
+
+def _capturable(fn: str, out, lse, return_lse) -> None:
+    """What a call on a stream being captured must be given: the outputs it would otherwise
+    allocate (a graph may not own memory of the call's, and capture forbids allocating it)."""
+    if out is None:
+        raise ValueError(f"{fn} on a stream being captured into a graph needs out= (a call that allocates "
+                         "its output cannot be captured)")
+    if return_lse is True and lse is None:
+        raise ValueError(f"{fn} on a stream being captured into a graph with return_lse=True needs lse= (a "
+                         "call that allocates its LSE cannot be captured)")
 
 
 # --------------------------------------------------------------------------------------
@@ -170,7 +226,7 @@ def _ref(driver, x, stream: int) -> TensorRef | None:
         return None
     if isinstance(x, DeviceArray):
         return x.ref
-    ref = as_tensor(x, stream=stream or None)
+    ref = call_view(x, stream)
     if ref.device[1] == -1:
         info = driver.pointer_info(ref.ptr)
         if info is not None and info[0] == ref.device[0]:

@@ -247,7 +247,8 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         ("cu_seqlens_k", "ptr"),
     ]
     if v.dtype == "fp8_e4m3":
-        # Per-tensor fp32 dequantisation factors (device pointers to one float each).
+        # fp32 dequantisation factors: one float each, or, where the kernel takes their strides
+        # (per_head_descales), one a (sequence, key/value head): [b, h_kv] at b stride_b + h_kv stride_h
         args += [("descale_q", "ptr"), ("descale_k", "ptr"), ("descale_v", "ptr")]
     if has_vt_prepass(v):
         args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
@@ -263,13 +264,22 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
     args += [
         ("lse_stride_b", "i64"),     # LSE is (B, Hq, Sq) or (Hq, T): the row stride is 1
         ("lse_stride_h", "i64"),
+    ]
+    if per_head_descales(v):
+        # in elements; 0 and 0 for one value, any strides (zero included) for (B, Hkv)
+        args += [(f"descale_{t}_stride_{d}", "i64") for t in "qkv" for d in "bh"]
+    args += [
         ("batch", "i32"),
         ("hq", "i32"),
         ("hkv", "i32"),
         ("seqlen_q", "i32"),         # per-sequence length, or max_seqlen_q for varlen
         ("seqlen_k", "i32"),
-        ("softmax_scale", "f32"),
     ]
+    if clamps_cu_seqlens(v):
+        # the rows of q and of k/v (packed: the packed lengths; dense: batch x seqlen): a packed
+        # sequence's rows, from cu_seqlens, are clamped to [0, total) (never read or written outside)
+        args += [("total_q", "i32"), ("total_k", "i32")]
+    args += [("softmax_scale", "f32")]
     if v.tile.persistent or v.tile.split_tail:
         # tiles_rule evaluated, and the product of the three (the tiles, < 2^31)
         args += [("tiles_x", "i32"), ("tiles_y", "i32"), ("tiles_z", "i32"), ("tile_count", "i32")]
@@ -281,6 +291,22 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
                  # first CTA's share over the last's, in block-times
                  ("tail_gap", "i32"), ("tail_ramp", "i32")]
     return args
+
+
+def per_head_descales(v: Variant) -> bool:
+    """Whether the variant's kernel reads its FP8 descales per (sequence, key/value head), from
+    the strides ``descale_{q,k,v}_stride_{b,h}`` (the sm_90a FP8 kernels: folded into each
+    CTA's score scale and output factor); the others read one value each."""
+    return v.dtype == "fp8_e4m3" and v.built_from != "asm-generator"
+
+
+def clamps_cu_seqlens(v: Variant) -> bool:
+    """Whether the variant's kernel clamps a packed batch's sequences to the tensors' rows
+    (arguments ``total_q``, ``total_k``): any cu_seqlens values then stay inside q, k, v, out
+    and the LSE (garbage values give garbage output, never an access outside them), so that
+    they need not be read back and checked.  Not the gfx950 FP8 assembly (yet): it builds its
+    buffer ranges from the values as they are."""
+    return v.built_from != "asm-generator"
 
 
 def kernargs(v: Variant) -> list[KernArg]:

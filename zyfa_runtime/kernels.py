@@ -69,7 +69,10 @@ class KernelTable:
         with self._lock:
             kernel = self._loaded.get(key)
             if kernel is None:
-                kernel = self._load(device, variant)
+                # A first call may come inside a graph capture, whose global mode refuses module
+                # loads: loaded in the relaxed mode (no stream operation is involved).
+                with self.driver.relaxed_capture():
+                    kernel = self._load(device, variant)
                 self._loaded[key] = kernel
         return kernel
 

@@ -42,6 +42,7 @@ class Layout:
     counter: tuple                    # (argument, bytes) of a tile counter: a persistent kernel's, a tail's
     lse: tuple                        # (shape, strides) of the LSE
     dependent: bool                   # queued as programmatic dependents (env and manifest allow it)
+    clamps_cu_seqlens: bool           # the kernel clamps packed sequences to the tensors' rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,16 +82,19 @@ class Plan:
 # --------------------------------------------------------------------------------------
 # A call's layout.
 
-def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape, lse_strides) -> Layout:
+def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape, lse_strides,
+              descales=(None, None, None)) -> Layout:
     """The kernel (from ``table``, the kernels.KernelTable of ``driver``), the arguments that are
     no address, the tensor maps' geometry and the grids of a validated call: every rule that
-    reads sizes or strides is applied here."""
+    reads sizes or strides is applied here.  ``descales``: the FP8 descales' TensorRefs (None
+    where not given)."""
     kind, device = problem.device
     arch = table.device_arch(device)
     variant = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
     kernel = table.get(device, variant)
     if variant.built_from == "asm-generator":
         _check_buffer_spans(problem, q, k, v, out)
+    names = {a["name"] for a in kernel.entry["kernargs"]}
 
     b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
     def strides(st: tuple):
@@ -106,6 +110,14 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     }
     for name, st in (("q", q.strides), ("k", k.strides), ("v", v.strides), ("o", o_strides)):
         values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(st)
+    clamps = "total_q" in names
+    if clamps:
+        # the rows a packed sequence is clamped to (cu_seqlens hold int32: no row past 2^31 - 1
+        # is any sequence's)
+        values["total_q"] = min(problem.total_q, validate.INT32_MAX)
+        values["total_k"] = min(problem.total_k, validate.INT32_MAX)
+    if problem.dtype == "fp8_e4m3":
+        values.update(_descale_values(variant, names, descales))
     maps = {arg: _tensor_map_geometry(problem, values, spec)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
     sm_count, counter, partial_bytes = None, None, 0
@@ -133,7 +145,24 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
         vt_bytes = problem.hkv * values["vt_stride_h"]
     launch_grids = grids(driver, kernel, values, sm_count)
     return Layout(problem, kernel, values, maps, launch_grids, vt_bytes, partial_bytes, counter,
-                  (lse_shape, lse_strides), dependent)
+                  (lse_shape, lse_strides), dependent, clamps)
+
+
+def _descale_values(variant: Variant, names: set, descales) -> dict:
+    """The descales' stride arguments of a kernel that takes them (catalogue.per_head_descales:
+    0 and 0 for one value or none); a kernel that reads one value each takes one value or a
+    view that holds one (every stride along a dimension of more than one 0), else ValueError."""
+    out = {}
+    for t, d in zip("qkv", descales):
+        sb, sh = validate.descale_strides(d)
+        if f"descale_{t}_stride_b" in names:
+            out[f"descale_{t}_stride_b"], out[f"descale_{t}_stride_h"] = sb, sh
+        elif sb or sh:
+            raise ValueError(f"descale_{t} of shape {d.shape} and strides {d.strides}: the {variant.arch} FP8 "
+                             f"kernels take one descale a tensor (not implemented per sequence and key/value "
+                             f"head yet); pass shape () or (1,), or a (batch, heads_kv) view of one value "
+                             f"(zero strides)")
+    return out
 
 
 #: The gfx950 FP8 kernels address each (sequence, head) slice of a tensor through a buffer
@@ -308,40 +337,53 @@ def workspace_bytes(layout: Layout) -> int:
     return _partials_at(layout.vt_bytes) + layout.partial_bytes if layout.partial_bytes else layout.vt_bytes
 
 
-def instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int, driver):
+def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream: int, driver,
+                captured: bool = False):
     """Queue ``layout``'s launches for these tensors (their addresses checked): the outputs
-    the call allocates (out where not given, the LSE where asked for), and the Plan that queues
-    the same launches again."""
+    the call allocates (out where not given, the LSE where asked for and not given), and the
+    Plan that queues the same launches again (None for a ``captured`` call: one on a stream
+    being captured into a graph, whose scratch is the graph's own -- workspace.captured -- and
+    which allocates nothing else: the caller gives out, and lse where the LSE is asked for)."""
     problem, kernel = layout.problem, layout.kernel
     device = problem.device[1]
-    out_arr = None
+    out_arr = lse_arr = None
     if out is None:
         out_arr = DeviceArray(driver, device, q.shape[:-1] + (problem.d_v,), "bf16")
         out = out_arr.ref
-    lse_arr = DeviceArray(driver, device, layout.lse[0], "float32") if problem.return_lse else None
+    if problem.return_lse and lse is None:
+        lse_arr = DeviceArray(driver, device, layout.lse[0], "float32")
+        lse = lse_arr.ref
     values = dict(layout.values)
-    values.update(q=q.ptr, k=k.ptr, v=v.ptr, o=out.ptr, lse=lse_arr.ptr if lse_arr is not None else None,
+    values.update(q=q.ptr, k=k.ptr, v=v.ptr, o=out.ptr, lse=lse.ptr if lse is not None else None,
                   cu_seqlens_q=cu_q.ptr if cu_q is not None else None,
                   cu_seqlens_k=cu_k.ptr if cu_k is not None else None)
-    if problem.dtype == "fp8_e4m3":
-        for name, d in zip(("descale_q", "descale_k", "descale_v"), descales):
-            values[name] = d.ptr if d is not None else _one(driver, device)
+    one = None
+    needs_one = problem.dtype == "fp8_e4m3" and any(d is None for d in descales)
+    if needs_one:
+        one = _one(driver, device, make=not captured)   # under capture: only where made before
 
     driver.make_current(device)
-    tensors = {"q": q, "k": k, "v": v, "out": out, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+    tensors = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
                "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
     for arg, (tensor, *geometry) in layout.tensor_maps.items():
         values[arg] = driver.tensor_map_u8(values[tensor], *geometry)
-    counter = None
-    if layout.counter is not None:
-        name, nbytes = layout.counter
-        values[name] = workspace.counter(driver, device, stream, nbytes)
-        counter = (nbytes, values[name])
-        extents[name] = (counter[1], counter[1] + counter[0])
+    counter_bytes = layout.counter[1] if layout.counter is not None else 0
     ws_bytes = workspace_bytes(layout)
-    hold = workspace.hold(driver, device, stream, ws_bytes) if ws_bytes else contextlib.nullcontext()
-    with hold as ws:
+    scratch = (workspace.captured(driver, device, stream, counter_bytes, ws_bytes, needs_one and one is None)
+               if captured else _scratch(driver, device, stream, counter_bytes, ws_bytes))
+    with scratch as (counter_at, ws, one_at):
+        if needs_one:
+            for name, d in zip(("descale_q", "descale_k", "descale_v"), descales):
+                values[name] = d.ptr if d is not None else one if one is not None else one_at
+        elif problem.dtype == "fp8_e4m3":
+            values.update(descale_q=descales[0].ptr, descale_k=descales[1].ptr, descale_v=descales[2].ptr)
+        counter = None
+        if layout.counter is not None:
+            name = layout.counter[0]
+            values[name] = counter_at
+            counter = (counter_bytes, counter_at)
+            extents[name] = (counter_at, counter_at + counter_bytes)
         if layout.vt_bytes:
             values["vt"] = ws
             extents["vt"] = (ws, ws + layout.vt_bytes)
@@ -352,15 +394,29 @@ def instantiate(layout: Layout, q, k, v, out, descales, cu_q, cu_k, stream: int,
         launches = launch.assemble(kernel, layout.grids, launch.pack_args(kernel, values), layout.dependent)
         plan = Plan(device, launches, extents, (ws_bytes, ws) if ws is not None else None, counter)
         plan.queue(driver, stream)
-    return out_arr, lse_arr, plan
+    return out_arr, lse_arr, (None if captured else plan)
 
 
-def _one(driver, device: int) -> int:
-    """A device float32 holding 1.0: the descale used when the caller passes none."""
+@contextlib.contextmanager
+def _scratch(driver, device: int, stream: int, counter_bytes: int, ws_bytes: int):
+    """A running call's (counter, workspace, None): the stream's own (workspace.counter and
+    workspace.hold, the workspace held until the launches are queued)."""
+    counter = workspace.counter(driver, device, stream, counter_bytes) if counter_bytes else None
+    hold = workspace.hold(driver, device, stream, ws_bytes) if ws_bytes else contextlib.nullcontext()
+    with hold as ws:
+        yield counter, ws, None
+
+
+def _one(driver, device: int, make: bool = True) -> int | None:
+    """A device float32 holding 1.0: the descale used when the caller passes none; made once a
+    device, never written again (any stream and graph may read it).  None where not made yet
+    and not ``make`` (a captured call, which may not allocate or copy: its scratch holds one)."""
     key = (driver.name, device)
     with _lock:
         buf = _ones.get(key)
         if buf is None:
+            if not make:
+                return None
             buf = DeviceArray(driver, device, (1,), "float32")
             driver.copy_htod(buf.ptr, memoryview(np.ones(1, np.float32).view(np.uint8)))
             _ones[key] = buf

@@ -21,6 +21,9 @@ import ctypes
 import dataclasses
 import functools
 import math
+import sys
+import threading
+import weakref
 
 import numpy as np
 
@@ -29,7 +32,7 @@ try:  # NumPy arrays of bfloat16 / float8 come from ml_dtypes.
 except ImportError:  # pragma: no cover - ml_dtypes is an optional convenience
     ml_dtypes = None
 
-__all__ = ["TensorRef", "as_tensor", "stream_handle", "ITEMSIZE"]
+__all__ = ["TensorRef", "as_tensor", "stream_handle", "ITEMSIZE", "call_view"]
 
 #: Bytes per element of every dtype name the runtime knows.
 ITEMSIZE = {
@@ -120,6 +123,62 @@ def as_tensor(obj, dtype: str | None = None, stream=None) -> TensorRef:
         raise TypeError(f"cannot read a tensor from {type(obj).__name__}: expected an object "
                         "with __dlpack__ or __cuda_array_interface__, or a NumPy array")
     return ref if dtype is None else _retype(ref, dtype)
+
+
+# --------------------------------------------------------------------------------------
+# A PyTorch tensor passed call after call: its export remembered.
+
+#: Exports remembered at most (a tensor's entry also goes when the tensor does).
+EXPORT_CACHE_SIZE = 4096
+_exports: dict[int, tuple] = {}    # id(tensor) -> (weakref, ptr, shape, strides, dtype, device, view)
+_exports_lock = threading.Lock()
+
+
+def call_view(obj, stream: int) -> TensorRef:
+    """:func:`as_tensor` of ``obj`` for the length of one call on ``stream``, its DLPack export
+    remembered where ``obj`` is a PyTorch tensor: a tensor passed again is not exported again
+    while what an export yields -- its address (``data_ptr``, the storage offset included),
+    shape, strides, dtype and device -- is the same, read from the tensor itself (a tensor
+    resized, re-strided, re-pointed by ``set_`` or ``.data =`` misses; values written in place
+    change none of it).  Only where the export would order nothing either: ``stream`` is 0 (no
+    stream is given to the export), the tensor is in host memory, or ``stream`` is PyTorch's
+    current stream on the tensor's device (an export to another stream makes it wait for the
+    current one: done again each call).  The view holds no reference to the tensor (the
+    caller's argument keeps it alive through the call); the cache holds weak ones."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return as_tensor(obj, stream=stream or None)
+    try:
+        key = id(obj)
+        state = (obj.data_ptr(), obj.shape, obj.stride(), obj.dtype, obj.get_device())
+    except Exception:      # anything PyTorch refuses to say: export as usual (it names the problem)
+        return as_tensor(obj, stream=stream or None)
+    entry = _exports.get(key)
+    if (entry is not None and entry[0]() is obj and entry[1:6] == state
+            and (stream == 0 or state[4] < 0 or stream == _current_stream(torch, state[4]))):
+        return entry[6]
+    ref = as_tensor(obj, stream=stream or None)
+    if ref.ptr == state[0] and ref.shape == tuple(state[1]) and ref.strides == tuple(state[2]):
+        view = dataclasses.replace(ref, owner=None)
+        drop = functools.partial(_forget_export, key)
+        with _exports_lock:
+            if len(_exports) >= EXPORT_CACHE_SIZE:
+                _exports.pop(next(iter(_exports)))
+            _exports[key] = (weakref.ref(obj, drop), *state, view)
+    return ref
+
+
+def _forget_export(key: int, wr) -> None:
+    with _exports_lock:
+        entry = _exports.get(key)
+        if entry is not None and entry[0] is wr:
+            del _exports[key]
+
+
+def _current_stream(torch, device: int) -> int:
+    """PyTorch's current stream on CUDA (or ROCm) device ``device``, as a raw handle."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(raw(device)) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
 
 
 def stream_handle(stream) -> int:

@@ -12,7 +12,11 @@ Choices made here:
   ``seqlen_q``, ``seqlen_k`` >= 1).  Varlen segments may be empty; ``max_seqlen_*``
   must still be integers >= 1.
 * ``descale_q/k/v`` are optional and only accepted with fp8_e4m3 inputs; a missing
-  descale means 1.0 (the caller supplies it).
+  descale means 1.0 (the caller supplies it).  Each is fp32 of shape () or (1,) (one value)
+  or (B, Hkv) (one a sequence and key/value head, FlashAttention-3's shape), any
+  non-negative strides (a broadcast view's zeros included); the values are never read here.
+* ``lse`` (optional): where the LSE goes, fp32 (B, Hq, Sq) or (Hq, Tq), unit stride along
+  the rows, apart from every input and ``out``.
 * Strides of size-1 dimensions are never dereferenced and are not checked.
 * The kernels use 16-byte vector loads: q, k, v and out need 16-byte aligned pointers
   and non-head strides that are multiples of 16 bytes.  Scalars read one element at a
@@ -32,7 +36,7 @@ import numpy as np
 from . import catalogue
 from .tensors import TensorRef
 
-__all__ = ["Problem", "check_addresses", "check_dense", "check_varlen"]
+__all__ = ["Problem", "check_addresses", "check_dense", "check_descale", "check_varlen"]
 
 INPUT_DTYPES = catalogue.DTYPES
 OUTPUT_DTYPE = "bf16"
@@ -66,9 +70,9 @@ class Problem:
 # Public entry points.
 
 def check_dense(q, k, v, out, *, causal=False, softmax_scale=None, descale_q=None,
-                descale_k=None, descale_v=None, return_lse=False, host_ok=False) -> Problem:
+                descale_k=None, descale_v=None, return_lse=False, host_ok=False, lse=None) -> Problem:
     """Validate a fixed-length batch: q (B, Sq, Hq, Dqk), k (B, Sk, Hkv, Dqk),
-    v (B, Sk, Hkv, Dv), out (B, Sq, Hq, Dv) or None."""
+    v (B, Sk, Hkv, Dv), out (B, Sq, Hq, Dv) or None, lse (B, Hq, Sq) or None."""
     qkv = _common_start(q, k, v, out, causal, return_lse, ndim=4,
                         layout="(batch, seqlen, heads, head_dim)")
     (b, sq, hq, dqk), (bk, sk, hkv, _), (bv, skv, _, dv) = (t.shape for t in (q, k, v))
@@ -86,7 +90,8 @@ def check_dense(q, k, v, out, *, causal=False, softmax_scale=None, descale_q=Non
         raise ValueError(f"out shape {out.shape} must be (batch, seqlen_q, heads_q, head_dim_v)"
                          f" = {(b, sq, hq, dv)}")
     _check_int32(batch=b, seqlen_q=sq, seqlen_k=sk)
-    device = _common_end(qkv, out, (), descale_q, descale_k, descale_v, host_ok)
+    _check_lse(lse, (b, hq, sq), return_lse)
+    device = _common_end(qkv, out, (), descale_q, descale_k, descale_v, host_ok, (b, hkv), lse)
     return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=bool(causal), batch=b, hq=hq,
                    hkv=hkv, seqlen_q=sq, seqlen_k=sk, varlen=False, total_q=b * sq,
                    total_k=b * sk, softmax_scale=_check_scale(softmax_scale, dqk),
@@ -96,14 +101,16 @@ def check_dense(q, k, v, out, *, causal=False, softmax_scale=None, descale_q=Non
 def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                  causal=False, softmax_scale=None, descale_q=None, descale_k=None,
                  descale_v=None, return_lse=False, cu_values_q=None, cu_values_k=None,
-                 host_ok=False, host_cu=False) -> Problem:
+                 host_ok=False, host_cu=False, lse=None) -> Problem:
     """Validate a packed batch: q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv),
-    out (Tq, Hq, Dv) or None; sequence i spans rows cu_seqlens[i]:cu_seqlens[i + 1].
+    out (Tq, Hq, Dv) or None, lse (Hq, Tq) or None; sequence i spans rows
+    cu_seqlens[i]:cu_seqlens[i + 1].
 
     ``cu_values_q/k`` are host copies of the cu_seqlens values when the caller can read
-    them; given, they are checked too.  With ``host_cu`` a cu_seqlens in host memory is
-    accepted beside device tensors (the caller copies its values to the device: its values
-    must be given); its place and address are not the device's to check.
+    them; given, they are checked too (not given, the kernel must clamp them: the caller's
+    business).  With ``host_cu`` a cu_seqlens in host memory is accepted beside device
+    tensors (the caller copies its values to the device: its values must be given); its
+    place and address are not the device's to check.
     """
     qkv = _common_start(q, k, v, out, causal, return_lse, ndim=3,
                         layout="(total, heads, head_dim)")
@@ -144,7 +151,8 @@ def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         if (cu_values_q, cu_values_k)[name.endswith("_k")] is None:
             raise ValueError(f"{name} is in host memory but its values could not be read")
     scalars = tuple((name, t) for name, t in cu.items() if name not in staged)
-    device = _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok)
+    _check_lse(lse, (hq, tq), return_lse)
+    device = _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok, (batch, hkv), lse)
     return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=bool(causal), batch=batch, hq=hq,
                    hkv=hkv, seqlen_q=max_q, seqlen_k=max_k, varlen=True, total_q=tq,
                    total_k=tk, softmax_scale=_check_scale(softmax_scale, dqk),
@@ -193,8 +201,9 @@ def _check_heads(q, k, v, *, head_axis):
     _check_int32(heads_q=hq)
 
 
-def _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok):
-    """Layout, placement, descales and aliasing; returns the common device."""
+def _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok, batch_hkv, lse=None):
+    """Layout, placement, descales and aliasing; returns the common device.  ``batch_hkv``:
+    (sequences, key/value heads), the shape of a descale per sequence and head."""
     big = dict(qkv)
     if out is not None:
         big["out"] = out
@@ -210,33 +219,80 @@ def _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok):
     for name, d in descales.items():
         if dtype != "fp8_e4m3":
             raise ValueError(f"{name} is only accepted with fp8_e4m3 inputs; q is {dtype}")
-        if d.dtype != "float32":
-            raise TypeError(f"{name} must be float32, got {d.dtype}")
-        if d.shape not in ((), (1,)):
-            raise ValueError(f"{name} must hold one value (shape () or (1,)), got {d.shape}")
+        check_descale(name, d, batch_hkv)
 
-    device = _check_devices((*big.items(), *scalars, *descales.items()), host_ok)
-    check_addresses(qkv, out, (*scalars, *descales.items()))
+    outputs = (("lse", lse),) if lse is not None else ()
+    device = _check_devices((*big.items(), *scalars, *descales.items(), *outputs), host_ok)
+    check_addresses(qkv, out, (*scalars, *descales.items()), lse)
     return device
 
 
-def check_addresses(qkv: dict, out, scalars) -> None:
+#: The shapes a descale may have, in words (the messages of check_descale).
+DESCALE_SHAPES = "() or (1,) (one value) or (batch, heads_kv)"
+
+
+def check_descale(name: str, d: TensorRef, batch_hkv: tuple[int, int]) -> None:
+    """A descale: fp32, of shape () or (1,), or (B, Hkv) with non-negative strides (a view
+    broadcast by zero strides included).  Its values are not read (they are on the device)."""
+    if d.dtype != "float32":
+        raise TypeError(f"{name} must be float32, got {d.dtype}")
+    b, hkv = batch_hkv
+    if d.shape not in ((), (1,), (b, hkv)):
+        raise ValueError(f"{name} has shape {d.shape}; a descale has shape {DESCALE_SHAPES}, "
+                         f"here () or (1,) or ({b}, {hkv})")
+    for dim, (n, st) in enumerate(zip(d.shape, d.strides)):
+        if n > 1 and st < 0:
+            raise ValueError(f"{name} has a negative stride ({st}) in dim {dim}")
+
+
+def descale_strides(d: TensorRef | None) -> tuple[int, int]:
+    """A descale's (sequence, key/value head) strides in elements as the kernels take them: 0
+    for one value and along a dimension of one."""
+    if d is None or len(d.shape) < 2:
+        return 0, 0
+    return tuple(st if n > 1 else 0 for n, st in zip(d.shape, d.strides))
+
+
+def _check_lse(lse, shape: tuple, return_lse) -> None:
+    """``lse``, where the caller gives it: fp32 of the LSE's shape, unit stride along its rows
+    (the kernels write row after row), non-negative strides, writable."""
+    if lse is None:
+        return
+    _check_tensor("lse", lse)
+    if lse.dtype != "float32":
+        raise TypeError(f"lse must be float32, got {lse.dtype}")
+    if lse.shape != shape:
+        raise ValueError(f"lse shape {lse.shape} must be {shape} (the LSE of every query row and head)")
+    if shape[-1] > 1 and lse.strides[-1] != 1:
+        raise ValueError(f"lse must have unit stride along its rows (last dim), got {lse.strides[-1]}")
+    for dim, (n, st) in enumerate(zip(lse.shape, lse.strides)):
+        if n > 1 and st < 0:
+            raise ValueError(f"lse has a negative stride ({st}) in dim {dim}")
+    if lse.readonly:
+        raise ValueError("lse is read-only")
+    if return_lse is not True:
+        raise ValueError("lse is given: return_lse must be True (the call returns (out, lse))")
+
+
+def check_addresses(qkv: dict, out, scalars, lse=None) -> None:
     """The rules on addresses alone, for tensors whose layouts have passed: q, k, v (``qkv``, by
     name) and out 16-byte aligned, each of ``scalars`` ((name, TensorRef), ...: cu_seqlens,
-    descales) aligned to its element, and out apart from q, k and v.  A call whose layout has
-    passed before (api's layouts) is checked by this alone."""
+    descales) and lse aligned to its element, and out and lse apart from q, k, v (and lse from
+    out).  A call whose layout has passed before (api's layouts) is checked by this alone."""
     for name, t in (*qkv.items(), ("out", out)):
         if t is not None and t.ptr % VECTOR_BYTES:
             raise ValueError(f"{name} data pointer {t.ptr:#x} is not {VECTOR_BYTES}-byte aligned")
-    for name, t in scalars:
+    for name, t in (*scalars, *((("lse", lse),) if lse is not None else ())):
         if t.ptr % t.itemsize:
             raise ValueError(f"{name} data pointer {t.ptr:#x} is not {t.itemsize}-byte aligned")
-    if out is not None:
-        lo, hi = out.extent()
-        for name, t in qkv.items():
+    written = [(n, t) for n, t in (("out", out), ("lse", lse)) if t is not None]
+    for i, (wname, w) in enumerate(written):
+        lo, hi = w.extent()
+        for name, t in (*qkv.items(), *written[:i]):
             tlo, thi = t.extent()
             if lo < thi and tlo < hi:
-                raise ValueError(f"out overlaps {name} in memory; out must not alias an input")
+                raise ValueError(f"{wname} overlaps {name} in memory; {wname} must not alias an input"
+                                 + (" or out" if wname == "lse" else ""))
 
 
 def check_cu_values(problem: Problem, values_q, values_k) -> None:
@@ -247,6 +303,13 @@ def check_cu_values(problem: Problem, values_q, values_k) -> None:
         if values is None:
             raise ValueError(f"the values of cu_seqlens_{suffix} could not be read")
         _check_cu_values(suffix, values, problem.batch + 1, total, maxlen)
+
+
+def check_cu_values_of(problem: Problem, suffix: str, values) -> None:
+    """The values of one of a packed batch's cu_seqlens (``suffix`` "q" or "k"), as
+    :func:`check_cu_values` checks both."""
+    total, maxlen = (problem.total_q, problem.seqlen_q) if suffix == "q" else (problem.total_k, problem.seqlen_k)
+    _check_cu_values(suffix, values, problem.batch + 1, total, maxlen)
 
 
 def _check_tensor(name, t) -> TensorRef:

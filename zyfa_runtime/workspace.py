@@ -1,16 +1,26 @@
-"""Device scratch memory a launch needs beside its tensors, per (backend, device, stream): the
-V^T that the sm_90a FP8 pre-pass writes (catalogue.has_vt_prepass), a buffer kept between
-calls and grown on demand; and the tile counter of a persistent kernel (``counter``), zeroed
-once when it is allocated and left zero by every launch that uses it.
+"""Device scratch memory a launch needs beside its tensors: the V^T that the sm_90a FP8 pre-pass
+writes (catalogue.has_vt_prepass) and a balanced tail's partials (the workspace), and the tile
+counter of a persistent or balanced-tail kernel (zero before each launch, left zero by it).
 
-Launches on one stream run in order, so one buffer serves every call on that stream; calls on
-different streams get different buffers.  A buffer is held (its lock taken) from the moment a
-call is handed its address until the call's launches are queued.  An address once handed out
-stays valid until ``release()``: growing a buffer allocates a larger one and keeps the old one
-(kernels still queued, or a CUDA graph captured earlier, may use it), so growth never has to
-synchronise the device.  A CUDA graph that captured a launch keeps its workspace and counter
-addresses: replays of it must not overlap one another (or launches on the stream it was
-captured from), as launches on one stream never do.
+Two ways to get it, by whether the call's stream is being captured into a graph:
+
+* A call that runs (``hold``, ``counter``): per (backend, device, stream) a workspace kept
+  between calls and grown on demand, and a counter zeroed once, by a memset queued on the
+  stream before the first launch that uses it (no wait for the device).  Launches on one stream
+  run in order, so one buffer serves every call on that stream; calls on different streams get
+  different buffers.  A buffer is held (its lock taken) from the moment a call is handed its
+  address until the call's launches are queued.  An address once handed out stays valid until
+  ``release()``: growing a buffer allocates a larger one and keeps the old one (kernels still
+  queued may use it), so growth never has to synchronise the device.
+* A call being captured (``captured``): nothing may be allocated, copied synchronously or
+  waited for during a capture, and a graph may be replayed on any stream, at any time, beside
+  anything else -- so no buffer of the first kind may go into it.  Its scratch is allocated in
+  stream order on the capturing stream (cuMemAllocAsync / hipMallocAsync: an allocation node
+  the graph owns), its counter zeroed by a queued memset (a memset node), and freed after the
+  call's launches (a free node): every replay allocates, zeroes and frees its own, whichever
+  stream replays it and whatever else runs.  CUDA's rules for graphs holding memory nodes
+  apply to the graph: one executable instance at a time, no cloning, a child graph only by
+  moving it into its parent.
 """
 
 from __future__ import annotations
@@ -26,6 +36,12 @@ _buffers: dict[tuple[str, int, int], DeviceArray] = {}
 _retired: list[DeviceArray] = []
 _holds: dict[tuple[str, int, int], threading.Lock] = {}
 _counters: dict[tuple[str, int, int], DeviceArray] = {}
+
+#: Alignment of each part of a captured call's scratch (the driver's allocation alignment).
+SCRATCH_ALIGN = 256
+#: The bits of fp32 1.0: a captured FP8 call's default descale where the device's constant is
+#: not made yet (plan._one makes it outside captures).
+ONE_F32_BITS = 0x3F800000
 
 
 @contextlib.contextmanager
@@ -49,25 +65,56 @@ def hold(driver, device: int, stream: int, nbytes: int) -> Iterator[int]:
 def counter(driver, device: int, stream: int, nbytes: int) -> int:
     """The address of ``nbytes`` of zeros for a persistent kernel's tile counter on ``stream``.
     The kernel leaves them zero when it ends (its last CTA zeroes them), so launches on one
-    stream, which run in order, share them; they are zeroed once, synchronously, before the
-    first launch that uses them."""
+    stream, which run in order, share them; they are zeroed once, by a memset queued on
+    ``stream`` before the first launch that uses them."""
     key = (driver.name, int(device), int(stream))
     with _lock:
         buf = _counters.get(key)
         if buf is None or buf.nbytes < nbytes:
             new = DeviceArray(driver, device, (max(int(nbytes), 1),), "uint8")
-            driver.memset_d8(new.ptr, 0, new.nbytes)
-            driver.synchronize(device)
+            driver.memset_d8_async(new.ptr, 0, new.nbytes, stream)
             if buf is not None:
                 _retired.append(buf)
             _counters[key] = buf = new
         return buf.ptr
 
 
+def _aligned(n: int) -> int:
+    return -(-n // SCRATCH_ALIGN) * SCRATCH_ALIGN
+
+
+@contextlib.contextmanager
+def captured(driver, device: int, stream: int, counter_bytes: int, workspace_bytes: int,
+             one: bool) -> Iterator[tuple[int | None, int | None, int | None]]:
+    """Scratch of a call on a stream being captured: (counter, workspace, one) addresses, each
+    None where not asked for -- ``counter_bytes`` of zeros, ``workspace_bytes`` and, with
+    ``one``, an fp32 1.0 -- in one stream-ordered allocation on ``stream``, zeroed and filled by
+    memsets queued there; queue the launches inside the ``with``, after which it is freed on
+    ``stream`` (a failure in between frees it too).  Nothing where nothing is asked for."""
+    parts = [counter_bytes, workspace_bytes, 4 if one else 0]
+    total = sum(_aligned(n) for n in parts)
+    if total == 0:
+        yield None, None, None
+        return
+    base = driver.alloc_async(device, total, stream)
+    try:
+        at, where = base, []
+        for n in parts:
+            where.append(at if n else None)
+            at += _aligned(n)
+        if counter_bytes:
+            driver.memset_d8_async(where[0], 0, counter_bytes, stream)
+        if one:
+            driver.memset_d32_async(where[2], ONE_F32_BITS, 1, stream)
+        yield tuple(where)
+    finally:
+        driver.free_async(base, stream)
+
+
 def release() -> None:
     """Synchronise the devices that have workspaces and free them all (the next call allocates
-    anew).  Call it only when no launch that used a workspace is still to run (a CUDA graph
-    captured with one included)."""
+    anew).  Call it only when no launch that used a workspace is still to run (a captured call
+    holds none of these: its graph has its own)."""
     with _lock:
         keys = list(_holds)
     locks = [_holds[k] for k in keys]

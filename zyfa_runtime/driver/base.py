@@ -151,6 +151,36 @@ class Driver(abc.ABC):
         """Whether ``stream`` is being captured into a graph (its work recorded, not run)."""
         return False
 
+    # Stream-ordered memory: what a call captured into a graph uses for its scratch, as nothing
+    # else may allocate, copy synchronously or wait inside a capture.  Captured, each of these
+    # becomes a node of the graph (an allocation node owned by the graph, a memset node, a
+    # free node): the graph allocates and frees its own scratch at every replay.
+    def alloc_async(self, device: int, nbytes: int, stream: int) -> int:
+        """``nbytes`` of device memory allocated in stream order on ``stream``: usable by work
+        queued on it after this call (CUDA's cuMemAllocAsync, HIP's hipMallocAsync); its
+        contents are undefined."""
+        raise ZyfaError(f"{self.name}: no stream-ordered allocation")
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        """Free ``ptr`` (from :meth:`alloc_async`) once the work queued on ``stream`` before
+        this call has run."""
+        raise ZyfaError(f"{self.name}: no stream-ordered allocation")
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Queue on ``stream`` the setting of ``nbytes`` bytes at ``ptr`` to ``value``."""
+        raise ZyfaError(f"{self.name}: no queued memset")
+
+    def memset_d32_async(self, ptr: int, value: int, count: int, stream: int) -> None:
+        """Queue on ``stream`` the setting of ``count`` 32-bit words at ``ptr`` to ``value``."""
+        raise ZyfaError(f"{self.name}: no queued memset")
+
+    def relaxed_capture(self):
+        """A context manager: the calling thread's capture mode relaxed meanwhile, so that work
+        that is no stream operation but which a capture in the global mode would refuse
+        (loading a module) may run while a stream is being captured (CUDA's and HIP's
+        ``ThreadExchangeStreamCaptureMode``).  A no-op for drivers without capture."""
+        return contextlib.nullcontext()
+
     def copy_htod_async(self, ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
         """Queue on ``stream`` a copy of ``nbytes`` from page-locked ``host_ptr`` to device
         address ``ptr``; the host memory must stay unchanged until the copy has run."""
@@ -177,6 +207,48 @@ class Driver(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+# --------------------------------------------------------------------------------------
+# Stream capture as the backends without a GPU simulate it.
+
+#: The error CUDA returns for a call a capture forbids (cudaErrorStreamCaptureUnsupported).
+CAPTURE_UNSUPPORTED = (900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+
+
+class SimulatedCapture:
+    """Stream capture for the fake and emulator drivers.  ``capturing`` holds the streams a test
+    declares captured; while any is, a call that a GPU driver refuses during a capture in the
+    global mode (the default of ``torch.cuda.graph``: a synchronous allocation, copy, memset or
+    free, a wait for the device or an event, a module load) raises as CUDA's would, unless
+    ``capture_mode`` is ``"relaxed"`` or the calling thread is inside :meth:`relaxed_capture`
+    (stream operations -- launches, queued copies and memsets, stream-ordered allocations --
+    are what a capture records)."""
+
+    capture_mode = "global"
+
+    def _init_capture(self) -> None:
+        self.capturing: set[int] = set()
+        self._relaxed = threading.local()
+
+    def stream_capturing(self, stream: int) -> bool:
+        return int(stream) in self.capturing
+
+    @contextlib.contextmanager
+    def relaxed_capture(self):
+        before = getattr(self._relaxed, "on", False)
+        self._relaxed.on = True
+        try:
+            yield
+        finally:
+            self._relaxed.on = before
+
+    def _unsafe(self, call: str) -> None:
+        """Raise where ``call`` (not a stream operation) is what a capture forbids now."""
+        if self.capturing and self.capture_mode == "global" and not getattr(self._relaxed, "on", False):
+            code, name = CAPTURE_UNSUPPORTED
+            raise ZyfaError(f"operation not permitted when stream is capturing (streams {sorted(self.capturing)})",
+                            code=code, name=name, call=call)
 
 
 # --------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ in our launches.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import cffi
@@ -92,6 +93,11 @@ CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventDestroy_v2(CUevent hEvent);
 CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus);
+CUresult cuThreadExchangeStreamCaptureMode(int *mode);
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
 """
 
 SONAMES = ("libcuda.so.1", "libcuda.so")
@@ -106,6 +112,7 @@ CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NO_DEVICE = 100
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_STREAM_CAPTURE_MODE_RELAXED = 2
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
@@ -369,6 +376,33 @@ class CudaDriver(Driver):
         self.make_current(self._device_of(ptr))
         self._check("cuMemcpyHtoDAsync_v2", self.lib.cuMemcpyHtoDAsync_v2(
             ptr, ffi.cast("void *", host_ptr), int(nbytes), ffi.cast("CUstream", stream)))
+
+    def alloc_async(self, device: int, nbytes: int, stream: int) -> int:
+        self.make_current(device)
+        out = ffi.new("CUdeviceptr *")
+        self._check("cuMemAllocAsync", self.lib.cuMemAllocAsync(out, max(int(nbytes), 1),
+                                                                ffi.cast("CUstream", stream)))
+        return out[0]
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        self._check("cuMemFreeAsync", self.lib.cuMemFreeAsync(ptr, ffi.cast("CUstream", stream)))
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        self._check("cuMemsetD8Async", self.lib.cuMemsetD8Async(ptr, value & 0xFF, int(nbytes),
+                                                                ffi.cast("CUstream", stream)))
+
+    def memset_d32_async(self, ptr: int, value: int, count: int, stream: int) -> None:
+        self._check("cuMemsetD32Async", self.lib.cuMemsetD32Async(ptr, value & 0xFFFFFFFF, int(count),
+                                                                  ffi.cast("CUstream", stream)))
+
+    @contextlib.contextmanager
+    def relaxed_capture(self):
+        mode = ffi.new("int *", CU_STREAM_CAPTURE_MODE_RELAXED)
+        self._check("cuThreadExchangeStreamCaptureMode", self.lib.cuThreadExchangeStreamCaptureMode(mode))
+        try:
+            yield
+        finally:     # the thread's own mode back
+            self._check("cuThreadExchangeStreamCaptureMode", self.lib.cuThreadExchangeStreamCaptureMode(mode))
 
     def synchronize(self, device: int) -> None:
         self.make_current(device)

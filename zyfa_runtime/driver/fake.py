@@ -15,6 +15,12 @@ ROCm's ``.info/version``; empty: no such file).
 are (``host_memory_is_device`` False: host tensors are refused where a kernel would read them),
 with page-locked host buffers and queued copies (run at once, and recorded in ``htod_async``);
 ``dtoh`` counts the copies back to the host, each of which would synchronise a GPU.
+
+Stream capture is simulated (``base.SimulatedCapture``): streams added to ``capturing`` are
+being captured, and what a capture forbids raises.  ``ops`` records every stream operation in
+order -- ``("launch", symbol, stream)``, ``("alloc_async", ptr, nbytes, stream)``,
+``("memset_async", ptr, value, nbytes, stream)``, ``("free_async", ptr, stream)`` -- the nodes
+a captured call would leave in its graph.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 import numpy as np
 
 from ..errors import ZyfaError
-from .base import ATTRIBUTES, CUDA_MAX_GRID, Driver, Function, Module
+from .base import ATTRIBUTES, CUDA_MAX_GRID, Driver, Function, Module, SimulatedCapture
 
 #: Attribute values the fake reports per arch (an H200 and an MI355X).
 _ARCH_ATTRIBUTES = {
@@ -97,7 +103,7 @@ def unpack_tensor_map(blob: bytes) -> dict:
     return {"ptr": vals[1], "dims": dims, "strides": strides, "box": box, "swizzle": vals[-1]}
 
 
-class FakeDriver(Driver):
+class FakeDriver(SimulatedCapture, Driver):
     name = "fake"
     host_memory_is_device = True
 
@@ -113,7 +119,8 @@ class FakeDriver(Driver):
         self._buffers: dict[int, np.ndarray] = {}
         self._host_buffers: dict[int, np.ndarray] = {}
         self.htod_async: list[tuple[int, int, int, int]] = []   # (device ptr, host ptr, bytes, stream)
-        self.capturing: set[int] = set()     # streams a test declares captured into a graph
+        self._init_capture()                 # capturing: streams a test declares captured into a graph
+        self.ops: list[tuple] = []           # stream operations, in order
         self.dtoh = 0
         self._events: dict[int, float | None] = {}
         self._ids = itertools.count(1)
@@ -178,6 +185,7 @@ class FakeDriver(Driver):
     # -- code --------------------------------------------------------------------------
     def load_module(self, device: int, image: bytes) -> Module:
         self._valid(device)
+        self._unsafe("cuModuleLoadData")
         module = Module(handle=bytes(image), device=device)
         with self._lock:
             self.modules.append(module)
@@ -197,6 +205,7 @@ class FakeDriver(Driver):
                         dependent=bool(dependent))
         with self._lock:
             self.launches.append(record)
+            self.ops.append(("launch", function.symbol, int(stream)))
 
     def tensor_map_u8(self, ptr: int, dims, strides, box, swizzle_bytes: int) -> bytes:
         """Not CUDA's encoding: the arguments themselves (:func:`unpack_tensor_map`), so that
@@ -206,13 +215,40 @@ class FakeDriver(Driver):
     # -- memory ------------------------------------------------------------------------
     def alloc(self, device: int, nbytes: int) -> int:
         self._valid(device)
+        self._unsafe("cuMemAlloc_v2")
         buf = np.zeros(max(int(nbytes), 1), dtype=np.uint8)
         ptr = buf.ctypes.data
         with self._lock:
             self._buffers[ptr] = buf
         return ptr
 
+    def alloc_async(self, device: int, nbytes: int, stream: int) -> int:
+        self._valid(device)
+        buf = np.full(max(int(nbytes), 1), 0xFF, dtype=np.uint8)   # undefined contents: not zeros
+        ptr = buf.ctypes.data
+        with self._lock:
+            self._buffers[ptr] = buf
+            self.ops.append(("alloc_async", ptr, int(nbytes), int(stream)))
+        return ptr
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        with self._lock:
+            if self._buffers.pop(ptr, None) is None:
+                raise ZyfaError(f"free_async of 0x{ptr:x}, which the fake driver did not allocate")
+            self.ops.append(("free_async", ptr, int(stream)))
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        with self._lock:
+            self.ops.append(("memset_async", int(ptr), value & 0xFF, int(nbytes), int(stream)))
+        ctypes.memset(ptr, value & 0xFF, nbytes)
+
+    def memset_d32_async(self, ptr: int, value: int, count: int, stream: int) -> None:
+        with self._lock:
+            self.ops.append(("memset_async", int(ptr), value & 0xFFFFFFFF, 4 * int(count), int(stream)))
+        np.ctypeslib.as_array((ctypes.c_uint32 * int(count)).from_address(ptr))[:] = value & 0xFFFFFFFF
+
     def free(self, ptr: int) -> None:
+        self._unsafe("cuMemFree_v2")
         with self._lock:
             if self._buffers.pop(ptr, None) is None:
                 raise ZyfaError(f"free of 0x{ptr:x}, which the fake driver did not allocate")
@@ -222,28 +258,29 @@ class FakeDriver(Driver):
         return self._buffers[ptr]
 
     def copy_htod(self, ptr: int, host) -> None:
+        self._unsafe("cuMemcpyHtoD_v2")
         src, n = _address(host)
         ctypes.memmove(ptr, src, n)
 
     def copy_dtoh(self, host, ptr: int) -> None:
+        self._unsafe("cuMemcpyDtoH_v2")
         dst, n = _address(host, writable=True)
         with self._lock:
             self.dtoh += 1
         ctypes.memmove(dst, ptr, n)
 
-    def stream_capturing(self, stream: int) -> bool:
-        return int(stream) in self.capturing
-
     def host_alloc(self, device: int, nbytes: int) -> int:
         if self.host_memory_is_device:
             return super().host_alloc(device, nbytes)
         self._valid(device)
+        self._unsafe("cuMemHostAlloc")
         buf = np.zeros(max(int(nbytes), 1), dtype=np.uint8)
         with self._lock:
             self._host_buffers[buf.ctypes.data] = buf
         return buf.ctypes.data
 
     def host_free(self, ptr: int) -> None:
+        self._unsafe("cuMemFreeHost")
         with self._lock:
             if self._host_buffers.pop(ptr, None) is None:
                 raise ZyfaError(f"host_free of 0x{ptr:x}, which the fake driver did not allocate")
@@ -255,13 +292,16 @@ class FakeDriver(Driver):
             if not any(b <= host_ptr and host_ptr + nbytes <= b + h.nbytes for b, h in self._host_buffers.items()):
                 raise ZyfaError("copy_htod_async from memory that host_alloc did not give")
             self.htod_async.append((int(ptr), int(host_ptr), int(nbytes), int(stream)))
+            self.ops.append(("copy_htod_async", int(ptr), int(nbytes), int(stream)))
         ctypes.memmove(ptr, host_ptr, nbytes)
 
     def memset_d8(self, ptr: int, value: int, nbytes: int) -> None:
+        self._unsafe("cuMemsetD8_v2")
         ctypes.memset(ptr, value & 0xFF, nbytes)
 
     def synchronize(self, device: int) -> None:
         self._valid(device)
+        self._unsafe("cuCtxSynchronize")
 
     # -- events ------------------------------------------------------------------------
     def event_create(self, device: int = 0) -> int:
@@ -274,6 +314,7 @@ class FakeDriver(Driver):
         self._events[event] = time.perf_counter()
 
     def event_synchronize(self, event: int) -> None:
+        self._unsafe("cuEventSynchronize")
         if event not in self._events:
             raise ZyfaError(f"unknown event {event}")
 

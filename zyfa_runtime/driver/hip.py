@@ -17,6 +17,7 @@ versioned by ROCm and a misdeclared struct in ABI mode corrupts memory:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import cffi
@@ -71,6 +72,11 @@ hipError_t hipEventSynchronize(hipEvent_t event);
 hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop);
 hipError_t hipEventDestroy(hipEvent_t event);
 hipError_t hipStreamIsCapturing(hipStream_t stream, int *pCaptureStatus);
+hipError_t hipThreadExchangeStreamCaptureMode(int *mode);
+hipError_t hipMallocAsync(void **dev_ptr, size_t size, hipStream_t stream);
+hipError_t hipFreeAsync(void *dev_ptr, hipStream_t stream);
+hipError_t hipMemsetD8Async(void *dest, unsigned char value, size_t count, hipStream_t stream);
+hipError_t hipMemsetD32Async(void *dst, int value, size_t count, hipStream_t stream);
 """
 
 SONAMES = ("libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so")
@@ -85,6 +91,7 @@ HIP_ERROR_INVALID_VALUE = 1
 HIP_ERROR_NO_DEVICE = 100
 
 HIP_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_MEMORY_SIZE = 8
+HIP_STREAM_CAPTURE_MODE_RELAXED = 2
 PROPS_BUFFER_BYTES = 4096
 PROPS_NAME_OFFSET = 0
 PROPS_GCN_ARCH_NAME_OFFSET = 1160
@@ -313,6 +320,34 @@ class HipDriver(Driver):
         self._check("hipMemcpyHtoDAsync", self.lib.hipMemcpyHtoDAsync(
             ffi.cast("void *", ptr), ffi.cast("void *", host_ptr), int(nbytes),
             ffi.cast("hipStream_t", stream)))
+
+    def alloc_async(self, device: int, nbytes: int, stream: int) -> int:
+        self.make_current(device)
+        out = ffi.new("void **")
+        self._check("hipMallocAsync", self.lib.hipMallocAsync(out, max(int(nbytes), 1),
+                                                              ffi.cast("hipStream_t", stream)))
+        return handle_int(ffi, out[0])
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        self._check("hipFreeAsync", self.lib.hipFreeAsync(ffi.cast("void *", ptr), ffi.cast("hipStream_t", stream)))
+
+    def memset_d8_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        self._check("hipMemsetD8Async", self.lib.hipMemsetD8Async(
+            ffi.cast("void *", ptr), value & 0xFF, int(nbytes), ffi.cast("hipStream_t", stream)))
+
+    def memset_d32_async(self, ptr: int, value: int, count: int, stream: int) -> None:
+        word = (value & 0xFFFFFFFF) - ((value & 0x80000000) << 1)     # the same bits as a C int
+        self._check("hipMemsetD32Async", self.lib.hipMemsetD32Async(
+            ffi.cast("void *", ptr), word, int(count), ffi.cast("hipStream_t", stream)))
+
+    @contextlib.contextmanager
+    def relaxed_capture(self):
+        mode = ffi.new("int *", HIP_STREAM_CAPTURE_MODE_RELAXED)
+        self._check("hipThreadExchangeStreamCaptureMode", self.lib.hipThreadExchangeStreamCaptureMode(mode))
+        try:
+            yield
+        finally:     # the thread's own mode back
+            self._check("hipThreadExchangeStreamCaptureMode", self.lib.hipThreadExchangeStreamCaptureMode(mode))
 
     def synchronize(self, device: int) -> None:
         self.make_current(device)
