@@ -5,11 +5,13 @@ Encodings below are decoded by hand from the CDNA4 ISA guide's microcode format 
 instruction of the eight gfx950 BF16 kernels is also rendered and compared with it.
 """
 
+import json
 import re
 import shutil
 import struct
 import subprocess
 from pathlib import Path
+
 
 import pytest
 
@@ -105,7 +107,9 @@ def test_kernel_descriptors(path):
     assert kd.workgroup_id_enable == (True, True, True) and kd.workitem_id_enable == 0
     assert kd.float_denorm_mode_32 == 3 and kd.float_round_mode_32 == 0
     assert kd.group_segment_fixed_size == k.metadata["group_segment_fixed_size"]
-    assert k.kernarg_segment_size == 192
+    manifest = json.loads((path.parent / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["kernels"] if e["name"] == path.stem]
+    assert k.kernarg_segment_size == entry["kernarg_size"]   # the layout the runtime packs
     assert co.text_addr <= k.entry < co.text_addr + len(co.text)
 
 
