@@ -12,7 +12,6 @@ import struct
 import subprocess
 from pathlib import Path
 
-
 import pytest
 
 from zyfa_emulator import CodeObject, CodeObjectFormatError, LoadedCode
