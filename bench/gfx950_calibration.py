@@ -3,14 +3,15 @@ measured on MI355X and published) run on the emulator, traced, and put through t
 whole-device model as this project's kernels.  All figures here are modelled except the
 published ones they are compared with.
 
-* ``calibrate()``: the model's prediction for AITER at every published shape, the one
-  parameter fitted (the LDS rate; the clock is the sustained clock the design reports), the
-  residual per shape;
+* ``predictions()``: the model's figure for AITER at every published shape and its ratio
+  to the published one; ``fit()``: the one parameter fitted (the LDS rate; the clock is the
+  sustained clock the design reports, not fitted);
 * ``side_by_side()``: this project's 16 gfx950 kernels and AITER's 8 under the calibrated
-  model on the same shapes;
-* ``tables()``: both, written to docs/gfx950_calibration.md and .json.
+  model on the same shapes; ``costs()``: each kernel's per-CU cost;
+* ``tables()``: all of it, written to docs/gfx950_calibration.md (between its markers) and
+  .json; ``markdown_tables()`` for ``bench/aiter_gfx950.py``.
 
-    python bench/gfx950_calibration.py            # fit, tables, docs (a few minutes)
+    python bench/gfx950_calibration.py            # fit, tables, docs (~20 min on 2 cores)
     python bench/gfx950_calibration.py --no-fit   # tables at the stored parameters
 
 AITER's code objects come from its PyPI wheel through ``zyfa_emulator.peers.aiter_fav3``
@@ -202,7 +203,8 @@ def check_schedule(tr: PeerTrace) -> None:
     be = next(b for b in (cycles._backedge(w[0]) for w in tr.workgroups) if b is not None)
     for j, waves in enumerate(tr.workgroups):
         t = waves[0]
-        taken = sum(1 for k, i in enumerate(t.insts[:-1]) if i.pc == be and t.insts[k + 1].pc < i.pc)
+        taken = sum(1 for k, i in enumerate(t.insts[:-1])
+                    if i.pc == be and t.insts[k + 1].pc < i.pc)
         want = sum(max(0, math.floor(it) - 1) for it in tr.per_segment[j])
         if taken != want:
             raise AssertionError(f"{tr.kernel}: workgroup {j} takes {taken} back-edges, the "
@@ -413,7 +415,8 @@ def tables(refit: bool = False, write: bool = True) -> dict:
     md = render(data)
     if write:
         doc = ROOT / "docs" / "gfx950_calibration.md"
-        text = doc.read_text() if doc.exists() else f"# gfx950 cycle model: calibration\n\n{BEGIN}\n{END}\n"
+        text = doc.read_text() if doc.exists() else \
+            f"# gfx950 cycle model: calibration\n\n{BEGIN}\n{END}\n"
         head, _, rest = text.partition(BEGIN)
         _, _, tail = rest.partition(END)
         doc.write_text(f"{head}{BEGIN}\n{md}{END}{tail}")

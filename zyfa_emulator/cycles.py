@@ -84,7 +84,8 @@ from .hazards import TRANS_OPS, is_mfma, mfma_passes, mfma_rows
 from .operands import operands
 
 __all__ = ["Params", "TraceRecorder", "WaveTrace", "simulate", "SimResult", "loop_figures",
-           "LoopFigures", "backedge_tiles", "occupancy", "dispatch_order", "stream", "stream_window",
+           "LoopFigures", "backedge_tiles", "occupancy", "dispatch_order", "stream",
+           "stream_window",
            "group_spans", "WorkgroupCost", "loop_period", "workgroup_cost", "DeviceRun", "device_run",
            "kv_tiles", "attention_flops", "tflops", "MI355X_CUS", "MI355X_GHZ",
            "SUSTAINED_GHZ", "CALIBRATED", "LDS_BAND", "banded"]
@@ -111,7 +112,7 @@ class Params:
     # Fitted: the effective LDS rate at which AMD's AITER FAv3 kernels, modelled at
     # SUSTAINED_GHZ, match their published MI355X figures (docs/gfx950_calibration.md; RMS
     # of log(modelled / published) 0.035 over 12 points).  CDNA4 documents 256 bytes per
-    # clock as the LDS read bandwidth; at that rate the model is 1.36-1.52x too fast.
+    # clock as the LDS read bandwidth; at that rate the model is 1.35-1.52x too fast.
     lds_bytes_per_clk: float = 125
     vmem_latency: int = 500
     vmem_bytes_per_clk: int = 64

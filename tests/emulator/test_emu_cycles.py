@@ -525,7 +525,8 @@ def test_causal_tiles_and_flops():
     assert full.cycles == causal.cycles == 64
     assert causal.cu_busy == pytest.approx(65 / 128)
     f_full = attention_flops(1, 1, 64 * 64, 64 * 64, 128, 128, False)
-    assert tflops(f_full / 2, causal.cycles, 2.0) == pytest.approx(tflops(f_full, full.cycles, 2.0) / 2)
+    assert tflops(f_full / 2, causal.cycles, 2.0) == \
+        pytest.approx(tflops(f_full, full.cycles, 2.0) / 2)
     # pairing block x with block 63 - x (AMD's causal grid) balances it: 32 workgroups of 65
     paired = device_run([65] * 32, cost, cus=32)
     assert paired.cycles == 65 and paired.cu_busy == 1.0
