@@ -4,6 +4,7 @@ SmolLM2-135M's real activations, per layer and end to end.
 
     python bench/accuracy.py                 # the full study (about 15 min on 2 cores)
     python bench/accuracy.py --quick         # smaller shapes, fewer layers (a minute)
+    python bench/accuracy.py --adaptive      # gfx950's adaptive merge, swept (about 30 min)
 
 Every number is ||out - ref|| / ||ref|| against the fp64 reference, computed two ways:
 "deq" on the dequantised FP8 inputs (the error of the attention arithmetic alone) and
@@ -42,7 +43,7 @@ from zyfa_runtime.fp8_models import sequence_forward  # noqa: E402
 #: ("lean64": Lean P, integer block max, rounded sum) and its ablations.
 STUDY = [
     "aiter", "fa3", "fa3/rounded",
-    "gfx950", "sm_90a", "sm_90a/quad", "sm_90a/fold",
+    "gfx950", "gfx950/pk_u8", "sm_90a", "sm_90a/quad", "sm_90a/fold",
     "lean64", "lean64/exact", "lean64/unrounded", "lean64/shift1", "lean64/running",
     "lean64/quad-bfp32", "lean128/bfp32c",
 ]
@@ -164,6 +165,87 @@ def e2e_task(args):
 
 
 # ------------------------------------------------------------------------------------
+# 4. gfx950's adaptive merge (``Recipe.exact_within``): error and the share of the kernel's
+#    (32-row wave, 64-key block) pairs in which some row rescales O
+
+ADAPTIVE_DELTAS = (3.0, 2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0)
+
+
+def _adaptive_case(q, k, v, causal, scale):
+    """Per delta: per-head errors against fp64 on the e4m3 inputs, and (rescaling wave-blocks,
+    wave-blocks) over the heads; the every-block recipe ("gfx950") first."""
+    from zyfa_runtime import fp8_models
+    (qc, dq), (kc, dk), (vc, dv) = quantise(q), quantise(k), quantise(v)
+    deq = [e4m3.decode(c) * float(d) for c, d in ((qc, dq), (kc, dk), (vc, dv))]
+    ref = reference.attention(*(x[None] for x in deq), causal=causal, softmax_scale=scale)[0]
+    sq, hq, hk = q.shape[0], q.shape[1], k.shape[1]
+    res = {}
+    for delta in (None,) + ADAPTIVE_DELTAS:
+        recipe = fp8_models.RECIPES["gfx950"].replace(exact_within=delta)
+        errs, hits, pairs = [], 0, 0
+        for h in range(hq):
+            kv = h // (hq // hk)
+            r = fp8_models.head_forward(qc[:, h], kc[:, kv], vc[:, kv], recipe, descale_q=dq,
+                                        descale_k=dk, descale_v=dv, causal=causal,
+                                        softmax_scale=scale)
+            errs.append(rel(r.out, ref[:, h]))
+            waves = r.rescaled[: sq // 32 * 32].reshape(sq // 32, 32, -1)
+            seen = np.isfinite(r.ref_max[: sq // 32 * 32]).reshape(sq // 32, 32, -1).any(axis=1)
+            hits += int((waves.any(axis=1) & seen).sum())
+            pairs += int(seen.sum())
+        res[delta] = (errs, hits, pairs)
+    return res
+
+
+def adaptive_task(args):
+    kind, a, b, causal = args
+    if kind == "gauss":
+        rng = np.random.default_rng(a)
+        q, k, v = (rng.standard_normal((4096, 2, b)) for _ in range(3))
+        return (kind, a, b, causal), _adaptive_case(q, k, v, causal, None)
+    z = np.load(a)
+    q, k, v = (z[f"{b}_{i}"].astype(np.float64) for i in range(3))
+    return (kind, a, b, causal), _adaptive_case(q, k, v, causal, 1.0 / np.sqrt(64.0))
+
+
+def adaptive(args) -> int:
+    """SmolLM2 (2 prompts x 8 layers x 9 heads, 2,048 tokens, d64, causal and not) and Gaussian
+    (4,096 tokens, 2 heads, d128 non-causal, d64 causal) through gfx950's recipe with each
+    delta of the adaptive merge; prints a markdown table."""
+    layers = range(1, 30, 4)
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        caps = capture(["technical_storage", "dialogue_garden"], 2048)
+        files = []
+        for p, per_layer in caps.items():
+            f = os.path.join(tmp, f"{p}.npz")
+            np.savez(f, **{f"{layer}_{i}": per_layer[layer][i] for layer in layers for i in range(3)})
+            files.append(f)
+        tasks = [("gauss", args.seed, 128, False), ("gauss", args.seed + 1, 64, True)] + \
+            [("smol", f, layer, c) for f in files for layer in layers for c in (True, False)]
+        out = dict(pool.map(adaptive_task, tasks))
+
+    def smol(delta, causal):
+        parts = [r[delta] for key, r in out.items() if key[0] == "smol" and key[3] == causal]
+        return (np.median([e for p in parts for e in p[0]]),
+                sum(p[1] for p in parts) / sum(p[2] for p in parts))
+    g128, g64 = out[("gauss", args.seed, 128, False)], out[("gauss", args.seed + 1, 64, True)]
+    base = (smol(None, True)[0], smol(None, False)[0], np.mean(g128[None][0]), np.mean(g64[None][0]))
+    print("| delta | SmolLM2 causal median (x every) | waves rescaling | SmolLM2 non-causal median "
+          "(x every) | waves rescaling | Gaussian d128 4k (x every) | waves rescaling | Gaussian "
+          "d64 causal 4k (x every) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for delta in (None,) + ADAPTIVE_DELTAS:
+        (mc, fc), (mn, fn) = smol(delta, True), smol(delta, False)
+        e128, e64 = np.mean(g128[delta][0]), np.mean(g64[delta][0])
+        f128 = g128[delta][1] / g128[delta][2]
+        name = "every block" if delta is None else f"{delta:g}"
+        print(f"| {name} | {mc:.5f} ({mc / base[0]:.3f}) | {100 * fc:.0f} % | {mn:.5f} "
+              f"({mn / base[1]:.3f}) | {100 * fn:.0f} % | {e128:.5f} ({e128 / base[2]:.3f}) | "
+              f"{100 * f128:.0f} % | {e64:.5f} ({e64 / base[3]:.3f}) |", flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------
 
 def median_table(rows: dict, cols: list[str]) -> str:
     out = ["| recipe | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
@@ -178,7 +260,11 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))))
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "numerics.md")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="sweep gfx950's adaptive merge (prints a table, writes nothing)")
     args = ap.parse_args(argv)
+    if args.adaptive:
+        return adaptive(args)
 
     gauss_seq, gauss_heads = (256, 2) if args.quick else (1024, 4)
     layer_tokens = 512 if args.quick else 2048

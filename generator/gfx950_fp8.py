@@ -4,9 +4,12 @@ One workgroup is 8 waves x 32 query rows (256 rows) of one query head of one seq
 keys go by in blocks of N = 64 (the ``gfx950`` recipe's block, ``fp8_models.RECIPES``).
 Per block a wave computes, for its 32 queries::
 
-    QK   S^T = K . Q^T        2 x (d_qk / 64) v_mfma_f32_32x32x64_f8f6f4   (K from LDS, Q in AGPRs)
-    SM   Lean P               block max, one FMA per score, a saturating byte pack
-         row sum of P         1 x v_mfma_f32_16x16x128_f8f6f4 (P^T against a selector of ones)
+    QK   S^T = K . Q^T        2 x (d_qk / 64) v_mfma_scale_f32_32x32x64_f8f6f4 (K from LDS, Q in
+                              AGPRs, Q^T's E8M0 scale 2^-es: the scores come prescaled)
+    SM   Lean P               block max, one FMA per two scores onto the fp32 subnormals, a
+                              saturating shift per two scores (v_ashr_pk_u8_i32)
+         row sum of P         1 x v_mfma_scale_f32_16x16x128_f8f6f4 (P^T against a selector of
+                              ones scaled by 2^-127)
          merge                fp32 rescale of O^T to the block's reference (exact block max)
     PV   O^T += V^T . P^T     d_v / 32 x v_mfma_scale_f32_32x32x64_f8f6f4 (V^T by ds_read_b64_tr_b8,
                               P^T straight from the byte pack, 2^-k as P's E8M0 scale)
@@ -30,19 +33,23 @@ across matrix phases, so a matrix phase starts with its first operands in regist
 loop is unrolled over the four stages: every LDS offset is an immediate.
 
 The P arithmetic is the ``gfx950`` recipe of ``zyfa_runtime.fp8_models``, bit for bit
-(``Recipe.byte_form == "pk_u8"``): with ``Smax`` the block's raw maximum score, per row
+(``Recipe.byte_form == "ashr_u8"``).  The scores arrive as S' = S 2^-es (the QK MFMA's E8M0
+scale of Q^T, es chosen once so that a8 = 8c 2^(es - 141) is a normal fp32); with ``Smax``
+the block's maximum score and K = 120 - LEAN_CENTRE, per row, in code units (fp32 values
+times 2^141)::
 
-    U = nextafter_up(fp32(Smax * 8c - K))          K = fp32(120 - LEAN_CENTRE)
-    y = fp32(S * 8c - U)        (one v_pk_fma_f32 per two scores)
-    P = clamp(rint(y), 0, 255)  (v_cvt_pk_u8_f32, nearest-even, saturating)
+    U = fp32(Smax 8c - (K + 1/2)), moved up by |U| 2^-23     (two v_fma_f32)
+    z = S 8c - U  as an fp32 subnormal: bits rint(256 (y + 1/2)), y = S 8c - U - 1/2
+                                        (one v_pk_fma_f32 per two scores, denormals kept)
+    P = bits >> 8, saturated to [0, 255] (one v_ashr_pk_u8_i32 per two scores; z < 0: 0)
 
-Rounding U up makes ``y <= K`` for every score of the block, so no byte exceeds 120 (no
-e4m3 NaN can appear whatever the magnitudes) and the block's maximum gets code 120 (P =
-256 = 2^8 x its exact weight, less the centring offset; a few codes less where fp32 ulps of
-the scores span several codes).  The merge keeps O^T and the
-row sum relative to a per-row reference R with ``T_b - R`` an integer (``T_b =
-fp32(Smax c)``, the block's exact maximum in log2 units), so the block's factor is the
-power of two ``2^-k`` carried by the scaled MFMA, and O^T is rescaled in fp32 by
+P is rint(y) held to 1/256 code.  U's upward move makes ``y + 1/2 <= K + 1/2 + 2^-9`` for
+every score of the block, so no byte exceeds 120 (no e4m3 NaN can appear whatever the
+magnitudes) and the block's maximum gets code 120 (P = 256 = 2^8 x its exact weight, less
+the centring offset; a few codes less where fp32 ulps of U span several codes).  The merge
+keeps O^T and the row sum relative to a per-row reference R with ``T_b - R`` an integer
+(``T_b = fp32(Smax c)``, the block's exact maximum in log2 units), so the block's factor is
+the power of two ``2^-k`` carried by the scaled MFMA, and O^T is rescaled in fp32 by
 ``2^(R_old - R)`` once per block.
 
 Register map, cycle budgets and the stage functions are below; ``plan(v)`` holds every
@@ -58,7 +65,7 @@ import numpy as np
 
 from zyfa_runtime import e4m3
 from zyfa_runtime.catalogue import Variant, kernarg_size, kernargs
-from zyfa_runtime.fp8_models import RECIPES
+from zyfa_runtime.fp8_models import ASHR_EXP, RECIPES
 
 RECIPE = RECIPES["gfx950"]
 WAVES = 8              # per workgroup; waves w and w + 4 share a SIMD
@@ -68,6 +75,7 @@ ROWS = 32              # query rows per wave (the 32 columns of S^T)
 BLOCK_M = WAVES * ROWS
 BLOCK_N = RECIPE.block_keys          # 64 keys per block
 NEG_INF = "0xff800000"
+NO_KEY = np.float32(-2.0 ** 64)      # the block max of a row that sees none of the block
 RSRC_WORD3 = "0x00020000"            # raw buffer: DATA_FORMAT 32, no swizzle, no ADD_TID
 KERNARG_SGPR = 8                     # the kernarg segment is loaded into s[8:...]
 VGPR_LIMIT = 256                     # VGPR + AGPR per wave with two waves per SIMD
@@ -75,11 +83,6 @@ VGPR_LIMIT = 256                     # VGPR + AGPR per wave with two waves per S
 
 def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
-
-
-def lean_constant() -> np.float32:
-    """K = fp32(c0 - delta): the code of a score equal to the block maximum."""
-    return np.float32(RECIPE.c0 - RECIPE.code_offset)
 
 
 def _hex(x) -> str:
@@ -135,8 +138,8 @@ def plan(v: Variant) -> Plan:
     for frag_bufs, fixed in ((4, True), (4, False), (3, False), (2, False), (1, False)):
         vg = _Pool("v", 1)
         # Persistent per-lane values (register map).
-        for name in ("kaddr", "vaddr", "lim0", "ooff", "kconst", "scale_a", "m", "r",
-                     "l", "t", "kfl", "ki", "sb", "mx", "tmp", "mn", "rn", "ninf"):
+        for name in ("kaddr", "vaddr", "lim0", "ooff", "kconst", "scales", "m", "r",
+                     "l", "t", "d", "kf", "e", "sb", "mx", "tmp", "mn", "ninf"):
             vg.take(name)
         vg.take("u", 2, 2)            # U (low half used by the packed FMA)
         vg.take("x", 2, 2)            # rescale factor 2^(R_old - R) (low half)
@@ -154,9 +157,8 @@ def plan(v: Variant) -> Plan:
         vg.take("fr", 8 * frag_bufs, 2)   # operand ring shared by the PV and QK steps
         vg.take("o", 16 * pv_chunks, 2)
         # registers live in disjoint phases share: the loads' offset and the block max (matrix
-        # / vector phase); the epilogue's pairs and S^T; the exponent and k
+        # / vector phase); the epilogue's pairs and S^T
         vg.names["dmat"] = vg.names["mx"]
-        vg.names["e"] = vg.names["ki"]
         vg.names["bf"], vg.names["inv"] = (vg.names["s"][0], 2), (vg.names["s"][0] + 2, 2)
         ag = _Pool("a")
         ag.take("q", 8 * qk_steps, 8)
@@ -171,7 +173,9 @@ def plan(v: Variant) -> Plan:
                "wfull", "p", "pb", "qb", "dv", "kstr64", "vstr64", "t4", "t5", "dl", "dr")
     for name in singles[:2]:          # fill up to the quads' alignment
         sg.take(name)
-    for name, n in (("rk", 4), ("rv", 4), ("rq", 4), ("t0", 2), ("t2", 2), ("c8", 2)):
+    # a8: 8c 2^(es - 141) and 2^-23 (U's bump; the packed FMA reads the low half only);
+    # c: c 2^es
+    for name, n in (("rk", 4), ("rv", 4), ("rq", 4), ("t0", 2), ("t2", 2), ("a8", 2)):
         sg.take(name, n, n)
     for name in singles[2:]:
         sg.take(name)
@@ -441,10 +445,25 @@ def stage_constants(a: Asm) -> None:
         a(f"v_mul_f64 v[{t}:{t + 1}], v[{t}:{t + 1}], v[{t + 2}:{t + 3}]")
     a(f"v_cvt_f32_f64 v{t + 4}, v[{t}:{t + 1}]")
     a(f"v_mul_f32 v{t + 5}, 0x41000000, v{t + 4}")      # 8c, exact
+    a.note("the scores' E8M0 prescale 2^-es (QK's Q^T scale), es = clamp(142 - exponent field of "
+           "8c, 0, 127): a8 = 8c 2^(es - 141) is a normal fp32 (>= 2^-126) for every c >= 2^-115, "
+           "so z = S' a8 - U is exact before its one rounding")
+    a(f"v_bfe_u32 v{t + 6}, v{t + 5}, 23, 8")
+    a(f"v_sub_u32 v{t + 6}, {ASHR_EXP + 1}, v{t + 6}")
+    a(f"v_max_i32 v{t + 6}, 0, v{t + 6}")
+    a(f"v_min_i32 v{t + 6}, 0x7f, v{t + 6}")
+    a(f"v_add_u32 v{t + 7}, {-ASHR_EXP}, v{t + 6}")
+    a(f"v_ldexp_f32 v{t + 4}, v{t + 4}, v{t + 6}")    # c' = c 2^es
+    a(f"v_ldexp_f32 v{t + 5}, v{t + 5}, v{t + 7}")    # a8 = 8c 2^(es - 141)
+    a.note("scale bytes: 0 = 1.0 (K, V, P in the row sums), 1 = 2^-127 (the row sums' selector), "
+           "2 = 2^-es (Q^T)")
+    a(f"v_sub_u32 v{t + 7}, 0x7f, v{t + 6}")
+    a(f"v_lshlrev_b32 v{t + 7}, 16, v{t + 7}")
+    a(f"v_or_b32 {a.v('scales')}, 0x7f, v{t + 7}")
     a("s_nop 0")
     a(f"v_readfirstlane_b32 {a.s('c')}, v{t + 4}")
-    a(f"v_readfirstlane_b32 {a.s('c8')}, v{t + 5}")
-    a(f"s_mov_b32 {a.s('c8', 1)}, {a.s('c8')}")
+    a(f"v_readfirstlane_b32 {a.s('a8')}, v{t + 5}")
+    a(f"s_mov_b32 {a.s('a8', 1)}, {_hex(2.0 ** -23)}")
     a.note("blocks: workgroup (nb), this wave's (wnb) and the unmasked ones (wfull)")
     a(f"v_lshrrev_b32 v{t + 6}, 6, v0")
     a("s_nop 0")
@@ -556,23 +575,15 @@ def stage_lanes(a: Asm) -> None:
             a(f"v_cndmask_b32 {t1}, {t1}, {t3}, vcc")
         a(f"v_mul_lo_u32 {t2}, {t2}, {a.arg(sbase)}")
         a(f"v_add_u32 {a.v('dma' + kind)}, {t1}, {t2}")
-    a.note("constants and row state")
-    a.note("K, or K + 1/2 where v_cvt_pk_u8_f32 truncates instead of rounding to nearest (the "
-           "ISA's flt32_to_uint8 is read as nearest-even; a probe settles it on the device)")
-    a(f"v_mov_b32 {t1}, 0x3fc00000")                   # 1.5: nearest-even gives 2, truncation 1
-    a(f"v_cvt_pk_u8_f32 {t2}, {t1}, 0, 0")
-    a(f"v_mov_b32 {a.v('kconst')}, {_hex(lean_constant())}")
-    a(f"v_add_f32 {t3}, 0.5, {a.v('kconst')}")
-    a(f"v_cmp_eq_u32 vcc, 1, {t2}")
-    a("s_nop 1")
-    a(f"v_cndmask_b32 {a.v('kconst')}, {a.v('kconst')}, {t3}, vcc")
-    a(f"v_mov_b32 {a.v('scale_a')}, 127")
+    a.note("constants and row state: (K + 1/2) 2^-141, the code of a score equal to the block "
+           "max (less the centring) plus the byte's 1/2, held to 1/256 code")
+    a(f"v_mov_b32 {a.v('kconst')}, {_hex(RECIPE.ashr_constant)}")
     a(f"v_mov_b32 {a.v('ninf')}, {NEG_INF}")
     a(f"v_mov_b32 {a.v('m')}, {NEG_INF}")
     a(f"v_mov_b32 {a.v('r')}, {NEG_INF}")
     a(f"v_mov_b32 {a.v('l')}, 0")
     a(f"v_mov_b32 {a.v('x')}, 1.0")
-    a(f"v_mov_b32 {a.v('e')}, 0")
+    a(f"v_mov_b32 {a.v('sb')}, 0x7f")
     for i in range(4):
         a(f"v_mov_b32 {a.v('ls', i)}, 0")
     for i in range(16 * p.pv_chunks):
@@ -733,18 +744,20 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
         if st[0] == "pv":
             o = a.vr("o", 16 * st[1], 16)
             a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {frag}, {a.vr('p', 0, 8)}, {o}, "
-              f"{a.v('scale_a')}, {a.v('sb')}")
+              f"{a.v('scales')}, {a.v('sb')}")
             if i + 1 == n:
                 a.note("row sums of P: D[i][j] sums the k groups g with g%2 == (i/4)%2 of "
                        "column j, so every lane gets its own query's sum (used by the next "
                        "vector phase or the epilogue, 12+ wait states later)")
-                a(f"v_mfma_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, "
-                  f"{a.vr('p', 0, 8)}, 0")
+                a(f"v_mfma_scale_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, "
+                  f"{a.vr('p', 0, 8)}, 0, {a.v('scales')}, {a.v('scales')} op_sel:[1,0,0] "
+                  "op_sel_hi:[0,0,0]")
         else:
             _, h, s = st
             c = "0" if s == 0 else a.vr("s", 16 * h, 16)
-            a(f"v_mfma_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {frag}, "
-              f"{a.ar('q', 8 * s, 8)}, {c}")
+            a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {frag}, "
+              f"{a.ar('q', 8 * s, 8)}, {c}, {a.v('scales')}, {a.v('scales')} op_sel:[0,0,0] "
+              "op_sel_hi:[0,1,0]")
             if i + 1 == n or steps[i + 1][0] != "qk":
                 qk_done = len(a.lines)
         if issued < n:
@@ -762,10 +775,12 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
 
 
 def stage_row_sums(a: Asm) -> None:
-    """l = l x + 2^-k (row sum of the last PV'd block's P), with that block's x and k (the
-    state starts as l = 0, x = 1: a no-op before the first block)."""
-    t = a.v("kfl")          # free here: the row state's k comes later
-    a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('e')}")
+    """l = l x + 2^-k (row sum of the last PV'd block's P), with that block's x and scale
+    byte sb = 127 - k: the row-sum MFMA returns the sum times 2^-127 (its selector's scale),
+    so ldexp by sb gives it times 2^-k (the state starts as l = 0, x = 1: a no-op before the
+    first block)."""
+    t = a.v("d")            # free here: the merge comes later
+    a(f"v_ldexp_f32 {t}, {a.v('ls')}, {a.v('sb')}")
     a(f"v_fma_f32 {a.v('l')}, {a.v('l')}, {a.v('x')}, {t}")
 
 
@@ -775,17 +790,15 @@ def _by_case(a: Asm, body, none=None, prefix=None) -> None:
     computes neither.  ``prefix()`` opens every case (the phase's barrier: the dispatch is
     decided before it)."""
     pb, qb, wnb = a.s("pb"), a.s("qb"), a.s("wnb")
-    no_pv, pv_only, done = a.new_label("no_pv"), a.new_label("pv_only"), a.new_label("case_done")
+    no_pv, both, done = a.new_label("no_pv"), a.new_label("both"), a.new_label("case_done")
     neither = a.new_label("neither")
     start = prefix or (lambda: None)
+    # the common case (both) comes last: its taken branch is before the barrier, where the
+    # wave waits anyway, and it falls through to what follows the phase
     a(f"s_cmp_lt_u32 {pb}, {wnb}")
     a(f"s_cbranch_scc0 {no_pv}")
     a(f"s_cmp_lt_u32 {qb}, {wnb}")
-    a(f"s_cbranch_scc0 {pv_only}")
-    start()
-    body(pb, qb)
-    a(f"s_branch {done}")
-    a.label(pv_only)
+    a(f"s_cbranch_scc1 {both}")
     start()
     body(pb, None)
     a(f"s_branch {done}")
@@ -799,6 +812,10 @@ def _by_case(a: Asm, body, none=None, prefix=None) -> None:
     start()
     if none is not None:
         none()
+    a(f"s_branch {done}")
+    a.label(both)
+    start()
+    body(pb, qb)
     a.label(done)
 
 
@@ -807,17 +824,11 @@ def _key_offset(h: int, r: int) -> int:
     return 32 * h + 8 * (r // 4) + r % 4
 
 
-def stage_softmax(a: Asm, block: str, masked: bool) -> None:
-    """Lean P, the row sum and the merge for one block (VALU slots per lane, d_v = 128):
-    max 16 + exchange 3 + FMA 16 + byte pack 32 + row state 19 + O rescale 32 = 118
-    (472 cycles); a boundary block (``masked``) adds 64 for the mask."""
-    p = a.p
-    s0 = p.vgpr["s"]
-    mx, t = a.v("mx"), a.v("tmp")
-    if masked:
-        a.note("boundary block: scores of keys the row must not see become -inf")
-        a(f"s_lshl_b32 {a.s('t4')}, {block}, {int(math.log2(BLOCK_N))}")
-        a(f"v_subrev_u32 {t}, {a.s('t4')}, {a.v('lim0')}")
+def _mask(a: Asm, block: str) -> None:
+    """A boundary block: the scores of keys the row must not see become -inf (65 slots)."""
+    s0, t = a.p.vgpr["s"], a.v("tmp")
+    a(f"s_lshl_b32 {a.s('t4')}, {block}, {int(math.log2(BLOCK_N))}")
+    a(f"v_subrev_u32 {t}, {a.s('t4')}, {a.v('lim0')}")
     # compares rotate over three masks so that each is read 2+ wait states after its write
     masks = ("vcc", a.sr("t0", 2), a.sr("t2", 2))
     idx = [(h, r) for h in range(2) for r in range(16)]
@@ -827,60 +838,108 @@ def stage_softmax(a: Asm, block: str, masked: bool) -> None:
         reg = f"v{s0 + 16 * h + r}"
         a(f"v_cndmask_b32_e64 {reg}, {a.v('ninf')}, {reg}, {masks[i % 3]}")
 
-    for i, (h, r) in enumerate(idx if masked else []):
+    for i, (h, r) in enumerate(idx):
         a(f"v_cmp_lt_i32_e64 {masks[i % 3]}, {_key_offset(h, r)}, {t}")
         if i >= 2:
             select(i - 2)
-    if masked:
-        select(len(idx) - 2)
-        select(len(idx) - 1)
-    a.note("block max of the row: 32 scores in-lane, then lanes l and l^32")
+    select(len(idx) - 2)
+    select(len(idx) - 1)
+
+
+def _block_max(a: Asm, masked: bool) -> None:
+    """mx = the row's block max: 32 scores in-lane (16 slots), lanes l and l^32 (3 slots, the
+    previous block's row sums in the permlane's shadow).  A boundary row that sees no key of
+    the block gets NO_KEY instead of -inf (2 slots, vcc = it sees one): U stays finite, so
+    no NaN byte can appear."""
+    s0, mx, t = a.p.vgpr["s"], a.v("mx"), a.v("tmp")
     a(f"v_max3_f32 {mx}, v{s0}, v{s0 + 1}, v{s0 + 2}")
-    i = 3
-    while i < 32:
-        if i + 1 < 32:
-            a(f"v_max3_f32 {mx}, {mx}, v{s0 + i}, v{s0 + i + 1}")
-            i += 2
-        else:
-            a(f"v_max_f32 {mx}, {mx}, v{s0 + i}")
-            i += 1
+    for i in range(3, 31, 2):
+        a(f"v_max3_f32 {mx}, {mx}, v{s0 + i}, v{s0 + i + 1}")
+    a(f"v_max_f32 {mx}, {mx}, v{s0 + 31}")
     a(f"v_mov_b32 {t}, {mx}")
     stage_row_sums(a)                  # the previous block's (x, k): also the permlane's wait
     a(f"v_permlane32_swap_b32 {t}, {mx}")
     a(f"v_max_f32 {mx}, {mx}, {t}")
-    a.note("T = fp32(Smax c); U = nextafter_up(fp32(Smax 8c - K))")
-    a(f"v_mul_f32 {a.v('t')}, {a.s('c')}, {mx}")
-    a(f"v_cmp_neq_f32 vcc, {NEG_INF}, {a.v('t')}")   # the row sees a key of this block (for the merge)
-    u = a.v("u")
-    a(f"v_fma_f32 {u}, {mx}, {a.s('c8')}, -{a.v('kconst')}")
-    a(f"v_ashrrev_i32 {t}, 31, {u}")
-    a(f"v_lshl_add_u32 {u}, {t}, 1, {u}")
-    a(f"v_add_u32 {u}, 1, {u}")
-    a.note("y = fp32(S 8c - U): one packed FMA per two scores")
-    for i in range(16):
-        a(f"v_pk_fma_f32 {a.vr('s', 2 * i, 2)}, {a.vr('s', 2 * i, 2)}, {a.sr('c8', 2)}, "
-          f"{a.vr('u', 0, 2)} op_sel_hi:[1,0,0] neg_lo:[0,0,1] neg_hi:[0,0,1]")
-    a.note("P = clamp(rint(y), 0, 255) packed four to a register: item t = 16h + r")
-    for q in range(8):
-        for b in range(4):
-            src = "0" if b == 0 else a.v("p", q)
-            a(f"v_cvt_pk_u8_f32 {a.v('p', q)}, v{s0 + 4 * q + b}, {b}, {src}")
-    a.note("merge: R = T + ceil(M - T) (so T - R = -k is an integer), O *= 2^(R_old - R)")
-    tt, m, r, mn, rn, kf, ki, sb, x = (a.v(n) for n in ("t", "m", "r", "mn", "rn", "kfl", "ki", "sb", "x"))
-    a(f"v_max_f32 {m}, {m}, {tt}")
-    a(f"v_sub_f32 {kf}, {m}, {tt}")
+    if masked:
+        a(f"v_max_f32 {mx}, {_hex(NO_KEY)}, {mx}")
+        a(f"v_cmp_lt_f32 vcc, {_hex(NO_KEY)}, {mx}")
+
+
+def _reference(a: Asm, masked: bool) -> None:
+    """U, the merge and P's scale (12 slots; a boundary block 2 more).  In the kernel's
+    scaled units (S' = S 2^-es, c' = c 2^es, a8 = 8c 2^(es - 141)), with M the running max
+    and R the reference of O^T and l (log2 units, -inf before the first key):
+
+        U0 = fp32(S'max a8 - (K + 1/2) 2^-141)     U = fp32(U0 + |U0| 2^-23)
+        T  = fp32(S'max c')                        M = max(M, T)
+        kf = ceil(M - T)                           e = fp32(fp32(R - T) - kf)
+        R  = fp32(T + kf)                          x = 2^e   (0 < x < 2)
+        sb = u32(fp32(127 - kf))                   P's E8M0 scale 2^-min(kf, 127)
+
+    so that T - R = -kf is an integer (the block's factor is P's E8M0 scale) and R - M is
+    in [0, 1).  U >= S'max a8 - (K + 1/2) 2^-141 (an ulp up where U0 is normal, within
+    2^-149 where it is subnormal), so no byte passes c0.  A row that sees no key of a
+    boundary block keeps R and gets x = 1.  x (a transcendental's result) is first read 33
+    slots later."""
+    mx, u, t, m, d, r = a.v("mx"), a.v("u"), a.v("t"), a.v("m"), a.v("d"), a.v("r")
+    kf, e, x, sb = a.v("kf"), a.v("e"), a.v("x"), a.v("sb")
+    a(f"v_fma_f32 {u}, {mx}, {a.s('a8')}, -{a.v('kconst')}")
+    a(f"v_mul_f32 {t}, {a.s('c')}, {mx}")
+    a(f"v_fma_f32 {u}, |{u}|, {a.s('a8', 1)}, {u}")
+    a(f"v_max_f32 {m}, {m}, {t}")
+    a(f"v_sub_f32 {kf}, {m}, {t}")
+    a(f"v_sub_f32 {d}, {r}, {t}")
     a(f"v_ceil_f32 {kf}, {kf}")
-    a(f"v_add_f32 {rn}, {tt}, {kf}")
-    a(f"v_sub_f32 {x}, {r}, {rn}")
-    a(f"v_exp_f32 {x}, {x}")
-    a(f"v_cvt_i32_f32 {ki}, {kf}")
-    a(f"v_cndmask_b32 {r}, {r}, {rn}, vcc")
-    a(f"v_cndmask_b32 {x}, 1.0, {x}, vcc")
-    a(f"v_sub_u32 {sb}, 127, {ki}")
-    a(f"v_max_i32 {sb}, 1, {sb}")                    # E8M0 scale byte of P: 2^-k, k <= 126
-    for i in range(8 * p.pv_chunks):
+    a(f"v_sub_f32 {e}, {d}, {kf}")
+    a(f"v_exp_f32 {x}, {e}")
+    if masked:
+        a(f"v_add_f32 {d}, {t}, {kf}")
+        a(f"v_cndmask_b32 {r}, {r}, {d}, vcc")
+        a(f"v_cndmask_b32 {x}, 1.0, {x}, vcc")
+    else:
+        a(f"v_add_f32 {r}, {t}, {kf}")
+    a(f"v_sub_f32 {sb}, {_hex(127.0)}, {kf}")
+    a(f"v_cvt_u32_f32 {sb}, {sb}")
+
+
+def _bytes(a: Asm) -> None:
+    """P^T bytes (32 slots): per pair of scores one v_pk_fma_f32, z = S' a8 - U (an fp32
+    subnormal whose bits are rint(256 (y + 1/2)), fp32 denormals kept), and per pair one
+    v_ashr_pk_u8_i32 (bits >> 8, saturated to [0, 255]: z < 0 gives 0), two pairs to a
+    register (op_sel[3]: the upper half): item t = 16h + r of S^T is byte t % 4 of P^T
+    register t / 4, the B-operand order of PV."""
+    s0 = a.p.vgpr["s"]
+    for i in range(16):
+        a(f"v_pk_fma_f32 {a.vr('s', 2 * i, 2)}, {a.vr('s', 2 * i, 2)}, {a.sr('a8', 2)}, "
+          f"{a.vr('u', 0, 2)} op_sel_hi:[1,0,0] neg_lo:[0,0,1] neg_hi:[0,0,1]")
+    for q in range(8):
+        a(f"v_ashr_pk_u8_i32 {a.v('p', q)}, v{s0 + 4 * q}, v{s0 + 4 * q + 1}, 8")
+        a(f"v_ashr_pk_u8_i32 {a.v('p', q)}, v{s0 + 4 * q + 2}, v{s0 + 4 * q + 3}, 8 op_sel:[0,0,0,1]")
+
+
+def _rescale(a: Asm) -> None:
+    """O^T *= x (d_v / 4 v_pk_mul_f32 slots)."""
+    for i in range(8 * a.p.pv_chunks):
         a(f"v_pk_mul_f32 {a.vr('o', 2 * i, 2)}, {a.vr('o', 2 * i, 2)}, {a.vr('x', 0, 2)} op_sel_hi:[1,0]")
-    a(f"v_subrev_u32 {a.v('e')}, 127, {sb}")
+
+
+def stage_softmax(a: Asm, block: str, masked: bool) -> None:
+    """Lean P, the row sums and the merge for one block.  VALU slots per wave and 64-key block
+    (d_v = 128; a slot is 4 cycles, and a 32 x 128 block is 2 wave-blocks of 4 cycles a slot,
+    so cycles per 32 x 128 = 8 x slots): block max 16 + exchange 3 + row sums 2 + U and
+    merge 12 + packed FMA 16 + bytes 16 + O rescale d_v / 4 = 97 (776 cycles per 32 x 128);
+    a boundary block (``masked``) adds 69 (the mask 65, NO_KEY 2, the merge's guard 2)."""
+    if masked:
+        a.note("boundary block: scores of keys the row must not see become -inf")
+        _mask(a, block)
+    a.note("block max of the row: 32 scores in-lane, then lanes l and l^32")
+    _block_max(a, masked)
+    a.note("U, the merge (R = T + ceil(M - T), x = 2^(R_old - R)) and P's scale")
+    _reference(a, masked)
+    a.note("P bytes: z = S' a8 - U on the fp32 subnormals, then its bits >> 8")
+    _bytes(a)
+    a.note("O^T *= x")
+    _rescale(a)
 
 
 def stage_loop(a: Asm) -> None:

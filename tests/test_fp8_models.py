@@ -449,3 +449,77 @@ def test_diagonal_recipe_validation():
         RECIPES["lean128"].replace(diagonal="hi_lo")
     with pytest.raises(ValueError, match="diagonal_rows"):
         RECIPES["sm_90a"].replace(diagonal_rows=0)
+
+
+def test_fma32_rounds_once_onto_the_fp32_subnormals():
+    """e4m3.fma32: one nearest-even rounding of the exact sum, subnormal results included (the
+    float64 sum is rounded to odd first): ties at 2^-150 go to even, a remainder below the
+    float64 ulp still decides a tie, and inf / NaN propagate."""
+    tiny = 2.0 ** -149
+    p = np.array([0.5, 1.5, 2.5, 1.5 + 2.0 ** -60, 3.0, 1.0, -2.5]) * tiny
+    got = e4m3.fma32(p, np.float32(0))
+    assert list(got.astype(np.float64) / tiny) == [0, 2, 2, 2, 3, 1, -2]
+    # (1 + 2^-23)^2 2^-128: half a subnormal ulp above 2^-128 and 2^-174 more: rounds up
+    p = np.array([(1 + 2.0 ** -22 + 2.0 ** -46) * 2.0 ** -128])
+    assert e4m3.fma32(p, np.float32(0))[0] == np.float32(2.0 ** -128 + tiny)
+    assert e4m3.fma32(p - 2.0 ** -174, np.float32(0))[0] == np.float32(2.0 ** -128)   # the tie: even
+    assert e4m3.fma32(np.array([1.0 + 2.0 ** -24]), np.float32(2.0 ** -60))[0] == np.float32(1 + 2.0 ** -23)
+    assert np.isinf(e4m3.fma32(np.array([np.inf]), np.float32(1)))[0]
+    assert np.isnan(e4m3.fma32(np.array([np.inf]), np.float32(-np.inf)))[0]
+
+
+def test_ashr_u8_codes_are_floor_of_y_plus_half_on_the_subnormal_grid():
+    """The "ashr_u8" byte: floor(rint(256 (p - u)) / 256), saturated to [0, 255]; ties of
+    the 1/256 grid go to even; negative values, -inf and NaN give 0."""
+    u = np.float64(-0.5)                      # the +1/2 of the kernel's constant
+    y = np.array([119.5, 119.5 - 2.0 ** -9, 119.5 - 2.0 ** -8, 120.0 + 1 / 512, 0.0, -0.5,
+                  -0.5 - 2.0 ** -9, -3e9, -np.inf, np.nan, 300.0])
+    assert list(e4m3.ashr_u8_codes(y, u)) == [120, 120, 119, 120, 0, 0, 0, 0, 0, 0, 255]
+    # a tie of the 1/256 grid decided by a remainder below float64's resolution of 256 y
+    p = np.array([1e6 + 0.5 / 256 + 2.0 ** -40])
+    assert e4m3.ashr_u8_codes(p, np.float64(1e6 - 5.0))[0] == 5
+
+
+@pytest.mark.parametrize("spread", [1.0, 3.0, 30.0])
+def test_gfx950_ashr_bytes_are_the_cvt_bytes_but_near_ties(spread):
+    """gfx950's byte (the subnormal FMA and v_ashr_pk_u8_i32) against its former
+    v_cvt_pk_u8_f32 byte on the same scores: rint(y) both, y held to 1/256 code instead of an
+    fp32 ulp, so bytes differ by one code only where y lies that close to a tie (about 0.2 %),
+    and each block's maximum still gets c0."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((96, 128)).astype(ml_dtypes.float8_e4m3fn)
+    k = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
+    v = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
+    kw = dict(softmax_scale=spread / np.sqrt(128), causal=True)
+    new = fp8_models.head_forward(q, k, v, RECIPES["gfx950"], **kw)
+    old = fp8_models.head_forward(q, k, v, RECIPES["gfx950/pk_u8"], **kw)
+    a, b = new.p_codes.astype(int), old.p_codes.astype(int)
+    assert np.abs(a - b).max() <= 1 and np.mean(a != b) < 0.005
+    for blk in range(0, 300, 64):
+        sees = np.arange(96) + 300 - 96 >= blk
+        assert (a[sees, blk:blk + 64].max(axis=1) == RECIPES["gfx950"].c0).all()
+    qd, kd, vd = (x.astype(np.float64)[None, :, None] for x in (q, k, v))
+    ref = reference.attention(qd, kd, vd, **kw)[0][:, 0]
+    err_new, err_old = (reference.relative_error(r.out, ref) for r in (new, old))
+    assert abs(err_new - err_old) < 0.03 * err_old, (err_new, err_old)
+
+
+def test_adaptive_merge_is_the_every_block_merge_when_every_block_is_exact():
+    """exact_within: with a delta no block falls below, the adaptive merge rescales every block
+    and gives the every-block recipe's bytes; with delta = 0 blocks below the running max go
+    on the lattice (their maximum at code 112..120, never above c0) and fewer rows rescale."""
+    rng = np.random.default_rng(8)
+    q, k, v, sc = gaussian_problem(rng, sq=200, sk=640, hq=1, hkv=1, d=64, dv=64)
+    args = (q[0, :, 0], k[0, :, 0], v[0, :, 0])
+    every = fp8_models.head_forward(*args, "gfx950", causal=True, **sc)
+    wide = fp8_models.head_forward(*args, RECIPES["gfx950"].replace(exact_within=63.0), causal=True, **sc)
+    tight = fp8_models.head_forward(*args, RECIPES["gfx950"].replace(exact_within=0.0), causal=True, **sc)
+    np.testing.assert_array_equal(wide.p_codes, every.p_codes)
+    np.testing.assert_allclose(wide.out, every.out, atol=1e-5)
+    assert wide.rescaled.sum() == every.rescaled.sum() > tight.rescaled.sum()
+    assert tight.p_codes.max() <= RECIPES["gfx950"].c0
+    qd, kd, vd = dequantised(q, k, v, **sc)
+    ref = reference.attention(qd, kd, vd, causal=True)[0][:, 0]
+    assert reference.relative_error(tight.out, ref) < 2 * reference.relative_error(every.out, ref)
+    with pytest.raises(ValueError, match="exact_within"):
+        RECIPES["gfx950/pk_u8"].replace(exact_within=1.0)

@@ -79,3 +79,17 @@ def test_code_objects_carry_the_catalogue_layout():
             [(a.offset, a.size) for a in kernargs(v)]
         assert meta["group_segment_fixed_size"] == gen.plan(v).lds_bytes
         assert meta["max_flat_workgroup_size"] == 512 and meta["wavefront_size"] == 64
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_vector_phase_slots(v):
+    """The softmax of one 64-key block as emitted (VALU slots per wave): 65 + d_v / 4 (the O
+    rescale), 97 at d_v = 128 (776 cycles per 32 x 128 block, under 820); a boundary block
+    adds the mask (65) and the guards of rows that see no key (4)."""
+    p = gen.plan(v)
+    slots = {}
+    for masked in (False, True):
+        a = gen.Asm(p)
+        gen.stage_softmax(a, a.s("pb"), masked=masked)
+        slots[masked] = sum(1 for line in a.lines if line.strip().startswith("v_"))
+    assert slots[False] == 65 + v.d_v // 4 and slots[True] == slots[False] + 69

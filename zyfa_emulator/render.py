@@ -290,7 +290,7 @@ def _vop3_nsrc(name: str) -> int:
            "v_cvt_pknorm_u16_f16", "v_add_i32", "v_sub_i32", "v_add_i16", "v_sub_i16",
            "v_pack_b32_f16", "v_mul_legacy_f32", "v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32",
            "v_cvt_sr_fp8_f32", "v_cvt_sr_bf8_f32", "v_cvt_sr_f16_f32", "v_cvt_sr_bf16_f32",
-           "v_cvt_pk_f16_f32", "v_cvt_pk_bf16_f32", "v_ashr_pk_i8_i32", "v_ashr_pk_u8_i32",
+           "v_cvt_pk_f16_f32", "v_cvt_pk_bf16_f32",
            "v_cvt_scalef32_pk_f32_fp8", "v_cvt_scalef32_pk_f32_bf8",
            "v_cvt_scalef32_f32_fp8", "v_cvt_scalef32_f32_bf8", "v_cvt_scalef32_pk_fp8_bf16",
            "v_cvt_scalef32_pk_bf8_bf16", "v_cvt_scalef32_pk_fp8_f16",

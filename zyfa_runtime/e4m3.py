@@ -25,10 +25,12 @@ too) and its cost per element of P (the row max, ``v_max3_f32`` / FMNMX, and the
 are common to all and counted elsewhere):
 
 ``"lean"``       ``code = clamp(rint(y), 0, c0)``.
-                 gfx950 (wave64 VALU issue slots): ``v_pk_fma_f32`` for y (1/2) +
-                 ``v_cvt_pk_u8_f32`` (1; assumed to round per MODE, i.e. nearest-even, and
-                 to clamp to [0, 255]: to be confirmed on hardware; else add 2^23 in the
-                 FMA and pack the low bytes) = 1.5.  sm_90a: FFMA (y) + FMUL (x 2^-149:
+                 gfx950 (wave64 VALU issue slots): ``v_pk_fma_f32`` for ``(y + 1/2)
+                 2^-141`` (1/2), an fp32 subnormal whose bits are ``rint(256 (y + 1/2))``,
+                 and ``v_ashr_pk_u8_i32`` by 8 (1/2: two scores an instruction, both clamps
+                 by its saturation and the sign bit) = 1: ``rint(y)`` with ``y`` held to 1/256
+                 code (:func:`ashr_u8_codes`; ``v_pk_fma_f32`` + ``v_cvt_pk_u8_f32``, the
+                 earlier form, is 1.5).  sm_90a: FFMA (y) + FMUL (x 2^-149:
                  the subnormal product's bits are ``rint(y)`` as an integer) + 1/2
                  ``I2IP.U8.S32.SAT`` (clamps and packs two) = 2 FMA-pipe + 0.5 ALU-pipe
                  instructions (the FMUL folds into the FFMA when 8c is a power of two).
@@ -117,7 +119,7 @@ __all__ = ["MAX", "NAN", "decode", "encode", "as_codes", "fma_f32", "p_codes", "
            "quad_fold_codes", "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE",
            "QUAD_FOLD_C", "QUAD_FOLD_K", "QUAD_FOLD_A1", "QUAD_FOLD_A0", "quad_h2_codes", "fma_f16",
            "QUAD_H2_A", "QUAD_H2_B", "QUAD_H2_B17", "QUAD_H2_K", "EXP2_POLY", "EXP2_W_MAX",
-           "exp2_x", "hi_lo_codes"]
+           "exp2_x", "hi_lo_codes", "fma32", "ashr_u8_codes"]
 
 MAX = 448.0  #: largest finite e4m3 value, code 0x7E
 NAN = 0x7F   #: the NaN code this module produces
@@ -236,6 +238,46 @@ def fma_f32(a, b, c) -> np.ndarray:
         nudged = np.nextafter(st, np.where(err > 0, np.inf, -np.inf)).astype(np.float32)
         r[tie] = np.where(err != 0, nudged, r[tie])
     return r
+
+
+def fma32(p, c) -> np.ndarray:
+    """``fp32(p + c)`` rounded once (nearest-even) for float64 ``p`` holding an exact product
+    of two fp32 values (48 bits) and ``c`` an fp32 value: what ``v_fma_f32`` computes, at any
+    magnitude, subnormal results included (fp32 denormals kept).  The float64 sum is rounded
+    to odd (its last bit set where it was inexact), so the final rounding to fp32 is the
+    correctly rounded one (24 + 2 <= 53 bits).  inf and NaN propagate as in IEEE arithmetic.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        s = np.asarray(p + c)
+        bb = s - p
+        err = (p - (s - bb)) + (c - bb)
+        fix = np.isfinite(s) & np.isfinite(err) & (err != 0) & ((s.view(np.int64) & 1) == 0)
+        if fix.any():
+            s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+        return s.astype(np.float32)
+
+
+def ashr_u8_codes(p, u) -> np.ndarray:
+    """The byte of ``v_ashr_pk_u8_i32`` applied by 8 bits to the fp32 ``z = (p - u) 2^-141``:
+    ``p = S 8c`` (float64, exact), ``u`` the FMA's addend in code units (float64, an fp32
+    value times 2^141, so ``256 u`` is an integer).  While ``z`` is an fp32 subnormal its bit
+    pattern is the integer ``rint(256 (p - u))`` (nearest-even on the exact difference), and
+    the byte is that shifted right by 8, saturated to [0, 255]; a negative ``z`` (sign bit
+    set: any negative value, -0 and -inf) gives 0.  Callers keep ``p - u < 2^15`` (the
+    subnormal range), which the kernel's ``u`` guarantees."""
+    p = np.asarray(p, dtype=np.float64) * 256.0
+    q = -np.asarray(u, dtype=np.float64) * 256.0
+    with np.errstate(all="ignore"):
+        s = np.asarray(p + q)
+        bb = s - p
+        err = (p - (s - bb)) + (q - bb)               # the exact remainder (TwoSum)
+        r = np.rint(s)
+        tie = np.isfinite(s) & (np.abs(s - np.floor(s) - 0.5) == 0) & (err != 0)
+        r = np.where(tie, np.floor(s) + (err > 0), r)
+        r = np.nan_to_num(r, nan=-1.0, neginf=-1.0, posinf=-1.0)
+    return np.clip(np.floor(r / 256.0), 0, 255).astype(np.uint8)
 
 
 def p_codes(y, *, variant: str, max_code: int = 120) -> np.ndarray:

@@ -73,12 +73,15 @@ import numpy as np
 
 from . import e4m3
 
-__all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "log2_scale", "sequence_forward",
-           "head_forward", "HeadResult"]
+__all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "ASHR_EXP", "log2_scale",
+           "sequence_forward", "head_forward", "HeadResult"]
 
 MAX_KINDS = ("running_fp32", "running_integer", "block_integer", "block_fp32")
 SUMS = ("rounded", "unrounded")
-BYTE_FORMS = ("fma", "pk_u8", "quad_fold", "quad_h2", "lean_h2")
+BYTE_FORMS = ("fma", "pk_u8", "ashr_u8", "quad_fold", "quad_h2", "lean_h2")
+#: The ``ashr_u8`` byte's fp32 scale: ``z = y 2^-ASHR_EXP`` is a subnormal whose bits hold
+#: ``y`` to 1/256 code unit (2^-149 = 2^-ASHR_EXP / 256).
+ASHR_EXP = 141
 _LOG2E = 1.4426950408889634
 
 
@@ -103,8 +106,20 @@ class Recipe:
                     makes ``y <= K`` for every score of the block whatever its magnitude, so
                     no byte exceeds ``c0`` (and none can be the e4m3 NaN); ``y`` differs
                     from "fma"'s by the placement of one fp32 rounding.  Needs "lean" and
-                    "block_fp32".  Or "quad_fold" (sm_90a/fold's): ``w`` as for "lean_h2"
-                    below (one FMA) and ``e4m3.quad_fold_codes(w)``,
+                    "block_fp32".  Or "ashr_u8", gfx950's: the FMA writes ``z = (S 8c - U)
+                    2^-141`` (``ASHR_EXP``), an fp32 subnormal whose bits are ``rint(256 (S
+                    8c - U))``, and the byte is that shifted right by 8 with unsigned
+                    saturation (``v_ashr_pk_u8_i32``, two scores an instruction; ``z < 0``
+                    gives 0; ``e4m3.ashr_u8_codes``): ``floor(y + 1/2)`` with ``y + 1/2`` held
+                    to 1/256 code, "pk_u8"'s ``rint(y)`` but where ``y`` lies within about
+                    1/256 of a tie.  In code units (the kernel's fp32 values times 2^141):
+                    ``U0 = fp32(Smax 8c - (K + 1/2))`` with ``K + 1/2`` held to 1/256 code,
+                    ``Ub = fp32(U0 + |U0| 2^-23)`` (at least an ulp up where ``U0`` is
+                    normal; a subnormal ``U0`` is within 1/512 code), so ``y + 1/2 <= K + 1/2
+                    + 2^-9`` for every score and no byte passes ``c0``; ``U = Ub``, or with
+                    ``exact_within`` ``fp32(Ub + 8 f)``, which places a lattice block (below).
+                    Needs "lean" and "block_fp32".  Or "quad_fold" (sm_90a/fold's): ``w`` as
+                    for "lean_h2" below (one FMA) and ``e4m3.quad_fold_codes(w)``,
                     the "lean_quad" byte in 4 FMA-pipe instructions instead of 6.  Or
                     "quad_h2" (sm_90a/quad's): the same ``w`` and ``e4m3.quad_h2_codes(w)``, the
                     correction in half precision, two scores an instruction.  Both need
@@ -125,6 +140,19 @@ class Recipe:
                     "block_fp32".  Only where ``d_v <=
                     diagonal_dv`` (``diagonal_at``): sm_90a's d_v = 256 consumer holds no
                     second P beside its 256-wide O and block accumulator.
+    ``exact_within`` None (every block rescaled to its own exact max), or delta in (-8, 64)
+                    with byte_form "ashr_u8": an adaptive merge, studied for gfx950 and not
+                    adopted (docs/gfx950_fp8.md).  A row keeps its running max ``M`` and a
+                    reference ``R`` (fp32; -inf before its first key).  A block it sees, with
+                    ``T = fp32(Smax c)``, is exact unless ``fp32(M - T) > delta``: exact blocks
+                    take ``M = max(M, T)``, ``kf = ceil(M - T)``, ``R = fp32(T + kf)`` and
+                    rescale O and l by ``fp32(2^e)``, ``e = fp32(fp32(R_old - T) - kf)``;
+                    the others go on R's lattice: ``kf = floor(fp32(R - T))``, ``R`` kept, no
+                    rescale, bytes relative to ``R - kf`` (``U = fp32(Ub + 8 f)``, ``f =
+                    fp32(R - T) - kf``: the block's maximum gets code ``c0 - 8 f``).  The
+                    block's factor is ``2^-kf`` (E8M0).  A negative delta is headroom: blocks
+                    up to ``-delta`` above the running max stay on the lattice (``kf < 0``).
+                    Rows that see none of a block keep their state.
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
 
@@ -139,6 +167,7 @@ class Recipe:
     diagonal: str = "same"
     diagonal_rows: int = 64
     diagonal_dv: int = 128
+    exact_within: float | None = None
 
     def __post_init__(self):
         if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
@@ -158,6 +187,12 @@ class Recipe:
                 (self.p_rounding, self.max_kind) != ("lean_quad", "block_fp32"):
             raise ValueError(f"byte_form {self.byte_form!r} is defined for lean_quad bytes with a "
                              "block_fp32 max")
+        if self.byte_form == "ashr_u8" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
+            raise ValueError("byte_form 'ashr_u8' is defined for lean bytes with a block_fp32 max")
+        if self.exact_within is not None and not (
+                self.byte_form == "ashr_u8" and self.diagonal == "same" and -8 < self.exact_within < 64):
+            raise ValueError("exact_within (-8 < delta < 64) is defined for byte_form 'ashr_u8' "
+                             "without a two-term diagonal")
         if self.byte_form == "lean_h2" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
             raise ValueError("byte_form 'lean_h2' is defined for lean bytes with a block_fp32 max")
         if self.diagonal not in ("same", "hi_lo"):
@@ -202,6 +237,12 @@ class Recipe:
         a constant; the two-term diagonal's is that of ``c0`` alone (no centring)."""
         return _fp32(16.0 + (self.c0 - self.code_offset) / 8.0)
 
+    @property
+    def ashr_constant(self) -> np.float32:
+        """The fp32 subnormal ``(K + 1/2) 2^-141`` that the "ashr_u8" kernel subtracts, ``K +
+        1/2 = c0 - delta + 1/2`` held to 1/256 code."""
+        return np.float32(np.ldexp(np.rint(256.0 * (self.c0 - self.code_offset + 0.5)), -8 - ASHR_EXP))
+
     def replace(self, **changes) -> "Recipe":
         """A copy with ``changes``; unless ``name`` is given it is derived from them."""
         if "name" not in changes:
@@ -243,7 +284,7 @@ def _recipes() -> dict[str, Recipe]:
         "lean128": Recipe("lean128", 128, "lean", "block_integer", "rounded", 256.0),
         # The targets (see the docstring).
         "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
-                         "pk_u8"),
+                         "ashr_u8"),
         "sm_90a": Recipe("sm_90a", 128, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
                          "lean_h2", "hi_lo"),
         # sm_90a's recipe until the kernels showed the quadratic correction's cost.
@@ -251,6 +292,8 @@ def _recipes() -> dict[str, Recipe]:
                               "quad_h2", "hi_lo"),
     }
     r["sm_90a/one"] = r["sm_90a"].replace(name="sm_90a/one", diagonal="same")
+    # gfx950's byte until the subnormal FMA and v_ashr_pk_u8_i32: v_cvt_pk_u8_f32
+    r["gfx950/pk_u8"] = r["gfx950"].replace(name="gfx950/pk_u8", byte_form="pk_u8")
     r["sm_90a/fold"] = r["sm_90a/quad"].replace(name="sm_90a/fold", byte_form="quad_fold")
     r["sm_90a/fma"] = r["sm_90a/quad"].replace(name="sm_90a/fma", byte_form="fma")
     changes = {
@@ -289,6 +332,70 @@ def _fp32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).astype(np.float32)
 
 
+def _ashr_u(smax, c8, recipe: Recipe) -> np.ndarray:
+    """``Ub`` of the "ashr_u8" byte for raw block maxima ``smax`` (float64 of fp32 values),
+    as the kernel's fp32 value (scaled by 2^-ASHR_EXP): ``U0 = fp32(Smax 8c - (K + 1/2))``
+    (one FMA), ``Ub = fp32(U0 + |U0| 2^-23)`` (one FMA)."""
+    u0 = e4m3.fma32(np.ldexp(smax * float(c8), -ASHR_EXP), -recipe.ashr_constant)
+    with np.errstate(invalid="ignore"):
+        return e4m3.fma32(np.abs(u0.astype(np.float64)) * 2.0 ** -23, u0)
+
+
+def _ashr_codes(scores, c8, u) -> np.ndarray:
+    """The "ashr_u8" bytes of fp32 ``scores`` (..., n) against the kernel's fp32 ``U`` (...)."""
+    return e4m3.ashr_u8_codes(scores.astype(np.float64) * float(c8),
+                              np.ldexp(u.astype(np.float64), ASHR_EXP)[..., None])
+
+
+def _adaptive_blocks(sb, v1b, recipe: Recipe, c: np.float32):
+    """The adaptive merge of ``Recipe.exact_within`` over the key blocks of a chunk of rows,
+    block by block (each block's bytes depend on the reference the earlier blocks left).
+    ``sb`` (H, R, nb, n) fp32 scores (-inf where unseen), ``v1b`` (H, nb, n, Dv + 1).
+    Returns O (H, R, Dv) and l (H, R) fp32, the final reference R (float64), the codes
+    (H, R, nb, n), each block's reference ``R - kf`` (H, R, nb) and where it is exact."""
+    h, rows, nb, n = sb.shape
+    dv = v1b.shape[-1] - 1
+    c8 = np.float32(8) * c
+    delta = np.float32(recipe.exact_within)
+    r = np.full((h, rows), -np.inf, np.float32)
+    m = np.full((h, rows), -np.inf, np.float32)
+    o = np.zeros((h, rows, dv), np.float32)
+    l = np.zeros((h, rows), np.float32)
+    codes = np.zeros(sb.shape, np.uint8)
+    ref = np.full((h, rows, nb), -np.inf)
+    resc = np.zeros((h, rows, nb), bool)
+    for b in range(nb):
+        blk = sb[:, :, b]
+        smax = blk.max(axis=2)
+        seen = np.isfinite(smax)
+        sm = np.where(seen, smax, np.float32(0))
+        t = _fp32(sm.astype(np.float64) * float(c))
+        with np.errstate(invalid="ignore"):
+            lattice = seen & ((m - t) > delta)
+            exact = seen & ~lattice
+            m = np.where(seen, np.maximum(m, t), m)
+            d = r - t                                          # fp32
+            kf = np.where(lattice, np.floor(d), np.ceil(m - t)).astype(np.float32)
+            e = (d - kf).astype(np.float32)
+            f = np.where(lattice, e, np.float32(0))
+        u = e4m3.fma32(f.astype(np.float64) * 2.0 ** (3 - ASHR_EXP),
+                       _ashr_u(sm.astype(np.float64), c8, recipe))
+        r_new = np.where(exact, (t + kf).astype(np.float32), r)
+        with np.errstate(over="ignore"):
+            x = np.where(exact, _fp32(np.exp2(e.astype(np.float64))), 1).astype(np.float64)
+        kk = np.clip(np.nan_to_num(kf.astype(np.float64), nan=0.0), -127, 127)
+        beta = np.where(seen, np.exp2(-kk), 0.0)              # the E8M0 factor 2^-kf
+        cb = np.where(seen[..., None], _ashr_codes(blk, c8, u), 0).astype(np.uint8)
+        codes[:, :, b] = cb
+        ob = np.matmul(e4m3.decode(cb), v1b[:, b])          # (H, R, Dv + 1), exact
+        o = _fp32(_fp32(o * x[..., None]) + ob[..., :dv] * beta[..., None])
+        l = _fp32(_fp32(l * x) + ob[..., dv] * beta)
+        ref[:, :, b] = np.where(seen, r_new.astype(np.float64) - kf, -np.inf)
+        resc[:, :, b] = exact
+        r = r_new
+    return o, l, r.astype(np.float64), codes, ref, resc
+
+
 #: Elements of one (heads, rows, keys) score chunk: small enough to stay in cache.
 _CHUNK = 1 << 17
 
@@ -311,7 +418,8 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
         return (np.zeros((h, sq, dv), np.float32), np.zeros((h, sq), np.float32),
                 np.full((h, sq), -np.inf), np.zeros((h, sq, sk), np.uint8) if trace else None,
                 np.zeros((h, sq, 0)) if trace else None,
-                np.zeros((h, sq, sk), np.uint8) if trace else None)
+                np.zeros((h, sq, sk), np.uint8) if trace else None,
+                np.zeros((h, sq, 0), bool) if trace else None)
     n = recipe.block_keys
     nb_all = -(-sk // n)
     pad = nb_all * n - sk
@@ -328,6 +436,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     codes_all = np.zeros((h, sq, sk), np.uint8) if trace else None
     lo_all = np.zeros((h, sq, sk), np.uint8) if trace else None
     ref_all = np.full((h, sq, nb_all), -np.inf) if trace else None
+    resc_all = np.zeros((h, sq, nb_all), bool) if trace else None
     rows = max(16, _CHUNK // (h * nb_all * n))
     for r0 in range(0, sq, rows):
         r1 = min(sq, r0 + rows)
@@ -343,6 +452,14 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             seen = (cols < sk) & ((not causal) | (cols <= np.arange(r0, r1)[:, None] + off))
             s[:, :, j_lo:] = np.where(seen, s[:, :, j_lo:], -np.inf)
         sb = s.reshape(h, r1 - r0, nb, n)
+        if recipe.exact_within is not None:
+            oc, lc, mc, codes, ref, resc = _adaptive_blocks(sb, v1b[:, :nb], recipe, c)
+            o[:, r0:r1], l[:, r0:r1], m[:, r0:r1] = oc, lc, mc
+            if trace:
+                codes_all[:, r0:r1, :kend] = codes.reshape(h, r1 - r0, nb * n)[:, :, :kend]
+                ref_all[:, r0:r1, :nb] = ref
+                resc_all[:, r0:r1, :nb] = resc
+            continue
         t_max = _fp32(sb.max(axis=3) * np.float64(c))               # (H, R, nb)
         if recipe.max_kind == "running_fp32":
             ref = big = np.maximum.accumulate(t_max, axis=2)
@@ -359,7 +476,13 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
         def w_bias_at(k16):
             return _fp32(np.where(live, np.float64(k16) - np.where(live, ref, 0.0), 0.0))[..., None]
         w_bias = w_bias_at(recipe.w_constant)
-        if recipe.byte_form == "pk_u8":
+        if recipe.byte_form == "ashr_u8":
+            with np.errstate(invalid="ignore"):
+                u = _ashr_u(sb.max(axis=3).astype(np.float64), c8, recipe)
+                codes = _ashr_codes(sb, c8, u)
+                y = _fp32(sb.astype(np.float64) * float(c8) - 0.5
+                          - np.ldexp(u.astype(np.float64), ASHR_EXP)[..., None])
+        elif recipe.byte_form == "pk_u8":
             kc = np.float32(c0)
             with np.errstate(invalid="ignore"):
                 u = np.nextafter(e4m3.fma_f32(sb.max(axis=3), c8, -kc), np.float32(np.inf))
@@ -413,7 +536,8 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             if causal and recipe.diagonal_at(dv):
                 lo_all[:, r0:r1, :kend] = lo_blk.reshape(h, r1 - r0, nb * n)[:, :, :kend]
             ref_all[:, r0:r1, :nb] = ref
-    return o, l, m, codes_all, ref_all, lo_all
+            resc_all[:, r0:r1, :nb] = live
+    return o, l, m, codes_all, ref_all, lo_all, resc_all
 
 
 def _finish(o, l, m, recipe: Recipe, dv: float):
@@ -468,7 +592,7 @@ def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v
     qh = np.ascontiguousarray(qd.transpose(1, 0, 2))
     kt = np.ascontiguousarray(kd.transpose(1, 2, 0)[kv])
     v1 = np.concatenate([vd.transpose(1, 0, 2), np.ones((hkv, sk, 1))], axis=2)[kv]
-    o, l, m, _, _, _ = _forward(qh, kt, v1, recipe, log2_scale(scale, descale_q, descale_k), causal)
+    o, l, m, _, _, _, _ = _forward(qh, kt, v1, recipe, log2_scale(scale, descale_q, descale_k), causal)
     out, lse = _finish(o, l, m, recipe, descale_v)
     return out.transpose(1, 0, 2), lse
 
@@ -483,6 +607,8 @@ class HeadResult:
     where the row has seen no key yet, and for the block kinds where it sees none of the
     block).  ``row_max`` (Sq,): the final ``M``.  ``p_lo`` (Sq, Sk) uint8: the second term
     of P where the recipe's ``diagonal`` is "hi_lo" (``p_codes`` holds the first there), else 0.
+    ``rescaled`` (Sq, blocks) bool: where the block rescales the row's O to a new reference
+    (every block the row sees, but the lattice blocks of ``Recipe.exact_within``).
     """
 
     out: np.ndarray
@@ -491,6 +617,7 @@ class HeadResult:
     ref_max: np.ndarray
     row_max: np.ndarray
     p_lo: np.ndarray
+    rescaled: np.ndarray
 
 
 def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0,
@@ -505,8 +632,8 @@ def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0
     if scores is not None:
         scores = np.asarray(scores, dtype=np.float32)[None]
     v1 = np.concatenate([vd, np.ones((vd.shape[0], 1))], axis=1)[None]
-    o, l, m, codes, ref, lo = _forward(qd[None], kd.T[None], v1, recipe,
+    o, l, m, codes, ref, lo, resc = _forward(qd[None], kd.T[None], v1, recipe,
                                    log2_scale(scale, descale_q, descale_k), causal,
                                    scores=scores, trace=True)
     out, lse = _finish(o, l, m, recipe, descale_v)
-    return HeadResult(out[0], lse[0], codes[0], ref[0], m[0], lo[0])
+    return HeadResult(out[0], lse[0], codes[0], ref[0], m[0], lo[0], resc[0])
