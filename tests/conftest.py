@@ -1,4 +1,4 @@
-"""The session header names the GPU backend the GPU tests will use, or why there is none (once,
+"""pytest's header names the GPU backend the GPU tests will use, or why there is none (once,
 rather than in every skipped test's reason)."""
 
 

@@ -18,7 +18,7 @@ def _gpu():
     try:
         from zyfa_runtime.driver import get_driver
         d = get_driver()
-    except Exception:  # no library, no device: the session header says why (conftest.py)
+    except Exception:  # no library, no device: pytest's header says why (conftest.py)
         return None, "no GPU backend is usable here"
     if d.host_memory_is_device:
         return None, f"backend {d.name} is not a GPU"
