@@ -101,16 +101,9 @@ def varlen(seqs=(4096, 1000, 3000, 8192, 2000, 6000, 300, 8000), H=32, D=128, ca
 
 def queued(call, n: int = 1000, warmup: int = 50) -> tuple[float, float]:
     """(host, wall) microseconds a call: ``n`` calls queued back to back, one synchronisation
-    after the last."""
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        call()
-    host = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return host / n * 1e6, (time.perf_counter() - t) / n * 1e6
+    after the last (``timed`` in microseconds)."""
+    host, wall = timed(call, n, warmup)
+    return host * 1e6, wall * 1e6
 
 
 def serving(shapes=((1, 128, 8, 2, 128), (1, 1024, 32, 8, 128), (4, 2048, 32, 8, 128)), n: int = 1000) -> None:
