@@ -3,7 +3,7 @@
 # variant, the GPU and capture tests, memcheck over adversarial cu_seqlens and the edge-case
 # shapes, the host-overhead comparison with SDPA (1,000 calls, one synchronisation) and the
 # short-prompt shapes against the same-run peers.
-# Usage: bench/serving_check.sh OUTDIR [COMMIT]
+# Usage: [STEPS="check pytest_gpu ..."] bench/serving_check.sh OUTDIR [COMMIT]  (all steps by default)
 set -uo pipefail
 out=${1:?outdir}; commit=${2:-unknown}
 mkdir -p "$out"
@@ -19,6 +19,7 @@ fi
 } > "$out/machine.txt"
 export PYTHONPATH=$PWD
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  case " ${STEPS:-$name} " in *" $name "*) ;; *) return 0;; esac
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1; local rc=$?
   echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$out/steps.txt"; tail -2 "$out/$name.txt"; }
 step check 150 python3 -m zyfa_runtime check
