@@ -96,7 +96,7 @@ def test_dense_problem():
     p = check_dense(**dense(causal=True, return_lse=True))
     assert p == Problem(dtype="bf16", d_qk=128, d_v=128, causal=True, batch=2, hq=4, hkv=2,
                         seqlen_q=5, seqlen_k=7, varlen=False, total_q=10, total_k=14,
-                        softmax_scale=1 / math.sqrt(128), return_lse=True, device=GPU)
+                        softmax_scale=1 / math.sqrt(128), return_lse=True, device=GPU, window=(-1, 0))
 
 
 def test_varlen_problem():
@@ -621,3 +621,86 @@ def test_softmax_scale_must_be_a_number(value):
 @pytest.mark.parametrize("value", [0.0, -0.1, math.nan, math.inf, 1e300, 1e-60])
 def test_softmax_scale_must_be_finite_and_positive_in_float32(value):
     rejects(check_dense, dense(softmax_scale=value), ValueError, "softmax_scale")
+
+
+# --------------------------------------------------------------------------------------
+# Sliding windows, softcap and sinks.
+
+from zyfa_runtime.validate import features_of  # noqa: E402
+
+
+@pytest.mark.parametrize("window,exc,words", [
+    (5, TypeError, ("window_size", "tuple (left, right)")),
+    ((1, 2, 3), TypeError, ("window_size", "two ints")),
+    ((True, 0), TypeError, ("left bound", "int")),
+    ((0, 1.0), TypeError, ("right bound", "int")),
+    ((-2, 0), ValueError, ("left bound", "-1 (unbounded) or >= 0", "-2")),
+    ((0, -5), ValueError, ("right bound", "-5")),
+    ((2**31, 0), ValueError, ("left bound", "32-bit")),
+])
+def test_window_size_takes_two_ints_each_minus_one_or_more(window, exc, words):
+    rejects(check_dense, dense(window_size=window), exc, *words)
+    rejects(check_varlen, varlen(window_size=window), exc, *words)
+
+
+def test_causal_fixes_the_right_bound_at_zero_and_refuses_another():
+    assert check_dense(**dense(causal=True, window_size=(3, -1))).window == (3, 0)
+    assert check_dense(**dense(causal=True, window_size=(3, 0))).window == (3, 0)
+    rejects(check_dense, dense(causal=True, window_size=(3, 2)), ValueError, "causal=True", "(3, 2)", "right bound")
+
+
+def test_a_window_is_reduced_to_the_bounds_that_cut_keys():
+    """Dense sq 5, sk 7: a left bound >= 6 and a right bound >= 4 cut nothing (window.reduce);
+    a right bound of 0 without causal is causal; varlen reduces by max_seqlen."""
+    p = check_dense(**dense(window_size=(6, 4)))
+    assert p.window == (-1, -1) and not p.causal and features_of(p) == ()
+    p = check_dense(**dense(window_size=(5, 3)))
+    assert p.window == (5, 3) and not p.causal and features_of(p) == ("window",)
+    p = check_dense(**dense(window_size=(-1, 0)))
+    assert p.window == (-1, 0) and p.causal and features_of(p) == ()
+    p = check_dense(**dense(window_size=(2, 0)))
+    assert p.causal and features_of(p) == ("window",)
+    # varlen: max_seqlen_q 5, max_seqlen_k 4
+    assert check_varlen(**varlen(window_size=(3, 4))).window == (-1, -1)
+    assert check_varlen(**varlen(window_size=(2, 3))).window == (2, 3)
+
+
+@pytest.mark.parametrize("softcap,exc,words", [
+    ("30", TypeError, ("softcap", "float")), (True, TypeError, ("softcap",)),
+    (-1.0, ValueError, ("softcap", ">= 0")), (math.nan, ValueError, ("softcap", "finite")),
+    (math.inf, ValueError, ("softcap", "finite")), (1e-45, ValueError, ("softcap", "normal")),
+    (1e39, ValueError, ("softcap", "float32")),
+])
+def test_softcap_is_zero_or_a_finite_positive_float32_normal(softcap, exc, words):
+    rejects(check_dense, dense(softcap=softcap), exc, *words)
+    rejects(check_varlen, varlen(softcap=softcap), exc, *words)
+
+
+def test_softcap_of_zero_is_off_and_a_positive_one_is_a_feature():
+    assert check_dense(**dense(softcap=0)).softcap == 0.0 and features_of(check_dense(**dense(softcap=0.0))) == ()
+    p = check_dense(**dense(softcap=30))
+    assert p.softcap == 30.0 and features_of(p) == ("softcap",)
+    # the kernels' softmax_scale / softcap must be a float32 normal too
+    rejects(check_dense, dense(softcap=1e30, softmax_scale=1e-10), ValueError, "softmax_scale / softcap")
+
+
+def test_sinks_are_one_float32_logit_a_query_head_on_the_device():
+    p = check_dense(**dense(sinks=ref((4,), "float32", 9)))
+    assert p.sinks and features_of(p) == ("sinks",)
+    assert check_varlen(**varlen(sinks=ref((4,), "float32", 9))).sinks
+    rejects(check_dense, dense(sinks=np.zeros(4, np.float32)), TypeError, "sinks", "TensorRef")
+    rejects(check_dense, dense(sinks=ref((4,), "bf16", 9)), TypeError, "sinks", "float32")
+    for shape in ((2,), (1, 4), (4, 1), ()):
+        rejects(check_dense, dense(sinks=ref(shape, "float32", 9)), ValueError, "sinks", "(4,)")
+    rejects(check_dense, dense(sinks=ref((4,), "float32", 9, strides=(2,))), ValueError, "sinks", "contiguous")
+    rejects(check_dense, dense(sinks=ref((4,), "float32", 9, device=("cpu", 0))), ValueError, "sinks",
+            "host memory")
+    rejects(check_dense, dense(sinks=ref((4,), "float32", 9, device=("cuda", 1))), ValueError, "sinks",
+            "one device")
+    rejects(check_dense, dense(sinks=ref((4,), "float32", 9, offset=2)), ValueError, "sinks", "4-byte aligned")
+    rejects(check_varlen, varlen(sinks=ref((3,), "float32", 9)), ValueError, "sinks", "(4,)")
+
+
+def test_features_of_a_call_are_listed_in_one_order():
+    p = check_dense(**dense(causal=True, window_size=(2, -1), softcap=5.0, sinks=ref((4,), "float32", 9)))
+    assert features_of(p) == ("window", "softcap", "sinks")

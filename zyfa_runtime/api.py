@@ -18,11 +18,12 @@ import threading
 import numpy as np
 
 from . import staging, validate
+from .catalogue import Variant
 from .driver import get_driver
 from .kernels import KernelTable
 from .memory import DeviceArray, device_kind
 from .plan import (cached_layout, cached_plan, instantiate, keep_layout, keep_plan, layout_key, layout_of,
-                   options_key, plan_key, varlen_layout_key)
+                   options_key, plan_key, require_features, varlen_layout_key)
 from .tensors import TensorRef, call_view, stream_handle
 
 _lock = threading.Lock()
@@ -43,6 +44,7 @@ def kernel_table(driver) -> KernelTable:
 
 
 def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
+                    window_size=(-1, -1), softcap: float = 0.0, sinks=None,
                     descale_q=None, descale_k=None, descale_v=None, out=None, lse=None,
                     return_lse: bool = False, stream=None):
     """Attention forward over a batch of equal-length sequences.
@@ -52,6 +54,13 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     ``return_lse``, also the fp32 natural-log LSE (B, Hq, Sq): ``lse`` itself when given, else
     a DeviceArray.  FP8 inputs (e4m3) take optional fp32 descales: one value each (shape () or
     (1,)) or one a sequence and key/value head (shape (B, Hkv), any strides).
+
+    ``window_size=(left, right)``: query i (at key position i + Sk - Sq) sees keys i + Sk - Sq
+    - left .. i + Sk - Sq + right, -1 being no bound (``causal`` sets right = 0); ``softcap``
+    > 0: each scaled score s becomes softcap tanh(s / softcap); ``sinks``: fp32 (Hq,) device
+    tensor, one logit a query head joining each row's softmax denominator, with no value.  A
+    kernel that does not implement one of them refuses the call (ValueError naming what it
+    runs); a window that cuts no key is no window.
 
     On a stream being captured into a graph the call allocates nothing, waits for nothing and
     reads nothing back: give ``out`` (and ``lse`` with ``return_lse``); its scratch, where it
@@ -63,10 +72,11 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     qr, kr, vr = _ref(driver, q, s), _ref(driver, k, s), _ref(driver, v, s)
     outr, lser = _ref(driver, out, s), _ref(driver, lse, s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
+    sr = _ref(driver, sinks, s)
     if captured:
         _capturable("flash_attn_func", outr, lser, return_lse)
-    refs = (qr, kr, vr, outr, lser, dq, dk, dv)
-    options = options_key(causal, softmax_scale, return_lse)
+    refs = (qr, kr, vr, outr, lser, dq, dk, dv, sr)
+    options = options_key(causal, softmax_scale, return_lse, window_size, softcap)
     # A call that repeats one already validated and queued (the same tensors, options and
     # stream) queues its launches again.  Only with ``out`` given, and ``lse`` where the LSE is
     # asked for (otherwise each call allocates, and its outputs' addresses are new), and never
@@ -82,12 +92,13 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
     layout = cached_layout(lkey) if lkey is not None else None
     if layout is not None:
         validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr,
-                                 tuple((n, d) for n, d in zip(("descale_q", "descale_k", "descale_v"), refs[5:])
-                                       if d is not None), lser)
+                                 tuple((n, d) for n, d in zip(("descale_q", "descale_k", "descale_v", "sinks"),
+                                                              refs[5:]) if d is not None), lser)
     else:
         problem = validate.check_dense(qr, kr, vr, outr, causal=causal, softmax_scale=softmax_scale,
                                        descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
-                                       host_ok=driver.host_memory_is_device, lse=lser)
+                                       host_ok=driver.host_memory_is_device, lse=lser,
+                                       window_size=window_size, softcap=softcap, sinks=sr)
         _check_backend(driver, problem)
         layout = layout_of(problem, qr, kr, vr, outr, driver, kernel_table(driver),
                            (problem.batch, problem.hq, problem.seqlen_q),
@@ -104,15 +115,17 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
 
 def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                            max_seqlen_k: int, causal: bool = False,
-                           softmax_scale: float | None = None, descale_q=None, descale_k=None,
+                           softmax_scale: float | None = None, window_size=(-1, -1), softcap: float = 0.0,
+                           sinks=None, descale_q=None, descale_k=None,
                            descale_v=None, out=None, lse=None, return_lse: bool = False, stream=None,
                            check_cu_seqlens: bool = True):
     """Attention forward over packed sequences of different lengths.
 
     q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv); sequence b owns rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (int32, length B+1).  Returns out (Tq, Hq, Dv) and,
-    with ``return_lse``, the LSE (Hq, Tq) (``lse`` itself where given).  Descales as
-    :func:`flash_attn_func`'s, (B, Hkv) with B the sequences.  The cu_seqlens values:
+    with ``return_lse``, the LSE (Hq, Tq) (``lse`` itself where given).  Descales,
+    ``window_size``, ``softcap`` and ``sinks`` as :func:`flash_attn_func`'s, (B, Hkv) with B
+    the sequences; the window applies in each sequence.  The cu_seqlens values:
 
     * given in host memory (a NumPy array, a CPU tensor, a list of ints), they are checked
       there and copied to the device on ``stream`` through page-locked memory, without
@@ -142,6 +155,7 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     cq = _ref(driver, _int32_sequence(cu_seqlens_q), s)
     ck = _ref(driver, _int32_sequence(cu_seqlens_k), s)
     dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
+    sr = _ref(driver, sinks, s)
     if captured:
         if any(_staged(driver, r) for r in (cq, ck)):
             raise ValueError("flash_attn_varlen_func on a stream being captured into a graph takes device "
@@ -157,8 +171,8 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     read = [check_cu_seqlens or _staged(driver, r) for r in (cq, ck)]
     values_q = _cu_values(driver, cq) if read[0] else None
     values_k = _cu_values(driver, ck) if read[1] else None
-    refs = (qr, kr, vr, outr, lser, dq, dk, dv)
-    options = options_key(causal, softmax_scale, return_lse)
+    refs = (qr, kr, vr, outr, lser, dq, dk, dv, sr)
+    options = options_key(causal, softmax_scale, return_lse, window_size, softcap)
     # A call of a layout already validated (shapes, strides, the cu_seqlens' and max_seqlen
     # included) has its cu_seqlens values and its addresses checked, as each call's may differ.
     lkey = varlen_layout_key(driver, refs, options, s, max_seqlen_q, max_seqlen_k, cq, ck)
@@ -171,7 +185,7 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
                 if values is not None:
                     validate.check_cu_values_of(layout.problem, suffix, values)
         scalars = [(n, r) for n, r in (("cu_seqlens_q", cq), ("cu_seqlens_k", ck), ("descale_q", dq),
-                                       ("descale_k", dk), ("descale_v", dv))
+                                       ("descale_k", dk), ("descale_v", dv), ("sinks", sr))
                    if r is not None and not _staged(driver, r)]
         validate.check_addresses({"q": qr, "k": kr, "v": vr}, outr, tuple(scalars), lser)
         problem = layout.problem
@@ -181,7 +195,8 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
             max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
             descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
             cu_values_q=values_q, cu_values_k=values_k,
-            host_ok=driver.host_memory_is_device, host_cu=True, lse=lser)
+            host_ok=driver.host_memory_is_device, host_cu=True, lse=lser,
+            window_size=window_size, softcap=softcap, sinks=sr)
         _check_backend(driver, problem)
         layout = layout_of(problem, qr, kr, vr, outr, driver, kernel_table(driver),
                            (problem.hq, problem.total_q), (0, lser.strides[0] if lser is not None else problem.total_q),
@@ -203,6 +218,70 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
         out_arr, lse_arr, _plan = instantiate(layout, qr, kr, vr, outr, lser, (dq, dk, dv), cu[0], cu[1], s,
                                               driver, captured)
     return _result(out, out_arr, lse if lse is not None else lse_arr, return_lse)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, page_table=None, cu_seqlens_q=None,
+                            max_seqlen_q: int | None = None, causal: bool = False,
+                            softmax_scale: float | None = None, window_size=(-1, -1), softcap: float = 0.0,
+                            sinks=None, descale_q=None, descale_k=None, descale_v=None, out=None, lse=None,
+                            return_lse: bool = False, stream=None, check_cache_seqlens: bool = True):
+    """Attention of new queries over a KV cache: chunked prefill, prefix caching, decode.
+
+    K and V come from a cache: paged, ``k_cache`` (num_pages, page_size, Hkv, Dqk) and
+    ``v_cache`` (num_pages, page_size, Hkv, Dv) addressed through ``page_table`` (B, max_pages)
+    int32 -- key t of sequence b is row t % page_size of page page_table[b, t // page_size],
+    pages may be shared by sequences (a common prefix) --, page sizes multiples of 16 from 16
+    to 256; or contiguous, (B, max_seqlen_k, Hkv, D) without a page table.  ``cache_seqlens``
+    int32 (B,): each sequence's keys.  ``q`` (B, Sq, Hq, Dqk), or packed (Tq, Hq, Dqk) with
+    ``cu_seqlens_q`` and ``max_seqlen_q``: each sequence's queries are its newest positions
+    (bottom-right alignment, as flash_attn_func's with Sk = cache_seqlens[b]).  ``causal``,
+    ``window_size``, ``softcap``, ``sinks``, descales, ``out``, ``lse``, ``return_lse`` and
+    ``stream`` as :func:`flash_attn_func`'s.
+
+    ``cache_seqlens``, ``page_table`` and ``cu_seqlens_q`` are device tensors (host memory
+    where the backend's device memory is host memory).  Their values are read back and checked
+    (a copy that waits for the GPU) -- every page a sequence uses a page of the cache, no
+    sequence longer than its pages -- unless ``check_cache_seqlens=False`` (the choice on a
+    stream being captured, with ``out`` given): then a kernel clamps every page index and
+    sequence length to the cache's extent.
+
+    No kernel implements a KV cache yet: a valid call is refused (ValueError) naming what the
+    device's kernels run; an invalid one names its problem first.
+    """
+    driver = get_driver()
+    s = stream_handle(stream)
+    captured = driver.stream_capturing(s)
+    if not isinstance(check_cache_seqlens, (bool, np.bool_)):
+        raise TypeError(f"check_cache_seqlens must be a bool, got {type(check_cache_seqlens).__name__}")
+    qr, kr, vr = _ref(driver, q, s), _ref(driver, k_cache, s), _ref(driver, v_cache, s)
+    outr, lser = _ref(driver, out, s), _ref(driver, lse, s)
+    seqr, tabler = _ref(driver, cache_seqlens, s), _ref(driver, page_table, s)
+    cq = _ref(driver, cu_seqlens_q, s)
+    dq, dk, dv = (_ref(driver, d, s) for d in (descale_q, descale_k, descale_v))
+    sr = _ref(driver, sinks, s)
+    if captured:
+        if check_cache_seqlens:
+            raise ValueError("flash_attn_with_kvcache on a stream being captured into a graph cannot check "
+                             "cache_seqlens and page_table (reading them back waits for the device, which "
+                             "capture forbids): pass check_cache_seqlens=False (the kernel clamps every page "
+                             "index and length to the cache), or call it outside the capture")
+        _capturable("flash_attn_with_kvcache", outr, lser, return_lse)
+    read = check_cache_seqlens
+    problem = validate.check_kvcache(
+        qr, kr, vr, outr, cache_seqlens=seqr, page_table=tabler, cu_seqlens_q=cq, max_seqlen_q=max_seqlen_q,
+        causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, sinks=sr,
+        descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
+        cache_values=_int32_values(driver, seqr) if read else None,
+        table_values=_int32_values(driver, tabler) if read else None,
+        cu_values_q=_int32_values(driver, cq) if read else None,
+        host_ok=driver.host_memory_is_device, lse=lser)
+    _check_backend(driver, problem)
+    table = kernel_table(driver)
+    variant = Variant(table.device_arch(problem.device[1]), problem.dtype, problem.d_qk, problem.d_v,
+                      problem.causal)
+    require_features(problem, table, variant)
+    # A kernel whose manifest entry lists "kvcache" is planned here once one is built.
+    raise NotImplementedError(f"{variant.name} lists a KV cache, which this runtime cannot plan yet")
 
 
 def _capturable(fn: str, out, lse, return_lse) -> None:
@@ -252,6 +331,26 @@ def _cu_values(driver, ref: TensorRef | None) -> np.ndarray | None:
     else:
         driver.copy_dtoh(memoryview(host.view(np.uint8)), ref.ptr)
     return host
+
+
+def _int32_values(driver, ref: TensorRef | None) -> np.ndarray | None:
+    """A host copy of a small int32 tensor of the call (cache_seqlens, page_table,
+    cu_seqlens_q) in its shape, to be validated before launch; None where it cannot be read
+    as int32 of one or two dims with non-negative strides and a unit last one (validation
+    then reports the problem itself).  Reading device memory waits for the GPU."""
+    if ref is None or ref.dtype != "int32" or ref.ndim not in (1, 2) or any(st < 0 for st in ref.strides):
+        return None
+    if ref.shape[-1] > 1 and ref.strides[-1] != 1:
+        return None
+    lo, hi = ref.extent()
+    if hi <= lo:
+        return np.zeros(ref.shape, np.int32)
+    raw = np.empty((hi - lo) // 4, np.int32)
+    if ref.device[0] == "cpu" or driver.host_memory_is_device:
+        ctypes.memmove(raw.ctypes.data, lo, raw.nbytes)
+    else:
+        driver.copy_dtoh(memoryview(raw.view(np.uint8)), lo)
+    return np.lib.stride_tricks.as_strided(raw, ref.shape, tuple(4 * st for st in ref.strides)).copy()
 
 
 def _staged(driver, ref: TensorRef | None) -> bool:

@@ -300,6 +300,18 @@ def per_head_descales(v: Variant) -> bool:
     return v.dtype == "fp8_e4m3" and v.built_from != "asm-generator"
 
 
+#: The serving features a kernel may implement beyond plain (causal or full) attention, as
+#: the manifest's ``features`` lists them (validate.FEATURES words them; the runtime refuses a
+#: call needing one its kernel does not list: plan.require_features).
+FEATURES = ("window", "softcap", "sinks", "kvcache", "paged_kv")
+
+
+def features(v: Variant) -> tuple[str, ...]:
+    """The FEATURES variant ``v``'s kernel implements, for its manifest entry's ``features``
+    (absent where none): none yet, on either arch."""
+    return ()
+
+
 def clamps_cu_seqlens(v: Variant) -> bool:
     """Whether the variant's kernel clamps a packed batch's sequences to the tensors' rows
     (arguments ``total_q``, ``total_k``): any cu_seqlens values then stay inside q, k, v, out

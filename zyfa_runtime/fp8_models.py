@@ -55,6 +55,12 @@ accumulation error of at most N + 1 terms: ``|dO| <= gamma_{N+1} (|O_prev| + sum
 ``exp2``; hardware ``exp2`` is within about an fp32 ulp, so AITER/FA3-style kernels can be
 compared by their errors, not byte for byte.
 
+Serving features (window.py's windows, softcap, sinks) keep the arithmetic above: a window
+only sets the scores of unseen keys to -inf (blocks stay aligned at key 0, the causal diagonal
+keeps its recipe, the left edge's blocks take the plain bytes); softcap hands step 1 the capped
+fp32 score in units of softcap (:func:`_capped_scores`); a sink joins the fp32 row state after
+the last block (:func:`_join_sinks`).
+
 Cost per P element of each rounding is in :mod:`zyfa_runtime.e4m3`.  Per element, the row
 max costs one ``v_max3_f32`` half-slot (gfx950) or one FMNMX (sm_90a) for every recipe;
 ``"unrounded"`` sums add a ``v_pk_add_f32`` half-slot or an FADD, ``"rounded"`` sums none
@@ -72,6 +78,7 @@ import math
 import numpy as np
 
 from . import e4m3
+from . import window as windows
 
 __all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "ASHR_EXP", "log2_scale",
            "sequence_forward", "head_forward", "HeadResult"]
@@ -401,7 +408,7 @@ _CHUNK = 1 << 17
 
 
 def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None,
-             trace: bool = False):
+             trace: bool = False, window=None):
     """The recipe for H heads of one sequence.
 
     ``q`` (H, Sq, D) and ``kt`` (H, D, Sk) hold decoded e4m3 values (float64), ``v1`` (H,
@@ -410,8 +417,14 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     Rows are independent, so they go in chunks; within a chunk every key block is encoded
     at once and only the merge (step 5) walks the blocks.  Returns the fp32 state ``O``
     (H, Sq, Dv), ``l`` (H, Sq), the float64 ``M`` (H, Sq), and with ``trace`` the P codes
-    (H, Sq, Sk) and the reference max per block (H, Sq, blocks).
+    (H, Sq, Sk) and the reference max per block (H, Sq, blocks).  ``window``: (left, right) as
+    window.normalize gives it (None: ``causal``'s); where its right bound is 0 (causal) the
+    recipe's ``diagonal`` applies to the blocks the diagonal cuts, the left bound's blocks
+    take the plain bytes.
     """
+    window = window if window is not None else windows.normalize(causal, windows.NONE)
+    left, right = window
+    causal = right == 0
     h, sq = q.shape[:2]
     sk, dv = v1.shape[1], v1.shape[2] - 1
     if sq == 0 or sk == 0:
@@ -440,16 +453,21 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     rows = max(16, _CHUNK // (h * nb_all * n))
     for r0 in range(0, sq, rows):
         r1 = min(sq, r0 + rows)
-        kend = min(sk, r1 + off) if causal else sk   # keys seen by the chunk's last row
-        if kend <= 0:
+        kfirst, kend = windows.key_range(r0, r1, sq, sk, window)   # keys the chunk's rows may see
+        if kend <= kfirst:
             continue
         nb = -(-kend // n)
         s = (q[:, r0:r1] @ kt[:, :, :nb * n]).astype(np.float32) if scores is None \
             else scores[:, r0:r1, :nb * n].copy()
-        j_lo = min(max(0, r0 + off + 1), kend) if causal else kend  # first key a row misses
+        # the first key some row of the chunk does not see: past the right bound of its first
+        # row, or key 0 where a left bound cuts its last row's keys
+        j_lo = min(max(0, r0 + off + right + 1), kend) if right >= 0 else kend
+        if left >= 0 and r1 - 1 + off - left > 0:
+            j_lo = 0
         if j_lo < nb * n:
             cols = np.arange(j_lo, nb * n)[None, :]
-            seen = (cols < sk) & ((not causal) | (cols <= np.arange(r0, r1)[:, None] + off))
+            pos = np.arange(r0, r1)[:, None] + off
+            seen = (cols < sk) & ((right < 0) | (cols <= pos + right)) & ((left < 0) | (cols >= pos - left))
             s[:, :, j_lo:] = np.where(seen, s[:, :, j_lo:], -np.inf)
         sb = s.reshape(h, r1 - r0, nb, n)
         if recipe.exact_within is not None:
@@ -540,8 +558,11 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     return o, l, m, codes_all, ref_all, lo_all, resc_all
 
 
-def _finish(o, l, m, recipe: Recipe, dv: float):
-    """out (H, Sq, Dv) and natural-log lse (H, Sq) in float64 from the fp32 state."""
+def _finish(o, l, m, recipe: Recipe, dv: float, sinks=None):
+    """out (H, Sq, Dv) and natural-log lse (H, Sq) in float64 from the fp32 state; ``sinks``
+    (H,) fp32 logits or None (:func:`_join_sinks`)."""
+    if sinks is not None:
+        o, l, m = _join_sinks(o, l, m, recipe, sinks)
     l64 = l.astype(np.float64)
     live = l64 > 0
     safe = np.where(live, l64, 1.0)
@@ -550,6 +571,50 @@ def _finish(o, l, m, recipe: Recipe, dv: float):
                                         - math.log2(recipe.p_shift) + recipe.lse_offset),
                    -np.inf)
     return out, lse
+
+
+def _join_sinks(o, l, m, recipe: Recipe, sinks):
+    """A sink logit ``z`` per head joins each row's state as one more term of the row sum,
+    with no value.  In the row's log2 units (those of ``M``, where a key of natural-log score
+    s weighs about ``p_shift 2^(s log2 e - M - lse_offset)`` in l) the sink sits at ``ms -
+    lse_offset``, ``ms = fp32(z fp32(log2 e))``.  Where it is below ``M`` it adds ``fp32(p_shift
+    2^(ms - lse_offset - M))`` to l; above, the row moves to it: ``a = fp32(2^(M - ms +
+    lse_offset))``, ``l = fp32(fp32(l a) + p_shift)``, O times a, ``M = ms - lse_offset`` (so
+    that neither term overflows fp32, whichever dominates).  A row that saw no key (M = -inf)
+    gets l = p_shift, O = 0: zeros, and the LSE of the sink alone.  The exp2 is float64 (a
+    kernel's hardware exp2 is within about an fp32 ulp)."""
+    ms = _fp32(np.asarray(sinks, np.float32).astype(np.float64) * float(np.float32(_LOG2E)))[:, None]
+    zs = ms.astype(np.float64) - recipe.lse_offset                 # (H, 1), float64
+    above = zs > m
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = np.where(above, _fp32(np.exp2(np.where(above, m - zs, 0.0))), np.float32(1)).astype(np.float32)
+        add = np.where(above, np.float32(recipe.p_shift),
+                       _fp32(recipe.p_shift * np.exp2(np.where(above, 0.0, zs - m)))).astype(np.float32)
+    l = np.where(above, _fp32(_fp32(l * a) + add), _fp32(l + add))
+    o = np.where(above[..., None], _fp32(o * a[..., None]), o)
+    return o, l, np.where(above, zs, m)
+
+
+def _capped_scores(qh, kt, scale: float, dq: float, dk: float, softcap: float):
+    """The softcapped scores a kernel hands the recipe, and its log2 constant: ``S`` the fp32
+    score (exact, as step 1), ``x = fp32(S a)`` with ``a = fp32(scale dq dk / softcap)``, the
+    capped score ``fp32(tanh(x))`` (float64 tanh: a kernel's hardware tanh is within its
+    documented error of it, not byte for byte), in units of ``softcap``: the recipe's ``c`` is
+    then ``fp32(softcap log2 e)``."""
+    a = np.float32(float(scale) * float(np.float32(dq)) * float(np.float32(dk)) / float(softcap))
+    s = (qh @ kt).astype(np.float32)
+    x = _fp32(s.astype(np.float64) * float(a))
+    return _fp32(np.tanh(x.astype(np.float64))), np.float32(float(softcap) * _LOG2E)
+
+
+def _check_features(window, softcap, sinks, hq: int):
+    left, right = (int(x) for x in window)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size bounds are -1 (none) or >= 0, got {window}")
+    if not (np.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be finite and >= 0, got {softcap!r}")
+    if sinks is not None and np.asarray(sinks).shape != (hq,):
+        raise ValueError(f"sinks has shape {np.asarray(sinks).shape}, not (heads_q,) = ({hq},)")
 
 
 def _recipe(recipe) -> Recipe:
@@ -570,11 +635,14 @@ def _check_scalars(softmax_scale, descales):
 
 
 def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0,
-                     causal=False, softmax_scale=None):
+                     causal=False, softmax_scale=None, window_size=windows.NONE, softcap=0.0,
+                     sinks=None):
     """One sequence, all heads: q (Sq, Hq, D), k (Sk, Hkv, D), v (Sk, Hkv, Dv) as e4m3
     (ml_dtypes ``float8_e4m3fn`` or uint8 codes) -> out (Sq, Hq, Dv) float64, lse (Hq, Sq).
 
     Query head h reads key/value head ``h // (Hq // Hkv)``; causal is bottom-right aligned.
+    ``window_size`` (left, right) limits the keys a row sees (window.py); ``softcap`` > 0 caps
+    the scores (:func:`_capped_scores`); ``sinks`` (Hq,) join each row's sum (:func:`_join_sinks`).
     """
     recipe = _recipe(recipe)
     qd, kd, vd = (e4m3.decode(e4m3.as_codes(x)) for x in (q, k, v))
@@ -584,16 +652,25 @@ def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v
         raise ValueError(f"shapes q {qd.shape}, k {kd.shape}, v {vd.shape} do not fit")
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
     _check_scalars(scale, (descale_q, descale_k, descale_v))
+    _check_features(window_size, softcap, sinks, hq)
     if sq == 0 or sk == 0:
-        return np.zeros((sq, hq, dv)), np.full((hq, sq), -np.inf)
+        lse = np.full((hq, sq), -np.inf)
+        if sinks is not None:
+            lse[:] = np.asarray(sinks, np.float32).astype(np.float64)[:, None]
+        return np.zeros((sq, hq, dv)), lse
     if not (np.isfinite(qd).all() and np.isfinite(kd).all() and np.isfinite(vd).all()):
         raise ValueError("q, k, v hold e4m3 NaN codes")
     kv = np.arange(hq) // (hq // hkv)
     qh = np.ascontiguousarray(qd.transpose(1, 0, 2))
     kt = np.ascontiguousarray(kd.transpose(1, 2, 0)[kv])
     v1 = np.concatenate([vd.transpose(1, 0, 2), np.ones((hkv, sk, 1))], axis=2)[kv]
-    o, l, m, _, _, _, _ = _forward(qh, kt, v1, recipe, log2_scale(scale, descale_q, descale_k), causal)
-    out, lse = _finish(o, l, m, recipe, descale_v)
+    window = windows.normalize(causal, window_size)
+    if softcap:
+        scores, c = _capped_scores(qh, kt, scale, descale_q, descale_k, softcap)
+    else:
+        scores, c = None, log2_scale(scale, descale_q, descale_k)
+    o, l, m, _, _, _, _ = _forward(qh, kt, v1, recipe, c, causal, scores=scores, window=window)
+    out, lse = _finish(o, l, m, recipe, descale_v, sinks)
     return out.transpose(1, 0, 2), lse
 
 
@@ -621,19 +698,28 @@ class HeadResult:
 
 
 def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0,
-                 causal=False, softmax_scale=None, scores=None) -> HeadResult:
+                 causal=False, softmax_scale=None, scores=None, window_size=windows.NONE,
+                 softcap=0.0, sink=None) -> HeadResult:
     """One head, traced: q (Sq, D), k (Sk, D), v (Sk, Dv) as e4m3.  ``scores`` (Sq, Sk)
     float32, if given, replaces the model's fp32 ``q . k`` (pass a kernel's own scores to
-    check its P bytes and block maxima byte for byte)."""
+    check its P bytes and block maxima byte for byte; with ``softcap``, the capped ones, in
+    units of softcap).  ``window_size``, ``softcap`` and ``sink`` (one logit) as
+    :func:`sequence_forward`'s."""
     recipe = _recipe(recipe)
     qd, kd, vd = (e4m3.decode(e4m3.as_codes(x)) for x in (q, k, v))
     scale = 1.0 / math.sqrt(qd.shape[1]) if softmax_scale is None else float(softmax_scale)
     _check_scalars(scale, (descale_q, descale_k, descale_v))
     if scores is not None:
         scores = np.asarray(scores, dtype=np.float32)[None]
+    sinks = None if sink is None else np.full(1, sink, np.float32)
+    _check_features(window_size, softcap, sinks, 1)
     v1 = np.concatenate([vd, np.ones((vd.shape[0], 1))], axis=1)[None]
-    o, l, m, codes, ref, lo, resc = _forward(qd[None], kd.T[None], v1, recipe,
-                                   log2_scale(scale, descale_q, descale_k), causal,
-                                   scores=scores, trace=True)
-    out, lse = _finish(o, l, m, recipe, descale_v)
+    c = log2_scale(scale, descale_q, descale_k)
+    if softcap:
+        capped, c = _capped_scores(qd[None], kd.T[None], scale, descale_q, descale_k, softcap)
+        scores = capped if scores is None else scores
+    o, l, m, codes, ref, lo, resc = _forward(qd[None], kd.T[None], v1, recipe, c, causal,
+                                   scores=scores, trace=True,
+                                   window=windows.normalize(causal, window_size))
+    out, lse = _finish(o, l, m, recipe, descale_v, sinks)
     return HeadResult(out[0], lse[0], codes[0], ref[0], m[0], lo[0], resc[0])

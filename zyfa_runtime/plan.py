@@ -91,6 +91,7 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     kind, device = problem.device
     arch = table.device_arch(device)
     variant = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
+    require_features(problem, table, variant)
     kernel = table.get(device, variant)
     if variant.built_from == "asm-generator":
         _check_buffer_spans(problem, q, k, v, out)
@@ -146,6 +147,28 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     launch_grids = grids(driver, kernel, values, sm_count)
     return Layout(problem, kernel, values, maps, launch_grids, vt_bytes, partial_bytes, counter,
                   (lse_shape, lse_strides), dependent, clamps)
+
+
+def require_features(problem: validate.Problem, table, variant: Variant) -> None:
+    """Refuse (ValueError, before any kernel is loaded) a call that needs a feature
+    (validate.features_of: window, softcap, sinks, KV cache) that ``variant``'s manifest entry
+    does not list under ``features`` (catalogue.features), naming what the arch's kernels of
+    that dtype run."""
+    needed = validate.features_of(problem)
+    if not needed:
+        return
+    entry = table.entry(variant) or {}
+    missing = [f for f in needed if f not in entry.get("features", ())]
+    if not missing:
+        return
+    listed = {f for v in table.available(variant.arch) if v.dtype == variant.dtype
+              for f in (table.entry(v) or {}).get("features", ())}
+    runs = [f for f in validate.FEATURES if f in listed]
+    offered = ("; they also take " + ", ".join(validate.FEATURES[f] for f in runs)) if runs else \
+        " (no window_size, softcap, sinks or KV cache: not implemented yet)"
+    raise ValueError(f"{variant.name} does not implement {' or '.join(validate.FEATURES[f] for f in missing)}: "
+                     f"the {variant.arch} {variant.dtype} kernels run causal or full attention over K and V "
+                     f"tensors{offered}")
 
 
 def _descale_values(variant: Variant, names: set, descales) -> dict:
@@ -434,13 +457,16 @@ _plans: "collections.OrderedDict[tuple, Plan]" = collections.OrderedDict()
 _layouts: "collections.OrderedDict[tuple, Layout]" = collections.OrderedDict()
 
 
-def options_key(causal, softmax_scale, return_lse) -> tuple | None:
-    """The options as a key, or None where they are not plainly bools and a number (such a
-    call goes through validation, which names the problem)."""
+def options_key(causal, softmax_scale, return_lse, window_size=(-1, -1), softcap=0.0) -> tuple | None:
+    """The options as a key, or None where they are not plainly bools, numbers and a tuple of
+    two ints (such a call goes through validation, which names the problem)."""
     if type(causal) is not bool or type(return_lse) is not bool or \
-            not (softmax_scale is None or type(softmax_scale) in (int, float)):
+            not (softmax_scale is None or type(softmax_scale) in (int, float)) or \
+            type(window_size) is not tuple or len(window_size) != 2 or \
+            any(type(x) is not int for x in window_size) or type(softcap) not in (int, float):
         return None
-    return causal, None if softmax_scale is None else float(softmax_scale), return_lse
+    return (causal, None if softmax_scale is None else float(softmax_scale), return_lse, window_size,
+            float(softcap))
 
 
 def plan_key(driver, refs, options, stream: int) -> tuple:

@@ -23,6 +23,15 @@ Choices made here:
   time (cu_seqlens, descales) need natural alignment only.
 * Device ordinal -1 (``__cuda_array_interface__`` does not carry one) matches any
   ordinal of the same device kind.
+* ``window_size`` (left, right): ints >= -1 (-1: no bound); ``causal`` is right = 0, so with
+  ``causal`` a right bound other than 0 or -1 is refused (it would be overridden).  Bounds
+  that cut no key of any sequence of the call are dropped (window.reduce): such a window is
+  no window.  ``softcap``: a finite real >= 0 (0: off) whose fp32 value, and the kernels'
+  ``softmax_scale / softcap``, are finite normal numbers.  ``sinks``: fp32 (Hq,) on the
+  device, unit stride; the values are never read here.
+* A KV cache (:func:`check_kvcache`): paged, pages of a multiple of 16 rows from 16 to 256;
+  its ``cache_seqlens`` and ``page_table`` values, where the caller can read them, within the
+  cache (every page a sequence uses in range, no sequence longer than its pages).
 """
 
 from __future__ import annotations
@@ -34,9 +43,11 @@ import numbers
 import numpy as np
 
 from . import catalogue
+from . import window as windows
 from .tensors import TensorRef
 
-__all__ = ["Problem", "check_addresses", "check_dense", "check_descale", "check_varlen"]
+__all__ = ["Problem", "check_addresses", "check_dense", "check_descale", "check_kvcache", "check_varlen",
+           "check_window", "check_softcap", "check_sinks", "features_of"]
 
 INPUT_DTYPES = catalogue.DTYPES
 OUTPUT_DTYPE = "bf16"
@@ -64,15 +75,42 @@ class Problem:
     softmax_scale: float
     return_lse: bool
     device: tuple[str, int]
+    #: (left, right) reduced to the bounds that cut keys (window.reduce); ``causal`` is its
+    #: right bound 0 (a window (-1, 0) is plain causal)
+    window: tuple[int, int] = windows.NONE
+    softcap: float = 0.0                 # 0: off
+    sinks: bool = False                  # a sinks tensor is given
+    #: a KV cache: "contiguous" (B, max_seqlen_k, Hkv, D) or "paged"; "" for plain K and V
+    kvcache: str = ""
+    page_size: int = 0                   # rows of a page (paged)
+    num_pages: int = 0                   # pages of the cache (paged)
+    max_pages: int = 0                   # page_table's pages a sequence (paged)
+
+
+#: The serving features a call may need beyond plain (causal or full) attention, as the
+#: manifest names them (catalogue.features): a kernel runs a call only if it has them all.
+FEATURES = {"window": "a sliding window (window_size)", "softcap": "softcap",
+            "sinks": "attention sinks (sinks)", "kvcache": "a KV cache (flash_attn_with_kvcache)",
+            "paged_kv": "a paged KV cache (page_table)"}
+
+
+def features_of(problem: Problem) -> tuple[str, ...]:
+    """The features of FEATURES that ``problem`` needs, in FEATURES' order: a window that is
+    not plain causal (a left bound, or a right bound above 0), a softcap, sinks, a KV cache."""
+    need = {"window": problem.window[0] >= 0 or problem.window[1] > 0, "softcap": problem.softcap > 0,
+            "sinks": problem.sinks, "kvcache": bool(problem.kvcache), "paged_kv": problem.kvcache == "paged"}
+    return tuple(f for f in FEATURES if need[f])
 
 
 # --------------------------------------------------------------------------------------
 # Public entry points.
 
 def check_dense(q, k, v, out, *, causal=False, softmax_scale=None, descale_q=None,
-                descale_k=None, descale_v=None, return_lse=False, host_ok=False, lse=None) -> Problem:
+                descale_k=None, descale_v=None, return_lse=False, host_ok=False, lse=None,
+                window_size=windows.NONE, softcap=0.0, sinks=None) -> Problem:
     """Validate a fixed-length batch: q (B, Sq, Hq, Dqk), k (B, Sk, Hkv, Dqk),
-    v (B, Sk, Hkv, Dv), out (B, Sq, Hq, Dv) or None, lse (B, Hq, Sq) or None."""
+    v (B, Sk, Hkv, Dv), out (B, Sq, Hq, Dv) or None, lse (B, Hq, Sq) or None; sinks (Hq,) or
+    None."""
     qkv = _common_start(q, k, v, out, causal, return_lse, ndim=4,
                         layout="(batch, seqlen, heads, head_dim)")
     (b, sq, hq, dqk), (bk, sk, hkv, _), (bv, skv, _, dv) = (t.shape for t in (q, k, v))
@@ -91,17 +129,21 @@ def check_dense(q, k, v, out, *, causal=False, softmax_scale=None, descale_q=Non
                          f" = {(b, sq, hq, dv)}")
     _check_int32(batch=b, seqlen_q=sq, seqlen_k=sk)
     _check_lse(lse, (b, hq, sq), return_lse)
-    device = _common_end(qkv, out, (), descale_q, descale_k, descale_v, host_ok, (b, hkv), lse)
-    return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=bool(causal), batch=b, hq=hq,
+    scale = _check_scale(softmax_scale, dqk)
+    window, cap, scalars = _check_features(causal, window_size, softcap, sinks, scale, hq, sq, sk)
+    device = _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok, (b, hkv), lse)
+    return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=window[1] == 0, batch=b, hq=hq,
                    hkv=hkv, seqlen_q=sq, seqlen_k=sk, varlen=False, total_q=b * sq,
-                   total_k=b * sk, softmax_scale=_check_scale(softmax_scale, dqk),
-                   return_lse=bool(return_lse), device=device)
+                   total_k=b * sk, softmax_scale=scale,
+                   return_lse=bool(return_lse), device=device, window=window, softcap=cap,
+                   sinks=sinks is not None)
 
 
 def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                  causal=False, softmax_scale=None, descale_q=None, descale_k=None,
                  descale_v=None, return_lse=False, cu_values_q=None, cu_values_k=None,
-                 host_ok=False, host_cu=False, lse=None) -> Problem:
+                 host_ok=False, host_cu=False, lse=None, window_size=windows.NONE, softcap=0.0,
+                 sinks=None) -> Problem:
     """Validate a packed batch: q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv),
     out (Tq, Hq, Dv) or None, lse (Hq, Tq) or None; sequence i spans rows
     cu_seqlens[i]:cu_seqlens[i + 1].
@@ -152,11 +194,255 @@ def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
             raise ValueError(f"{name} is in host memory but its values could not be read")
     scalars = tuple((name, t) for name, t in cu.items() if name not in staged)
     _check_lse(lse, (hq, tq), return_lse)
-    device = _common_end(qkv, out, scalars, descale_q, descale_k, descale_v, host_ok, (batch, hkv), lse)
-    return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=bool(causal), batch=batch, hq=hq,
+    scale = _check_scale(softmax_scale, dqk)
+    window, cap, named = _check_features(causal, window_size, softcap, sinks, scale, hq, max_q, max_k)
+    device = _common_end(qkv, out, scalars + named, descale_q, descale_k, descale_v, host_ok, (batch, hkv), lse)
+    return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=window[1] == 0, batch=batch, hq=hq,
                    hkv=hkv, seqlen_q=max_q, seqlen_k=max_k, varlen=True, total_q=tq,
-                   total_k=tk, softmax_scale=_check_scale(softmax_scale, dqk),
-                   return_lse=bool(return_lse), device=device)
+                   total_k=tk, softmax_scale=scale,
+                   return_lse=bool(return_lse), device=device, window=window, softcap=cap,
+                   sinks=sinks is not None)
+
+
+# --------------------------------------------------------------------------------------
+# A KV cache.
+
+#: Rows of a page a paged KV cache may have: multiples of PAGE_STEP from PAGE_MIN to PAGE_MAX
+#: (vLLM's 16 up to 256: a page holds whole 16-row groups, the unit of the kernels' K/V copies).
+PAGE_MIN, PAGE_MAX, PAGE_STEP = 16, 256, 16
+
+
+def check_page_size(page_size: int) -> None:
+    """A paged cache's rows a page: a multiple of 16 from 16 to 256; a page of one row
+    (SGLang's token-granular pool) is out of scope, and said so."""
+    if page_size == 1:
+        raise ValueError(f"k_cache has pages of 1 row: token-granular pages are out of scope; "
+                         f"page sizes are multiples of {PAGE_STEP} from {PAGE_MIN} to {PAGE_MAX}")
+    if not (PAGE_MIN <= page_size <= PAGE_MAX and page_size % PAGE_STEP == 0):
+        raise ValueError(f"k_cache has pages of {page_size} rows; page sizes are multiples of {PAGE_STEP} "
+                         f"from {PAGE_MIN} to {PAGE_MAX}")
+
+
+def check_kvcache(q, k_cache, v_cache, out, *, cache_seqlens, page_table=None, cu_seqlens_q=None,
+                  max_seqlen_q=None, causal=False, softmax_scale=None, window_size=windows.NONE,
+                  softcap=0.0, sinks=None, descale_q=None, descale_k=None, descale_v=None,
+                  return_lse=False, cache_values=None, table_values=None, cu_values_q=None,
+                  host_ok=False, lse=None) -> Problem:
+    """Validate attention over a KV cache (``flash_attn_with_kvcache``).
+
+    Queries: q (B, Sq, Hq, Dqk) with out (B, Sq, Hq, Dv) and lse (B, Hq, Sq); or packed
+    q (Tq, Hq, Dqk) with ``cu_seqlens_q`` int32 (B + 1,) and ``max_seqlen_q``, out (Tq, Hq,
+    Dv), lse (Hq, Tq).  Each sequence's queries are its newest positions.  The cache: paged,
+    k_cache (num_pages, page_size, Hkv, Dqk) and v_cache (num_pages, page_size, Hkv, Dv)
+    addressed through ``page_table`` int32 (B, max_pages) (unit stride along a row); or
+    contiguous, (B, max_seqlen_k, Hkv, D).  ``cache_seqlens`` int32 (B,): each sequence's keys.
+
+    ``cache_values`` / ``table_values`` / ``cu_values_q``: host copies of cache_seqlens,
+    page_table and cu_seqlens_q where the caller read them; given, they are checked: each
+    sequence's keys fit its pages (``cache_seqlens[b] <= max_pages * page_size``, contiguous
+    ``<= max_seqlen_k``) and every page it uses (``page_table[b, :ceil(n_b / page_size)]``) is a
+    page of the cache.  Not given, the kernel must clamp them (the caller's business)."""
+    paged = page_table is not None
+    packed = cu_seqlens_q is not None
+    q = _check_tensor("q", q)
+    caches = {"k_cache": _check_tensor("k_cache", k_cache), "v_cache": _check_tensor("v_cache", v_cache)}
+    if out is not None:
+        _check_tensor("out", out)
+    _check_bool("causal", causal)
+    _check_bool("return_lse", return_lse)
+    if q.dtype not in INPUT_DTYPES:
+        raise TypeError(f"q dtype must be one of {INPUT_DTYPES}, got {q.dtype}")
+    for name, t in caches.items():
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} does not match q dtype {q.dtype}")
+    if out is not None and out.dtype != OUTPUT_DTYPE:
+        raise TypeError(f"out dtype must be {OUTPUT_DTYPE} (the output of every variant), got {out.dtype}")
+    q_layout = "(total_q, heads, head_dim) with cu_seqlens_q" if packed else "(batch, seqlen_q, heads, head_dim)"
+    for name, t in (("q", q), ("out", out)):
+        if t is not None and t.ndim != (3 if packed else 4):
+            raise ValueError(f"{name} must be {3 if packed else 4}-D {q_layout}, got shape {t.shape}")
+    cache_layout = ("(num_pages, page_size, heads_kv, head_dim) with page_table" if paged
+                    else "(batch, max_seqlen_k, heads_kv, head_dim)")
+    for name, t in caches.items():
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D {cache_layout}, got shape {t.shape}")
+    kc, vc = caches["k_cache"], caches["v_cache"]
+    if vc.shape[:3] != kc.shape[:3]:
+        raise ValueError(f"v_cache shape {vc.shape} does not match k_cache shape {kc.shape} "
+                         "(all but the head dim must match)")
+    _check_heads(q, kc, vc, head_axis=-2)
+    hq, dqk, dv, hkv = q.shape[-2], q.shape[-1], vc.shape[-1], kc.shape[-2]
+
+    # the sequences and their queries
+    scalars = []
+    if packed:
+        cu = _check_tensor("cu_seqlens_q", cu_seqlens_q)
+        if cu.dtype != "int32":
+            raise TypeError(f"cu_seqlens_q must be int32, got {cu.dtype}")
+        if cu.ndim != 1 or cu.shape[0] < 2:
+            raise ValueError(f"cu_seqlens_q must be 1-D with batch + 1 >= 2 entries, got shape {cu.shape}")
+        if cu.strides[0] != 1:
+            raise ValueError(f"cu_seqlens_q must be contiguous, got stride {cu.strides[0]}")
+        batch, tq = cu.shape[0] - 1, q.shape[0]
+        max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+        if cu_values_q is not None:
+            _check_cu_values("q", cu_values_q, batch + 1, tq, max_q)
+        scalars.append(("cu_seqlens_q", cu))
+        out_shape, lse_shape = (tq, hq, dv), (hq, tq)
+    else:
+        if max_seqlen_q is not None:
+            raise ValueError("max_seqlen_q goes with cu_seqlens_q (packed queries); q of shape (batch, seqlen_q, "
+                             "heads, head_dim) gives it")
+        batch, max_q = q.shape[0], q.shape[1]
+        for name, n in (("q batch size", batch), ("q seqlen", max_q)):
+            if n < 1:
+                raise ValueError(f"{name} must be >= 1, got {n}")
+        tq = batch * max_q
+        out_shape, lse_shape = (batch, max_q, hq, dv), (batch, hq, max_q)
+    if out is not None and out.shape != out_shape:
+        raise ValueError(f"out shape {out.shape} must be {out_shape} (q's rows and heads, head_dim_v)")
+
+    # the cache
+    if paged:
+        num_pages, page_size = kc.shape[:2]
+        check_page_size(page_size)
+        if num_pages < 1:
+            raise ValueError("k_cache has no pages")
+        table = _check_tensor("page_table", page_table)
+        if table.dtype != "int32":
+            raise TypeError(f"page_table must be int32, got {table.dtype}")
+        if table.ndim != 2 or table.shape[0] != batch or table.shape[1] < 1:
+            raise ValueError(f"page_table must be (batch, max_pages) = ({batch}, >= 1), got shape {table.shape}")
+        if table.shape[1] > 1 and table.strides[1] != 1:
+            raise ValueError(f"page_table must have unit stride along a sequence's pages, got {table.strides[1]}")
+        if batch > 1 and table.strides[0] < 0:
+            raise ValueError(f"page_table has a negative stride ({table.strides[0]}) in dim 0")
+        max_pages = table.shape[1]
+        capacity = max_pages * page_size
+        _check_int32(num_pages=num_pages, max_pages=max_pages, **{"max_pages * page_size": capacity})
+        scalars.append(("page_table", table))
+    else:
+        if kc.shape[0] != batch:
+            raise ValueError(f"k_cache batch size {kc.shape[0]} does not match the {batch} sequences of q")
+        num_pages = page_size = max_pages = 0
+        capacity = kc.shape[1]
+        if capacity < 1:
+            raise ValueError("k_cache must have max_seqlen_k >= 1 rows a sequence")
+    seqlens = _check_tensor("cache_seqlens", cache_seqlens)
+    if seqlens.dtype != "int32":
+        raise TypeError(f"cache_seqlens must be int32, got {seqlens.dtype}")
+    if seqlens.shape != (batch,):
+        raise ValueError(f"cache_seqlens must have shape (batch,) = ({batch},), got {seqlens.shape}")
+    if batch > 1 and seqlens.strides[0] != 1:
+        raise ValueError(f"cache_seqlens must be contiguous, got stride {seqlens.strides[0]}")
+    scalars.insert(0, ("cache_seqlens", seqlens))
+    if cache_values is not None:
+        _check_cache_values(cache_values, table_values, batch, capacity, page_size, num_pages)
+    _check_int32(batch=batch, max_seqlen_q=max_q, max_seqlen_k=capacity, heads_q=hq)
+
+    _check_lse(lse, lse_shape, return_lse)
+    scale = _check_scale(softmax_scale, dqk)
+    window, cap, named = _check_features(causal, window_size, softcap, sinks, scale, hq, max_q, capacity)
+    device = _common_end({"q": q, **caches}, out, tuple(scalars) + named, descale_q, descale_k, descale_v,
+                         host_ok, (batch, hkv), lse)
+    rows = num_pages * page_size if paged else batch * capacity
+    return Problem(dtype=q.dtype, d_qk=dqk, d_v=dv, causal=window[1] == 0, batch=batch, hq=hq, hkv=hkv,
+                   seqlen_q=max_q, seqlen_k=capacity, varlen=packed, total_q=tq, total_k=rows,
+                   softmax_scale=scale, return_lse=bool(return_lse), device=device, window=window,
+                   softcap=cap, sinks=sinks is not None, kvcache="paged" if paged else "contiguous",
+                   page_size=page_size, num_pages=num_pages, max_pages=max_pages)
+
+
+def _check_cache_values(cache_values, table_values, batch, capacity, page_size, num_pages):
+    """Each sequence's key count within its part of the cache, and (paged) every page it uses
+    a page of the cache."""
+    n = np.asarray(cache_values).astype(np.int64).reshape(-1)
+    if n.shape != (batch,):
+        raise ValueError(f"the values of cache_seqlens have shape {n.shape}, not ({batch},)")
+    if (n < 0).any():
+        b = int(np.argmax(n < 0))
+        raise ValueError(f"cache_seqlens[{b}] = {n[b]} is negative")
+    if (n > capacity).any():
+        b = int(np.argmax(n > capacity))
+        where = (f"its page_table row holds {capacity // page_size} pages of {page_size} rows "
+                 f"({capacity} keys)" if page_size else f"k_cache holds {capacity} rows a sequence")
+        raise ValueError(f"cache_seqlens[{b}] = {n[b]} is more keys than the cache has for it: {where}")
+    if not page_size:
+        return
+    if table_values is None:
+        raise ValueError("the values of page_table could not be read")
+    table = np.asarray(table_values).astype(np.int64)
+    for b in range(batch):
+        used = table[b, :-(-int(n[b]) // page_size)]
+        bad = (used < 0) | (used >= num_pages)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"page_table[{b}, {i}] = {used[i]} is not a page of k_cache (0 .. {num_pages - 1}); "
+                             f"sequence {b} uses its first {used.size} entries for {n[b]} keys")
+
+
+# --------------------------------------------------------------------------------------
+# Windows, softcap and sinks.
+
+def check_window(causal, window_size) -> tuple[int, int]:
+    """``window_size``: a tuple or list of two ints, each -1 (no bound) or >= 0 and within
+    int32; with ``causal`` (the right bound 0) the right one must be 0 or -1.  Returns the
+    window meant (window.normalize)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a tuple (left, right) of two ints, got {window_size!r}")
+    for side, x in zip(("left", "right"), window_size):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"window_size {side} bound must be an int, got {type(x).__name__}")
+        if x < -1:
+            raise ValueError(f"window_size {side} bound must be -1 (unbounded) or >= 0, got {x}")
+        _check_int32(**{f"window_size {side} bound": int(x)})
+    if causal and int(window_size[1]) not in (-1, 0):
+        raise ValueError(f"causal=True sets the window's right bound to 0, but window_size={tuple(window_size)} "
+                         "asks for another: pass causal=False with that window, or a right bound of 0 or -1")
+    return windows.normalize(causal, window_size)
+
+
+def check_softcap(softcap, softmax_scale: float) -> float:
+    """``softcap``: 0 (off) or a finite positive real whose fp32 value and the kernels' fp32
+    ``softmax_scale / softcap`` are finite normal numbers."""
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    cap = float(softcap)
+    if not (math.isfinite(cap) and cap >= 0):
+        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap}")
+    if cap == 0:
+        return 0.0
+    tiny = float(np.finfo(np.float32).tiny)
+    with np.errstate(over="ignore", under="ignore"):
+        f32, ratio = np.float32(cap), np.float32(softmax_scale / cap)
+    if not (np.isfinite(f32) and f32 >= tiny and np.isfinite(ratio) and ratio >= tiny):
+        raise ValueError(f"softcap = {softcap} with softmax_scale = {softmax_scale}: both softcap and "
+                         "softmax_scale / softcap must be finite normal numbers in float32")
+    return cap
+
+
+def check_sinks(sinks, hq: int) -> TensorRef:
+    """``sinks``: fp32 (Hq,) (one logit a query head), unit stride, writable or not; its place
+    is checked with the other tensors (on the call's device)."""
+    _check_tensor("sinks", sinks)
+    if sinks.dtype != "float32":
+        raise TypeError(f"sinks must be float32, got {sinks.dtype}")
+    if sinks.shape != (hq,):
+        raise ValueError(f"sinks has shape {sinks.shape}; it holds one logit a query head: ({hq},)")
+    if hq > 1 and sinks.strides[0] != 1:
+        raise ValueError(f"sinks must be contiguous (unit stride), got stride {sinks.strides[0]}")
+    return sinks
+
+
+def _check_features(causal, window_size, softcap, sinks, scale, hq, max_q, max_k):
+    """The window (reduced to the bounds that cut keys of sequences up to max_q queries and
+    max_k keys), the softcap and the sinks, as (window, softcap, named tensors)."""
+    _check_bool("causal", causal)
+    window = check_window(causal, window_size)
+    window = windows.reduce(window, max_q, max_k)
+    cap = check_softcap(softcap, scale)
+    named = (("sinks", check_sinks(sinks, hq)),) if sinks is not None else ()
+    return window, cap, named
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""flash_attn_with_kvcache: the rules of a KV cache (check_kvcache, one test per rule), and
+the runtime's refusal, before anything is loaded or launched, of what no kernel implements
+yet (sliding windows, softcap, sinks, a KV cache) on sm_90a (the fake driver) and gfx950
+(the emulator)."""
+
+import numpy as np
+import pytest
+
+from tests.backends import using_backend
+from tests.test_validate import dense, ref, rejects
+
+from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, plan, validate
+from zyfa_runtime.catalogue import Variant
+from zyfa_runtime.memory import host_dtype
+from zyfa_runtime.validate import check_kvcache, features_of
+
+SEQLENS = np.array([40, 0, 33], np.int32)                            # keys of 3 sequences
+TABLE = np.array([[4, 1, 0], [-1, -1, -1], [4, 2, 7]], np.int32)   # pages of 16; page 4 shared
+
+
+def paged(dtype="bf16", page=16, pages=8, b=3, sq=2, hq=4, hkv=2, d=128, **over):
+    """A paged call's arguments: q (3, 2, 4, 128), caches of 8 pages of 16 rows, page_table
+    (3, 3), the values of cache_seqlens and page_table as read back."""
+    args = dict(q=ref((b, sq, hq, d), dtype, 0), k_cache=ref((pages, page, hkv, d), dtype, 1),
+                v_cache=ref((pages, page, hkv, d), dtype, 2), out=ref((b, sq, hq, d), "bf16", 3),
+                cache_seqlens=ref((b,), "int32", 4), page_table=ref((b, 3), "int32", 5),
+                cache_values=SEQLENS[:b], table_values=TABLE[:b])
+    args.update(over)
+    return args
+
+
+def contiguous_cache(b=3, sk=48, **over):
+    args = paged(b=b, page_table=None, table_values=None, k_cache=ref((b, sk, 2, 128), "bf16", 1),
+                 v_cache=ref((b, sk, 2, 128), "bf16", 2))
+    args.update(over)
+    return args
+
+
+def test_a_paged_call_is_a_problem_of_pages():
+    p = check_kvcache(**paged(causal=True, return_lse=True, lse=ref((3, 4, 2), "float32", 6)))
+    assert (p.kvcache, p.page_size, p.num_pages, p.max_pages) == ("paged", 16, 8, 3)
+    assert (p.batch, p.seqlen_q, p.seqlen_k, p.total_q, p.total_k, p.causal) == (3, 2, 48, 6, 128, True)
+    assert features_of(p) == ("kvcache", "paged_kv")
+    c = check_kvcache(**contiguous_cache())
+    assert (c.kvcache, c.seqlen_k, c.total_k) == ("contiguous", 48, 144) and features_of(c) == ("kvcache",)
+
+
+@pytest.mark.parametrize("page", [16, 32, 64, 128, 144, 256])
+def test_page_sizes_are_multiples_of_16_from_16_to_256(page):
+    assert check_kvcache(**paged(page=page, cache_values=np.array([40, 0, 33], np.int32))).page_size == page
+
+
+@pytest.mark.parametrize("page", [8, 24, 272, 512])
+def test_other_page_sizes_are_refused_naming_the_rule(page):
+    rejects(check_kvcache, paged(page=page), ValueError, f"pages of {page} rows", "multiples of 16 from 16 to 256")
+
+
+def test_pages_of_one_row_are_refused_as_out_of_scope():
+    rejects(check_kvcache, paged(page=1), ValueError, "pages of 1 row", "out of scope", "multiples of 16")
+
+
+def test_a_sequence_longer_than_its_pages_is_refused():
+    rejects(check_kvcache, paged(cache_values=np.array([40, 0, 49], np.int32)), ValueError,
+            "cache_seqlens[2] = 49", "3 pages of 16 rows", "48 keys")
+    rejects(check_kvcache, contiguous_cache(cache_values=np.array([1, 49, 0], np.int32)), ValueError,
+            "cache_seqlens[1] = 49", "48 rows a sequence")
+    rejects(check_kvcache, paged(cache_values=np.array([40, -1, 3], np.int32)), ValueError,
+            "cache_seqlens[1] = -1", "negative")
+
+
+def test_every_page_a_sequence_uses_must_be_a_page_of_the_cache():
+    """Only the pages a sequence uses are read: ceil(n / page_size) entries of its row (the
+    rest, -1 above, may be anything); a page used by two sequences is fine."""
+    for bad, at in ((8, "page_table[2, 2] = 8"), (-1, "page_table[2, 2] = -1")):
+        table = TABLE.copy()
+        table[2, 2] = bad
+        rejects(check_kvcache, paged(table_values=table), ValueError, at, "0 .. 7", "first 3 entries")
+    table = TABLE.copy()
+    table[0, 2] = 99     # sequence 0 has 40 keys: its third page is used
+    rejects(check_kvcache, paged(table_values=table), ValueError, "page_table[0, 2] = 99")
+    table = TABLE.copy()
+    table[2, 2] = 99
+    assert check_kvcache(**paged(table_values=table, cache_values=np.array([40, 0, 32], np.int32))).batch == 3
+
+
+def test_unread_values_are_not_checked():
+    """check_cache_seqlens=False: the values are never read (a kernel clamps them)."""
+    assert check_kvcache(**paged(cache_values=None, table_values=None)).kvcache == "paged"
+
+
+@pytest.mark.parametrize("field,value,exc,words", [
+    ("page_table", ref((3, 3), "int64", 5), TypeError, ("page_table", "int32")),
+    ("page_table", ref((2, 3), "int32", 5), ValueError, ("page_table", "(batch, max_pages) = (3,")),
+    ("page_table", ref((3,), "int32", 5), ValueError, ("page_table", "(batch, max_pages)")),
+    ("page_table", ref((3, 3), "int32", 5, strides=(6, 2)), ValueError, ("page_table", "unit stride")),
+    ("cache_seqlens", ref((3,), "int64", 4), TypeError, ("cache_seqlens", "int32")),
+    ("cache_seqlens", ref((4,), "int32", 4), ValueError, ("cache_seqlens", "(3,)")),
+    ("cache_seqlens", ref((3,), "int32", 4, strides=(2,)), ValueError, ("cache_seqlens", "contiguous")),
+    ("cache_seqlens", ref((3,), "int32", 4, device=("cpu", 0)), ValueError, ("cache_seqlens", "host memory")),
+    ("page_table", ref((3, 3), "int32", 5, device=("cuda", 1)), ValueError, ("page_table", "one device")),
+    ("v_cache", ref((8, 32, 2, 128), "bf16", 2), ValueError, ("v_cache shape", "k_cache shape")),
+    ("k_cache", ref((8, 16, 2, 128), "fp8_e4m3", 1), TypeError, ("k_cache dtype", "q dtype")),
+    ("k_cache", ref((8, 16, 128), "bf16", 1), ValueError, ("k_cache", "4-D", "with page_table")),
+    ("q", ref((3, 2, 3, 128), "bf16", 0), ValueError, ("q heads 3", "multiple of k/v heads 2")),
+    ("out", ref((3, 2, 4, 64), "bf16", 3), ValueError, ("out shape", "(3, 2, 4, 128)")),
+    ("lse", ref((3, 2, 4), "float32", 6), ValueError, ("lse shape", "(3, 4, 2)")),
+    ("out", ref((3, 2, 4, 128), "bf16", 1), ValueError, ("out overlaps k_cache",)),
+    ("max_seqlen_q", 2, ValueError, ("max_seqlen_q goes with cu_seqlens_q",)),
+    ("window_size", (-3, 0), ValueError, ("window_size left bound",)),
+    ("softcap", -1.0, ValueError, ("softcap",)),
+    ("sinks", ref((2,), "float32", 7), ValueError, ("sinks", "(4,)")),
+])
+def test_each_rule_of_a_kvcache_call_names_its_argument(field, value, exc, words):
+    args = paged(**{field: value})
+    if field == "lse":
+        args["return_lse"] = True
+    rejects(check_kvcache, args, exc, *words)
+
+
+def test_a_contiguous_cache_has_a_row_of_keys_a_sequence():
+    rejects(check_kvcache, contiguous_cache(k_cache=ref((2, 48, 2, 128), "bf16", 1),
+                                            v_cache=ref((2, 48, 2, 128), "bf16", 2)),
+            ValueError, "k_cache batch size 2", "3 sequences")
+
+
+def test_packed_queries_take_cu_seqlens_q_and_max_seqlen_q():
+    cu = np.array([0, 3, 3, 5], np.int32)
+    args = paged(q=ref((5, 4, 128), "bf16", 0), out=ref((5, 4, 128), "bf16", 3),
+                 cu_seqlens_q=ref((4,), "int32", 8), max_seqlen_q=3, cu_values_q=cu)
+    p = check_kvcache(**args)
+    assert p.varlen and (p.total_q, p.seqlen_q, p.batch) == (5, 3, 3)
+    rejects(check_kvcache, {**args, "max_seqlen_q": None}, TypeError, "max_seqlen_q", "int")
+    rejects(check_kvcache, {**args, "max_seqlen_q": 2}, ValueError, "max_seqlen_q = 2", "longest")
+    rejects(check_kvcache, {**args, "cu_values_q": np.array([0, 3, 2, 5], np.int32)}, ValueError,
+            "cu_seqlens_q", "non-decreasing")
+    rejects(check_kvcache, {**args, "q": ref((5, 2, 4, 128), "bf16", 0)}, ValueError, "q must be 3-D")
+
+
+def test_the_window_is_reduced_by_the_caches_length():
+    assert check_kvcache(**paged(window_size=(47, -1))).window == (-1, -1)
+    assert check_kvcache(**paged(window_size=(46, -1))).window == (46, -1)
+
+
+# --------------------------------------------------------------------------------------
+# The runtime refuses what no kernel implements, before anything is loaded or launched.
+
+class Table:
+    """A kernel table's manifest side: entries whose ``features`` are given."""
+
+    def __init__(self, arch, features=()):
+        self.entries = {v: {"features": list(features)} for v in
+                        (Variant(arch, t, 128, 128, c) for t in ("bf16", "fp8_e4m3") for c in (False, True))}
+
+    def entry(self, variant):
+        return self.entries.get(variant)
+
+    def available(self, arch):
+        return sorted(v for v in self.entries if v.arch == arch)
+
+
+def problem(**over):
+    return validate.check_dense(**dense(**over))
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "gfx950"])
+def test_features_no_kernel_lists_are_refused_naming_what_the_kernels_run(arch):
+    v = Variant(arch, "bf16", 128, 128, True)
+    with pytest.raises(ValueError) as info:
+        plan.require_features(problem(causal=True, window_size=(2, 0), sinks=ref((4,), "float32", 9)),
+                              Table(arch), v)
+    msg = str(info.value)
+    assert v.name in msg and "sliding window (window_size) or attention sinks (sinks)" in msg
+    assert f"the {arch} bf16 kernels run causal or full attention" in msg and "not implemented yet" in msg
+    plan.require_features(problem(causal=True), Table(arch), v)          # plain: nothing needed
+
+
+def test_a_kernel_that_lists_a_feature_runs_it_and_the_message_names_the_others():
+    v = Variant("sm_90a", "bf16", 128, 128, False)
+    table = Table("sm_90a", ["window", "sinks"])
+    plan.require_features(problem(window_size=(2, 1), sinks=ref((4,), "float32", 9)), table, v)
+    with pytest.raises(ValueError, match="does not implement softcap: .* they also take a sliding window"):
+        plan.require_features(problem(softcap=5.0), table, v)
+
+
+def arrays(*shapes, dtype="bf16"):
+    rng = np.random.default_rng()
+    return [rng.standard_normal(s).astype(host_dtype(dtype)) for s in shapes]
+
+
+@pytest.fixture(params=["fake", "emulator"])
+def backend(request):
+    """The fake driver (sm_90a) and the emulator (gfx950), with the checkout's manifest: the
+    refusals read it, and load nothing."""
+    with using_backend(request.param) as driver:
+        yield request.param, driver
+
+
+def test_calls_with_features_are_refused_before_any_launch_even_after_a_plain_call_was_planned(backend):
+    """A plain call's plan and layout are kept; the same tensors with a window, softcap or
+    sinks must not reuse them: each is refused, and nothing more is queued."""
+    name, driver = backend
+    arch = "sm_90a" if name == "fake" else "gfx950"
+    q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64))
+    out = np.empty_like(q)
+    sinks = np.zeros(2, np.float32)
+    if name == "fake":
+        flash_attn_func(q, k, v, causal=True, out=out)                     # planned, kept
+        before = len(driver.launches)
+    for kw in (dict(window_size=(8, 0)), dict(softcap=20.0), dict(sinks=sinks), dict(window_size=(8, 3))):
+        with pytest.raises(ValueError, match=f"fwd_{arch}_bf16_d64x64_.* does not implement .* the {arch} bf16 "
+                                             "kernels run causal or full attention"):
+            flash_attn_func(q, k, v, causal="window_size" not in kw or kw["window_size"][1] == 0, out=out, **kw)
+        with pytest.raises(ValueError, match="does not implement"):
+            flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=np.array([0, 64], np.int32),
+                                   cu_seqlens_k=np.array([0, 64], np.int32), max_seqlen_q=64, max_seqlen_k=64,
+                                   out=out[0], **kw)
+    if name == "fake":
+        assert len(driver.launches) == before
+        # a window that cuts no key is no window: the plain kernel runs
+        flash_attn_func(q, k, v, causal=True, out=out, window_size=(63, 0))
+        assert len(driver.launches) == before + 1
+
+
+def test_a_kvcache_call_is_validated_then_refused(backend):
+    name, driver = backend
+    arch = "sm_90a" if name == "fake" else "gfx950"
+    q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
+    out = np.empty_like(q)
+    seqlens, table = SEQLENS.copy(), TABLE.copy()
+    with pytest.raises(ValueError, match=f"fwd_{arch}_bf16_d64x64_causal does not implement a KV cache "
+                                         r"\(flash_attn_with_kvcache\) or a paged KV cache"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True, out=out)
+    with pytest.raises(ValueError, match="does not implement a KV cache"):
+        flash_attn_with_kvcache(q, np.zeros((3, 48, 2, 64), q.dtype), np.zeros((3, 48, 2, 64), q.dtype),
+                                cache_seqlens=seqlens, out=out)
+    # the values are read and checked first
+    table[2, 2] = 8
+    with pytest.raises(ValueError, match=r"page_table\[2, 2\] = 8 is not a page of k_cache"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, out=out)
+    # ... unless the caller opts out (a kernel would clamp them)
+    with pytest.raises(ValueError, match="does not implement a KV cache"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, out=out,
+                                check_cache_seqlens=False)
+    with pytest.raises(TypeError, match="check_cache_seqlens must be a bool"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table,
+                                check_cache_seqlens=1)
+    if name == "fake":
+        assert driver.launches == []
+
+
+def test_the_manifest_words_and_the_validation_words_name_the_same_features():
+    """catalogue.FEATURES (the manifest's ``features``) and validate.FEATURES (the messages) are
+    one list; no variant lists any yet, and the checkout's manifest agrees."""
+    import json
+    from pathlib import Path
+    from zyfa_runtime import catalogue
+    assert tuple(validate.FEATURES) == catalogue.FEATURES
+    assert all(catalogue.features(v) == () for v in catalogue.all_variants())
+    manifest = json.loads((Path(__file__).parents[1] / "prebuilt" / "manifest.json").read_text())
+    assert not any(e.get("features") for e in manifest["kernels"])
+
+
+def test_values_are_read_through_the_tables_strides_and_only_the_used_pages_checked():
+    """page_table as a view of a wider array (row stride 5): read through its strides; entries
+    past the view (here 99) and past each sequence's pages are never read or checked."""
+    with using_backend("fake") as driver:
+        q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
+        wide = np.full((3, 5), 99, np.int32)
+        wide[:, :3] = TABLE
+        with pytest.raises(ValueError, match="does not implement a KV cache"):
+            flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLENS.copy(), page_table=wide[:, :3],
+                                    out=np.empty_like(q))
+        wide[0, 1] = 8
+        with pytest.raises(ValueError, match=r"page_table\[0, 1\] = 8"):
+            flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLENS.copy(), page_table=wide[:, :3],
+                                    out=np.empty_like(q))
+        assert driver.launches == []
+
+
+def test_a_captured_kvcache_call_reads_nothing_back():
+    """On a stream being captured the values cannot be read back (that waits for the device):
+    check_cache_seqlens=False is required, with out given; then the call is refused for the
+    kernel (no KV cache yet) with nothing queued."""
+    with using_backend("fake") as driver:
+        q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
+        kw = dict(cache_seqlens=SEQLENS.copy(), page_table=TABLE.copy(), stream=9)
+        driver.capturing.add(9)
+        with pytest.raises(ValueError, match="cannot check cache_seqlens and page_table"):
+            flash_attn_with_kvcache(q, k_cache, v_cache, out=np.empty_like(q), **kw)
+        with pytest.raises(ValueError, match="needs out="):
+            flash_attn_with_kvcache(q, k_cache, v_cache, check_cache_seqlens=False, **kw)
+        with pytest.raises(ValueError, match="does not implement a KV cache"):
+            flash_attn_with_kvcache(q, k_cache, v_cache, out=np.empty_like(q), check_cache_seqlens=False, **kw)
+        assert driver.ops == [] and driver.launches == []
+        driver.capturing.clear()
