@@ -5,6 +5,7 @@ SmolLM2-135M's real activations, per layer and end to end.
     python bench/accuracy.py                 # the full study (about 15 min on 2 cores)
     python bench/accuracy.py --quick         # smaller shapes, fewer layers (a minute)
     python bench/accuracy.py --adaptive      # gfx950's adaptive merge, swept (about 30 min)
+    python bench/accuracy.py --adaptive --unit wave --layers 1,9,17,25   # decided per wave
 
 Every number is ||out - ref|| / ||ref|| against the fp64 reference, computed two ways:
 "deq" on the dequantised FP8 inputs (the error of the attention arithmetic alone) and
@@ -171,7 +172,7 @@ def e2e_task(args):
 ADAPTIVE_DELTAS = (3.0, 2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0)
 
 
-def _adaptive_case(q, k, v, causal, scale):
+def _adaptive_case(q, k, v, causal, scale, unit="row"):
     """Per delta: per-head errors against fp64 on the e4m3 inputs, and (rescaling wave-blocks,
     wave-blocks) over the heads; the every-block recipe ("gfx950") first."""
     from zyfa_runtime import fp8_models
@@ -182,6 +183,8 @@ def _adaptive_case(q, k, v, causal, scale):
     res = {}
     for delta in (None,) + ADAPTIVE_DELTAS:
         recipe = fp8_models.RECIPES["gfx950"].replace(exact_within=delta)
+        if delta is not None:
+            recipe = recipe.replace(exact_unit=unit)
         errs, hits, pairs = [], 0, 0
         for h in range(hq):
             kv = h // (hq // hk)
@@ -198,21 +201,22 @@ def _adaptive_case(q, k, v, causal, scale):
 
 
 def adaptive_task(args):
-    kind, a, b, causal = args
+    kind, a, b, causal, unit = args
     if kind == "gauss":
         rng = np.random.default_rng(a)
         q, k, v = (rng.standard_normal((4096, 2, b)) for _ in range(3))
-        return (kind, a, b, causal), _adaptive_case(q, k, v, causal, None)
+        return (kind, a, b, causal), _adaptive_case(q, k, v, causal, None, unit)
     z = np.load(a)
     q, k, v = (z[f"{b}_{i}"].astype(np.float64) for i in range(3))
-    return (kind, a, b, causal), _adaptive_case(q, k, v, causal, 1.0 / np.sqrt(64.0))
+    return (kind, a, b, causal), _adaptive_case(q, k, v, causal, 1.0 / np.sqrt(64.0), unit)
 
 
 def adaptive(args) -> int:
     """SmolLM2 (2 prompts x 8 layers x 9 heads, 2,048 tokens, d64, causal and not) and Gaussian
     (4,096 tokens, 2 heads, d128 non-causal, d64 causal) through gfx950's recipe with each
-    delta of the adaptive merge; prints a markdown table."""
-    layers = range(1, 30, 4)
+    delta of the adaptive merge (decided per row, or per 32-row wave with ``--unit wave``);
+    prints a markdown table."""
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else range(1, 30, 4)
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max_workers=args.jobs) as pool:
         caps = capture(["technical_storage", "dialogue_garden"], 2048)
         files = []
@@ -220,8 +224,10 @@ def adaptive(args) -> int:
             f = os.path.join(tmp, f"{p}.npz")
             np.savez(f, **{f"{layer}_{i}": per_layer[layer][i] for layer in layers for i in range(3)})
             files.append(f)
-        tasks = [("gauss", args.seed, 128, False), ("gauss", args.seed + 1, 64, True)] + \
-            [("smol", f, layer, c) for f in files for layer in layers for c in (True, False)]
+        tasks = [("gauss", args.seed, 128, False, args.unit),
+                 ("gauss", args.seed + 1, 64, True, args.unit)] + \
+            [("smol", f, layer, c, args.unit) for f in files for layer in layers
+             for c in (True, False)]
         out = dict(pool.map(adaptive_task, tasks))
 
     def smol(delta, causal):
@@ -262,6 +268,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "numerics.md")
     ap.add_argument("--adaptive", action="store_true",
                     help="sweep gfx950's adaptive merge (prints a table, writes nothing)")
+    ap.add_argument("--unit", choices=("row", "wave"), default="row",
+                    help="--adaptive: who decides exact or lattice, each row or each 32-row wave")
+    ap.add_argument("--layers", default="",
+                    help="--adaptive: SmolLM2 layers, comma-separated (default 1, 5, ..., 29)")
     args = ap.parse_args(argv)
     if args.adaptive:
         return adaptive(args)

@@ -28,9 +28,11 @@ Data.  Four LDS stages of K and four of V (XOR-swizzled rows: no bank conflicts)
 matrix phase of iteration p every wave issues its share of the buffer->LDS loads
 (``buffer_load_dwordx4 ... lds``) of V(p+2) and K(p+3), in the shadows of its MFMAs, and waits
 for them at the end of its next vector phase; they overwrite K(p-1) and V(p-2), last read a
-phase earlier.  LDS operands go to VGPRs through a ring of 8-register buffers that runs on
-across matrix phases, so a matrix phase starts with its first operands in registers.  The
-loop is unrolled over the four stages: every LDS offset is an immediate.
+phase earlier.  LDS operands go to VGPRs one phase ahead (d <= 192: an 8-register buffer per
+MFMA step, read after the MFMA that frees it, the first QK step's by the vector phase in
+between, ``reads_ahead``; d = 256: a ring of buffers that runs on across matrix phases), so a
+matrix phase starts with its operands in registers.  The loop is unrolled over the four
+stages: every LDS offset is an immediate.
 
 The P arithmetic is the ``gfx950`` recipe of ``zyfa_runtime.fp8_models``, bit for bit
 (``Recipe.byte_form == "ashr_u8"``).  The scores arrive as S' = S 2^-es (the QK MFMA's E8M0
@@ -118,7 +120,11 @@ class Plan:
     lds_k: tuple           # byte offset of the STAGES K stages
     lds_v: tuple           # and of the V stages
     lds_bytes: int
-    frag_bufs: int         # LDS->VGPR operand ring: 8-register buffers (as many as fit, <= 4)
+    frag_bufs: int         # LDS->VGPR operand buffers of 8 registers (as many as fit)
+    ahead: bool            # a buffer per MFMA step: every operand is read one phase ahead
+                           # (else a ring, read frag_bufs steps ahead)
+    slack: bool            # the vector phase is shorter than the matrix phase it hides
+                           # behind: it takes the loads' address setup and the first K read
     vgpr: dict             # name -> register
     agpr: dict
     sgpr: dict
@@ -135,7 +141,11 @@ def plan(v: Variant) -> Plan:
     kb, vb = BLOCK_N * pk, BLOCK_N * pv       # one K / V stage; STAGES of each
     flips_k = sorted({16 * (4 * st + 2 * t) for st in range(qk_steps) for t in range(2)} - {0})
     flips_v = sorted({32 * c for c in range(pv_chunks)} - {0})
-    for frag_bufs, fixed in ((4, True), (4, False), (3, False), (2, False), (1, False)):
+    # a buffer per MFMA step of a phase (QK halves x d-steps + PV chunks) where that fits
+    # (d <= 192), else a ring of up to four
+    steps = 2 * qk_steps + pv_chunks
+    for frag_bufs, fixed in ((steps, True), (4, True), (4, False), (3, False), (2, False),
+                             (1, False)):
         vg = _Pool("v", 1)
         # Persistent per-lane values (register map).
         for name in ("kaddr", "vaddr", "lim0", "ooff", "kconst", "scales", "m", "r",
@@ -188,6 +198,10 @@ def plan(v: Variant) -> Plan:
     return Plan(v, qk_steps, pv_chunks, pk, pv, kb // 1024 // DMA_WAVES, vb // 1024 // DMA_WAVES,
                 tuple(i * kb for i in range(STAGES)),
                 tuple(STAGES * kb + i * vb for i in range(STAGES)), STAGES * (kb + vb), frag_bufs,
+                fixed and frag_bufs == steps,
+                # vector phase 388 VALU cycles against 544 of MFMAs at d_v = 128; at d_v = 64
+                # 324 against 288, where anything added to it lengthens the period
+                v.d_v >= 128,
                 {k: b for k, (b, _) in vg.names.items()}, {k: b for k, (b, _) in ag.names.items()},
                 {k: b for k, (b, _) in sg.names.items()}, n_vgpr, ag.next, sg.next)
 
@@ -590,28 +604,22 @@ def stage_lanes(a: Asm) -> None:
         a(f"v_mov_b32 {a.v('o', i)}, 0")
 
 
-def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
+def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0, regs: str | None = None) -> list:
     """Buffer->LDS loads of K or V block ``block + ahead`` (``block`` an SGPR) into its
     stage, by this wave, as a list of emitters (spread over MFMA shadows by the caller):
     ``slots`` loads of 1 KiB (64 lanes x 16 bytes to LDS M0 + 16 lane).  Chunk 8i + w of the
     block starts (8192 i / pitch) rows after chunk w.  Rows past the sequence read as 0
     (buffer range check), so the (up to three) blocks past the last are loaded too, as
     zeros or as rows no row of the workgroup sees, into the stages they would own: those
-    stages' previous blocks are no longer read.  State between the emitters lives in
-    SGPRs dl (LDS address) and dr (first row, bytes)."""
+    stages' previous blocks are no longer read.  State between the emitters lives in an
+    SGPR pair (LDS address, first row in bytes): ``regs``, set up beforehand by
+    :func:`dma_setup`, or dl and dr, set up by the first emitter."""
     p = a.p
     n = p.k_slots if kind == "k" else p.v_slots
     pitch = p.pitch_k if kind == "k" else p.pitch_v
     stride = "kstr64" if kind == "k" else "vstr64"
     region = p.lds_k[0] if kind == "k" else p.lds_v[0]
-    dl, dr = a.s("dl"), a.s("dr")
-
-    def setup():
-        a(f"s_add_u32 {dr}, {block}, {ahead}")
-        a(f"s_and_b32 {dl}, {dr}, {STAGES - 1}")
-        a(f"s_mul_i32 {dl}, {dl}, {BLOCK_N * pitch}")
-        a(f"s_mul_i32 {dr}, {dr}, {a.s(stride)}")       # first row of the block, in bytes
-        a(f"s_add_u32 {dl}, {dl}, {a.s('wchunk')}")      # stage + this wave's chunk, in LDS
+    dl, dr = (a.s(regs), a.s(regs, 1)) if regs else (a.s("dl"), a.s("dr"))
 
     def load(i):
         def emit():
@@ -625,9 +633,21 @@ def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0) -> list:
         return emit
 
     def first():
-        setup()
+        dma_setup(a, kind, block, ahead, dl, dr)
         load(0)()
-    return [first] + [load(i) for i in range(1, n)]
+    return [load(0) if regs else first] + [load(i) for i in range(1, n)]
+
+
+def dma_setup(a: Asm, kind: str, block: str, ahead: int, dl: str, dr: str) -> None:
+    """``dl``: the LDS address of this wave's first chunk of K / V block ``block + ahead``
+    (its stage plus the wave's chunk); ``dr``: the block's first row, in bytes (5 SALU)."""
+    pitch = a.p.pitch_k if kind == "k" else a.p.pitch_v
+    stride = "kstr64" if kind == "k" else "vstr64"
+    a(f"s_add_u32 {dr}, {block}, {ahead}")
+    a(f"s_and_b32 {dl}, {dr}, {STAGES - 1}")
+    a(f"s_mul_i32 {dl}, {dl}, {BLOCK_N * pitch}")
+    a(f"s_mul_i32 {dr}, {dr}, {a.s(stride)}")
+    a(f"s_add_u32 {dl}, {dl}, {a.s('wchunk')}")
 
 
 def _address(a: Asm, kind: str, stage: int) -> None:
@@ -643,13 +663,14 @@ def _steps(p: Plan, pv: bool, qk: bool) -> list:
         ([("pv", c) for c in range(p.pv_chunks)] if pv else [])
 
 
-def _read(a: Asm, step: tuple, buf: int) -> None:
-    """LDS reads of one step's operand into ring buffer ``buf``: the lane's swizzled base
-    (kaddr / vaddr XOR the step's chunk offset) plus the stage as an immediate offset.
+def _read(a: Asm, step: tuple, buf: int, parts=None) -> None:
+    """LDS reads of one step's operand into buffer ``buf``: the lane's swizzled base
+    (kaddr / vaddr XOR the step's chunk offset) plus the stage as an immediate offset;
+    ``parts``: only those of its DS instructions.
 
     * PV step c: V^T rows 32c.. by 4 x ds_read_b64_tr_b8 (read rd gives items 8rd..8rd+7 =
       keys 16rd + 8(r/4) + 4g + r%4: P^T's order);
-    * QK step (h, s): K rows 32h + j, d 64s + 16g.. by 2 x ds_read_b128.
+    * QK step (h, s): K rows 32h + j, d 64s + 16g.. by 2 x ds_read_b128 (t = 0, 1).
     """
     p = a.p
     b = 8 * buf
@@ -658,13 +679,13 @@ def _read(a: Asm, step: tuple, buf: int) -> None:
         c = step[1]
         addr = swizzled(a.v("vaddr"), 32 * c)
         base = a.stage["v"] * BLOCK_N * p.pitch_v
-        for rd in range(4):
+        for rd in (range(4) if parts is None else parts):
             a(f"ds_read_b64_tr_b8 {a.vr('fr', b + 2 * rd, 2)}, {addr} "
               f"offset:{base + 16 * rd * p.pitch_v}")
     else:
         _, h, s = step
         base = a.stage["k"] * BLOCK_N * p.pitch_k
-        for t in range(2):
+        for t in (range(2) if parts is None else parts):
             addr = swizzled(a.v("kaddr"), 16 * (4 * s + 2 * t))
             a(f"ds_read_b128 {a.vr('fr', b + 4 * t, 4)}, {addr} offset:{base + 32 * h * p.pitch_k}")
 
@@ -673,13 +694,107 @@ def _ops(step: tuple) -> int:
     return 4 if step[0] == "pv" else 2
 
 
+def reads_ahead(p: Plan) -> tuple:
+    """With ``Plan.ahead`` (a buffer per MFMA step: step j's operand in buffer j), the reads
+    of a matrix phase's operands, made in the phase pair before it, as (step index, part):
+
+    * ``matrix``: by the matrix phase before, each after the MFMA that frees its buffer
+      (shadow j: step j's reads; d = 128: 2 ds_read_b128 after each QK MFMA, 4
+      ds_read_b64_tr_b8 after each PV MFMA);
+    * ``vector``: by the vector phase before, first thing after its barrier (with
+      ``slack``: the first QK step's, which the matrix phase would read in its first
+      shadow, where its four waves' reads all queue for the LDS at once; the vector
+      waves' go first, while the LDS is idle across the barrier).
+
+    Issue order (LDS returns in order, so each MFMA waits for the reads up to its own):
+    ``matrix`` then ``vector``."""
+    both = _steps(p, True, True)
+    reads = [(j, part) for j, st in enumerate(both) for part in range(_ops(st))]
+    vector = [r for r in reads if r[0] == 0] if p.slack else []
+    return [r for r in reads if r not in vector], vector
+
+
 def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
-    """Before the first matrix phase: its first ``frag_bufs`` operand reads."""
+    """Before the first matrix phase (QK only): its first ``frag_bufs`` operand reads (with
+    ``ahead``, all of them, in the order :func:`reads_ahead` gives)."""
     a.forget_swizzled()
     _address(a, "k", 0)
+    if a.p.ahead:
+        both = _steps(a.p, True, True)
+        for j, part in sum(reads_ahead(a.p), []):
+            if both[j][0] == "qk":
+                _read(a, both[j], j, (part,))
+        return
     steps = _steps(a.p, pv_block is not None, qk_block is not None)
     for i in range(min(a.p.frag_bufs, len(steps))):
         _read(a, steps[i], i)
+
+
+def _mfma(a: Asm, st: tuple, buf: int, last: bool) -> None:
+    """The MFMA of step ``st`` from operand buffer ``buf``; after the phase's ``last`` step
+    (a PV chunk), the row sums of its P."""
+    frag = a.vr("fr", 8 * buf, 8)
+    if st[0] == "pv":
+        o = a.vr("o", 16 * st[1], 16)
+        a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {frag}, {a.vr('p', 0, 8)}, {o}, "
+          f"{a.v('scales')}, {a.v('sb')}")
+        if last:
+            a.note("row sums of P: D[i][j] sums the k groups g with g%2 == (i/4)%2 of "
+                   "column j, so every lane gets its own query's sum (used by the next "
+                   "vector phase or the epilogue, 12+ wait states later)")
+            a(f"v_mfma_scale_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, "
+              f"{a.vr('p', 0, 8)}, 0, {a.v('scales')}, {a.v('scales')} op_sel:[1,0,0] "
+              "op_sel_hi:[0,0,0]")
+    else:
+        _, h, s = st
+        c = "0" if s == 0 else a.vr("s", 16 * h, 16)
+        a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {frag}, "
+          f"{a.ar('q', 8 * s, 8)}, {c}, {a.v('scales')}, {a.v('scales')} op_sel:[0,0,0] "
+          "op_sel_hi:[0,1,0]")
+
+
+def _matrix_ahead(a: Asm, pv_block: str | None, qk_block: str | None, loads: list,
+                  u: int) -> None:
+    """The matrix phase with ``ahead``: step j's operand is in buffer j, read before the
+    phase (:func:`reads_ahead`); after MFMA j come the next phase's reads into buffer j
+    (K of the block after ``qk_block`` from stage u + 1, V of ``qk_block`` from stage u;
+    issued even when the next phase has no QK, the last) and a buffer->LDS load.  Each
+    MFMA waits for the reads up to its own in issue order (at most 15 counted: lgkmcnt's
+    width, which only waits longer)."""
+    p = a.p
+    both = _steps(p, True, True)
+    steps = _steps(p, pv_block is not None, qk_block is not None)
+    n = len(steps)
+    matrix, vector = reads_ahead(p)
+    order = [j for j, _ in matrix + vector]          # buffers of the outstanding reads
+    if pv_block is None:                             # the first phase (stage_prefetch)
+        order = [j for j in order if both[j][0] == "qk"]
+    nxt = matrix if qk_block is not None else []     # the last phase reads nothing ahead
+    if qk_block is None and pv_block is not None:
+        # the last phase: the reads made for a QK that does not come (a stage the loads may
+        # overwrite after the next barrier) are waited for too
+        a("s_waitcnt lgkmcnt(0)")
+    qk_done = None
+    for i, st in enumerate(steps):
+        buf = both.index(st)
+        last = max(k for k, b in enumerate(order) if b == buf)
+        a(f"s_waitcnt lgkmcnt({min(15, len(order) - 1 - last)})")
+        _mfma(a, st, buf, last=i + 1 == n and st[0] == "pv")
+        if st[0] == "qk" and (i + 1 == n or steps[i + 1][0] != "qk"):
+            qk_done = len(a.lines)
+        # buffer i is free once MFMA i has issued (the last phase, PV only, is shorter)
+        for j, part in [r for r in nxt if r[0] == i or (i + 1 == n and r[0] > i)]:
+            kind = "v" if both[j][0] == "pv" else "k"
+            _address(a, kind, u if kind == "v" else (u + 1) % STAGES)
+            _read(a, both[j], j, (part,))
+            order.append(j)
+        if loads:
+            loads.pop(0)()
+    for emit in loads:                  # more loads than MFMAs
+        emit()
+    if qk_done is not None:
+        a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
+        a.nops(20 - a.instructions_since(qk_done))
 
 
 def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
@@ -698,6 +813,9 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
     a.forget_swizzled()                  # the vector phase used the temporaries
     nb = p.frag_bufs
     loads = list(loads or [])
+    if p.ahead:
+        _matrix_ahead(a, pv_block, qk_block, loads, u)
+        return
     steps = _steps(p, pv_block is not None, qk_block is not None)
     n = len(steps)
     nxt = _steps(p, True, True)[:nb] if qk_block is not None else []
@@ -740,26 +858,9 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
     for i, st in enumerate(steps):
         a(f"s_waitcnt lgkmcnt({min(15, sum(outstanding[1:]) + ahead[0])})")
         outstanding.pop(0)
-        frag = a.vr("fr", 8 * (i % nb), 8)
-        if st[0] == "pv":
-            o = a.vr("o", 16 * st[1], 16)
-            a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {frag}, {a.vr('p', 0, 8)}, {o}, "
-              f"{a.v('scales')}, {a.v('sb')}")
-            if i + 1 == n:
-                a.note("row sums of P: D[i][j] sums the k groups g with g%2 == (i/4)%2 of "
-                       "column j, so every lane gets its own query's sum (used by the next "
-                       "vector phase or the epilogue, 12+ wait states later)")
-                a(f"v_mfma_scale_f32_16x16x128_f8f6f4 {a.vr('ls', 0, 4)}, {a.ar('sel', 0, 8)}, "
-                  f"{a.vr('p', 0, 8)}, 0, {a.v('scales')}, {a.v('scales')} op_sel:[1,0,0] "
-                  "op_sel_hi:[0,0,0]")
-        else:
-            _, h, s = st
-            c = "0" if s == 0 else a.vr("s", 16 * h, 16)
-            a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {a.vr('s', 16 * h, 16)}, {frag}, "
-              f"{a.ar('q', 8 * s, 8)}, {c}, {a.v('scales')}, {a.v('scales')} op_sel:[0,0,0] "
-              "op_sel_hi:[0,1,0]")
-            if i + 1 == n or steps[i + 1][0] != "qk":
-                qk_done = len(a.lines)
+        _mfma(a, st, i % nb, last=i + 1 == n)
+        if st[0] == "qk" and (i + 1 == n or steps[i + 1][0] != "qk"):
+            qk_done = len(a.lines)
         if issued < n:
             _read(a, steps[issued], issued % nb)
             outstanding.append(_ops(steps[issued]))
@@ -957,9 +1058,10 @@ def stage_loop(a: Asm) -> None:
     Loads run three blocks ahead into four stages of K and of V: K(p+3) and V(p+2) overwrite
     K(p-1) and V(p-2), whose last reads were in phase 2p-1; each wave waits for its own at the
     end of its next vector phase (phase 2p+1 or 2p+2), and they are first read in phase 2p+4,
-    by M(p+2), which reads the first operands of M(p+3).  The vector phases hold nothing
-    but the softmax; the matrix phases hold everything else that needs issue slots.  Each
-    group's loop is unrolled over the four stages (u = p mod 4)."""
+    by M(p+2), which reads the operands of M(p+3).  The vector phases hold the softmax and,
+    where they have slack (``Plan.slack``), the first QK step's reads and the next loads'
+    addresses; the matrix phases hold everything else that needs issue slots.  Each group's
+    loop is unrolled over the four stages (u = p mod 4)."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
     wave = a.s("wave")
     a.note("prologue: K(0..2), V(0..1); both groups prefetch M(0) = QK(0)")
@@ -974,15 +1076,25 @@ def stage_loop(a: Asm) -> None:
     a(f"s_mov_b32 {qb}, 0")
     _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
 
+    early = a.p.slack     # the loads' addresses made before the barrier, in t0..t3
+
     def loads():
         """V(p+2) and K(p+3), as emitters for the MFMA shadows."""
+        if early:
+            return dma_chunks(a, "v", sp, 2, "t0") + dma_chunks(a, "k", sp, 3, "t2")
         return dma_chunks(a, "v", sp, 2) + dma_chunks(a, "k", sp, 3)
 
     def matrix(with_loads: bool, u: int):
         """Barrier, then M(p), which also reads the first operands of M(p + 1).  The case
-        is dispatched before the barrier, so the first MFMA follows it directly."""
+        is dispatched before the barrier, so the first MFMA follows it directly.  With
+        ``slack`` the loads' addresses are made here too, at the end of the vector phase
+        (10 SALU that would otherwise sit in the first two MFMA shadows, behind the LDS
+        reads there: the last wave of the four in the LDS queue ran 40 cycles late)."""
         a(f"s_sub_u32 {pb}, {sp}, 1")
         a(f"s_mov_b32 {qb}, {sp}")
+        if early and with_loads:
+            dma_setup(a, "v", sp, 2, a.s("t0"), a.s("t0", 1))
+            dma_setup(a, "k", sp, 3, a.s("t2"), a.s("t2", 1))
 
         def open_phase():
             a("s_barrier")
@@ -992,20 +1104,31 @@ def stage_loop(a: Asm) -> None:
                  prefix=open_phase)
         a("s_setprio 0")
 
-    def vector(block_of_p: int):
+    def vector(block_of_p: int, u_next: int):
         """Barrier, then SM(q), q = p - block_of_p, if this wave computes block q: an
-        interior block (q < wfull, one compare on the common path) or a boundary block."""
+        interior block (q < wfull, one compare on the common path) or a boundary block.
+        Opened by the reads that :func:`reads_ahead` gives the vector phase (of M(q + 1),
+        whose K is in stage u_next)."""
+        both = _steps(a.p, True, True)
+
+        def reads():
+            _address(a, "k", u_next)
+            _address(a, "v", (u_next - 1) % STAGES)
+            for j, part in (reads_ahead(a.p)[1] if a.p.ahead else []):
+                _read(a, both[j], j, (part,))
         masked, no_sm, done = a.new_label("masked"), a.new_label("no_sm"), a.new_label("sm_done")
         a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
         a(f"s_cmp_lt_u32 {pb}, {a.s('wfull')}")
         a(f"s_cbranch_scc0 {masked}")
         a("s_barrier")
+        reads()
         stage_softmax(a, pb, masked=False)
         a(f"s_branch {done}")
         a.label(masked)
         a(f"s_cmp_lt_u32 {pb}, {a.s('wnb')}")
         a(f"s_cbranch_scc0 {no_sm}")
         a("s_barrier")
+        reads()
         stage_softmax(a, pb, masked=True)
         a(f"s_branch {done}")
         a.label(no_sm)
@@ -1028,14 +1151,14 @@ def stage_loop(a: Asm) -> None:
     a.label(".Lloop_a")
     for u in range(STAGES):
         matrix(True, u)
-        vector(0)
+        vector(0, (u + 1) % STAGES)
         a("s_waitcnt vmcnt(0)")
         next_iteration(".Lloop_a" if u == STAGES - 1 else None)
     a("s_branch .Lloop_end")
     a.note("group B: phase 2p SM(p-1) and the wait for its loads, phase 2p+1 M(p) with loads")
     a.label(".Lloop_b")
     for u in range(STAGES):
-        vector(1)
+        vector(1, u)
         a("s_waitcnt vmcnt(0)")
         matrix(True, u)
         next_iteration(".Lloop_b" if u == STAGES - 1 else None)

@@ -523,3 +523,34 @@ def test_adaptive_merge_is_the_every_block_merge_when_every_block_is_exact():
     assert reference.relative_error(tight.out, ref) < 2 * reference.relative_error(every.out, ref)
     with pytest.raises(ValueError, match="exact_within"):
         RECIPES["gfx950/pk_u8"].replace(exact_within=1.0)
+
+
+def test_adaptive_merge_by_wave_takes_a_block_exactly_for_all_32_rows_when_one_row_needs_it():
+    """exact_unit="wave": the decision is per 32-row wave (the kernel's unit of an O rescale):
+    in a (wave, block) where some row rescales, every row takes the block exactly (its
+    maximum at code c0), where the row rule leaves some on the lattice (below c0); and the
+    wave rule is at least as close to fp64 (the wave's other rows get the exact max free)."""
+    rng = np.random.default_rng(9)
+    q, k, v, sc = gaussian_problem(rng, sq=192, sk=640, hq=1, hkv=1, d=64, dv=64)
+    args = (q[0, :, 0], k[0, :, 0], v[0, :, 0])
+    c0 = RECIPES["gfx950"].c0
+    mixed = {}
+    for unit in ("row", "wave"):
+        r = fp8_models.head_forward(*args, RECIPES["gfx950"].replace(
+            exact_within=0.5, exact_unit=unit), **sc)
+        top = r.p_codes.reshape(6, 32, 10, 64).max(axis=3)          # (wave, row, block)
+        some = r.rescaled.reshape(6, 32, 10).any(axis=1)              # (wave, block)
+        mixed[unit] = int((some[:, None, :] & (top < c0)).sum())
+        mixed[unit + "_waves"] = int(some.sum())
+        qd, kd, vd = dequantised(q, k, v, **sc)
+        mixed[unit + "_err"] = reference.relative_error(r.out, reference.attention(qd, kd, vd)[0][:, 0])
+    assert mixed["wave"] == 0 < mixed["row"], mixed
+    # with headroom (delta < 0) some (wave, block) pairs stay on the lattice, none half exact
+    r = fp8_models.head_forward(*args, RECIPES["gfx950"].replace(
+        exact_within=-1.0, exact_unit="wave"), **sc)
+    some = r.rescaled.reshape(6, 32, 10).any(axis=1)
+    top = r.p_codes.reshape(6, 32, 10, 64).max(axis=3)
+    assert 0 < some.sum() < 60 and not (some[:, None, :] & (top < c0)).any()
+    assert mixed["wave_err"] <= mixed["row_err"] * 1.001, mixed
+    with pytest.raises(ValueError, match="exact_unit"):
+        RECIPES["gfx950"].replace(exact_within=0.5, exact_unit="block")

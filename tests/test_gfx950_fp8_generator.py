@@ -93,3 +93,29 @@ def test_vector_phase_slots(v):
         gen.stage_softmax(a, a.s("pb"), masked=masked)
         slots[masked] = sum(1 for line in a.lines if line.strip().startswith("v_"))
     assert slots[False] == 65 + v.d_v // 4 and slots[True] == slots[False] + 69
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_operands_are_read_a_phase_ahead_where_a_buffer_per_step_fits(v):
+    """d <= 192: a buffer per MFMA step, every DS read of a phase's operands made once in the
+    phase pair before it, each after the MFMA that frees its buffer; where the vector phase
+    has slack (d_v >= 128) it takes the first QK step's reads and the loads' address setup.
+    d = 256: a ring of operand buffers read within the phase."""
+    p = gen.plan(v)
+    steps = gen._steps(p, True, True)
+    assert p.ahead == (v.d_qk <= 192) and p.slack == (v.d_v >= 128)
+    if not p.ahead:
+        assert p.frag_bufs < len(steps)
+        return
+    assert p.frag_bufs == len(steps)
+    matrix, vector = gen.reads_ahead(p)
+    every = [(j, part) for j, st in enumerate(steps) for part in range(gen._ops(st))]
+    assert sorted(matrix + vector) == every and len(set(matrix + vector)) == len(every)
+    assert vector == ([(0, 0), (0, 1)] if p.slack else [])
+    # the matrix phase emits them in its shadows in that order: after MFMA j, buffer j's
+    a = gen.Asm(p)
+    gen.stage_matrix(a, "s0", "s1", None, 0)
+    body = [line.split()[0] for line in a.lines if not line.strip().startswith("//")]
+    shadows = " ".join(body).split("v_mfma_scale_f32_32x32x64_f8f6f4")[1:]
+    reads = [sum(1 for op in sh.split() if op.startswith("ds_read")) for sh in shadows]
+    assert reads == [gen._ops(st) - (2 if j == 0 and p.slack else 0) for j, st in enumerate(steps)]

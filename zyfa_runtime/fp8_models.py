@@ -160,6 +160,9 @@ class Recipe:
                     block's factor is ``2^-kf`` (E8M0).  A negative delta is headroom: blocks
                     up to ``-delta`` above the running max stay on the lattice (``kf < 0``).
                     Rows that see none of a block keep their state.
+    ``exact_unit``  "row" (each row decides alone) or "wave": a block is exact for all 32 rows
+                    of a kernel wave (query rows 32w .. 32w + 31 of a sequence) when it is for
+                    one of them (the wave rescales O anyway), on the lattice otherwise.
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
 
@@ -175,6 +178,7 @@ class Recipe:
     diagonal_rows: int = 64
     diagonal_dv: int = 128
     exact_within: float | None = None
+    exact_unit: str = "row"
 
     def __post_init__(self):
         if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
@@ -200,6 +204,8 @@ class Recipe:
                 self.byte_form == "ashr_u8" and self.diagonal == "same" and -8 < self.exact_within < 64):
             raise ValueError("exact_within (-8 < delta < 64) is defined for byte_form 'ashr_u8' "
                              "without a two-term diagonal")
+        if self.exact_unit not in ("row", "wave"):
+            raise ValueError(f"exact_unit must be 'row' or 'wave', got {self.exact_unit!r}")
         if self.byte_form == "lean_h2" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
             raise ValueError("byte_form 'lean_h2' is defined for lean bytes with a block_fp32 max")
         if self.diagonal not in ("same", "hi_lo"):
@@ -379,6 +385,10 @@ def _adaptive_blocks(sb, v1b, recipe: Recipe, c: np.float32):
         t = _fp32(sm.astype(np.float64) * float(c))
         with np.errstate(invalid="ignore"):
             lattice = seen & ((m - t) > delta)
+            if recipe.exact_unit == "wave":     # the chunk's rows start at a multiple of 32
+                want = np.pad(seen & ~lattice, ((0, 0), (0, -rows % 32)))
+                wave = want.reshape(h, -1, 32).any(axis=2).repeat(32, axis=1)[:, :rows]
+                lattice = seen & ~wave
             exact = seen & ~lattice
             m = np.where(seen, np.maximum(m, t), m)
             d = r - t                                          # fp32
@@ -450,7 +460,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     lo_all = np.zeros((h, sq, sk), np.uint8) if trace else None
     ref_all = np.full((h, sq, nb_all), -np.inf) if trace else None
     resc_all = np.zeros((h, sq, nb_all), bool) if trace else None
-    rows = max(16, _CHUNK // (h * nb_all * n))
+    rows = -(-max(16, _CHUNK // (h * nb_all * n)) // 32) * 32   # whole waves of 32 rows
     for r0 in range(0, sq, rows):
         r1 = min(sq, r0 + rows)
         kfirst, kend = windows.key_range(r0, r1, sq, sk, window)   # keys the chunk's rows may see

@@ -15,6 +15,7 @@ both ways (rows that see no key give zeros and -inf), GQA ratios 1, 3 and 8, str
 and varlen batches with empty and single-token sequences.
 """
 
+import os
 import zlib
 from pathlib import Path
 
@@ -30,17 +31,19 @@ from zyfa_runtime.catalogue import Variant
 from zyfa_runtime.selfcheck import MODEL_LSE_BOUND, MODEL_O_BOUND, RECIPE_FP64_BOUND
 
 ROOT = Path(__file__).resolve().parents[2]
+# the code objects under test: ZYFA_PREBUILT_DIR where set (a build elsewhere), else prebuilt/
+PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or ROOT / "prebuilt")
 VARIANTS = [Variant("gfx950", "fp8_e4m3", dq, dv, causal)
             for dq, dv in ((64, 64), (128, 128), (192, 128), (256, 256)) for causal in (False, True)]
 F8 = ml_dtypes.float8_e4m3fn
 pytestmark = pytest.mark.skipif(
-    not all((ROOT / "prebuilt" / f"{v.name}.hsaco").exists() for v in VARIANTS),
+    not all((PREBUILT / f"{v.name}.hsaco").exists() for v in VARIANTS),
     reason="gfx950 code objects not built (python build.py --arch gfx950)")
 
 
 @pytest.fixture(scope="module")
 def emulator():
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT),
                        ZYFA_EMULATOR_HAZARDS="1", ZYFA_EMULATOR_STRICT_HOST="1") as driver:
         yield driver
 
@@ -251,8 +254,9 @@ def test_varlen(emulator, v, case):
 @pytest.mark.slow
 def test_cycle_model_keeps_the_matrix_pipe_busy(emulator):
     """The (128,128) steady state on the cycle model (modelled, not measured), LDS bank
-    conflicts charged: the swizzled LDS stages see none, the two-wave ping-pong keeps the
-    matrix pipe >= 88 % busy at CDNA4's 256 B/clk/CU (>= 85 % at the model's calibrated 128),
+    conflicts charged: the swizzled LDS stages see none, the two-wave ping-pong with operands
+    read a phase ahead keeps the matrix pipe >= 91 % busy at CDNA4's 256 B/clk/CU (>= 85 % at
+    128, next to the model's calibrated 125, where the LDS reads take 96 % of the MFMA time),
     and the softmax of every vector phase takes 97 VALU slots (776 cycles per 32 x 128 block),
     work the other wave's MFMAs hide."""
     from bench.gfx950_model import kernel_figures
@@ -271,7 +275,7 @@ def test_cycle_model_keeps_the_matrix_pipe_busy(emulator):
         valu = [sum(i.name.startswith("v_") for i in ph) for ph in phases
                 if not any(i.name.startswith("v_mfma") for i in ph)]
         assert sorted(set(n for n in valu if n > 40)) == [97]      # every block unmasked here
-    assert busy[256] >= 0.88 and busy[128] >= 0.85, busy
+    assert busy[256] >= 0.91 and busy[128] >= 0.85, busy
 
 
 def test_bad_layouts_are_refused_before_launch(emulator):
