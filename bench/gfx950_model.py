@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("ZYFA_BACKEND", "emulator")
 
 from zyfa_emulator import cycles  # noqa: E402
-from zyfa_runtime.catalogue import HEAD_DIMS, Variant  # noqa: E402
+from zyfa_runtime.catalogue import HEAD_DIMS, Variant, work_of  # noqa: E402
 
 #: FP8 shapes of the figures page: name, Hq, Hkv, d_qk, d_v (B = 1).
 SHAPES = [
@@ -107,10 +107,14 @@ def trace(variant: Variant, batch=1, seqlen_q=256, seqlen_k=1024, heads=4, heads
 
 
 def traced_tiles(variant: Variant, keys: list, seqlen_q: int, seqlen_k: int) -> list:
-    """KV tiles of each workgroup of one of our launches: grid x = query block."""
+    """KV tiles of each workgroup of one of our launches (grid x: a query block,
+    ``catalogue.work_of``)."""
     t = variant.tile
-    return [cycles.kv_tiles(x * t.block_m, (x + 1) * t.block_m, seqlen_q, seqlen_k, t.block_n,
-                            variant.causal) for x, _, _ in keys]
+    blocks = -(-seqlen_q // t.block_m)
+    heads, batch = max(k[1] for k in keys) + 1, max(k[2] for k in keys) + 1   # the whole grid
+    return [cycles.kv_tiles(qb * t.block_m, (qb + 1) * t.block_m, seqlen_q, seqlen_k, t.block_n,
+                            variant.causal)
+            for qb in (work_of(variant, *key, blocks, heads, batch)[0] for key in keys)]
 
 
 # --------------------------------------------------------------------------------------
@@ -200,12 +204,14 @@ def _trace_cached(variant: Variant) -> Traced:
 
 
 def grid_tiles(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int) -> list:
-    """KV tiles per workgroup of one of our launches, in dispatch order (x: query block,
-    y: query head, z: sequence)."""
+    """KV tiles per workgroup of one of our launches, in dispatch order (x: a query block,
+    ``catalogue.work_of``; y: query head; z: sequence)."""
     t = variant.tile
-    per_x = [cycles.kv_tiles(x * t.block_m, (x + 1) * t.block_m, seqlen_q, seqlen_k,
-                             t.block_n, variant.causal) for x in range(-(-seqlen_q // t.block_m))]
-    return per_x * (heads_q * batch)
+    blocks = -(-seqlen_q // t.block_m)
+    per_block = [cycles.kv_tiles(qb * t.block_m, (qb + 1) * t.block_m, seqlen_q, seqlen_k,
+                                 t.block_n, variant.causal) for qb in range(blocks)]
+    return [per_block[work_of(variant, x, y, z, blocks, heads_q, batch)[0]]
+            for z in range(batch) for y in range(heads_q) for x in range(blocks)]
 
 
 def predict(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
@@ -406,6 +412,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--table" in argv:
         return table(argv)
+    if argv:   # the figures page takes no options; anything else (--help) gets the usage
+        print("usage: python bench/gfx950_model.py            # writes docs/gfx950_fp8_figures.{md,json}\n"
+              "       python bench/gfx950_model.py --table -h  # one table, its options")
+        return 0 if set(argv) <= {"-h", "--help"} else 2
     return fp8_figures()
 
 

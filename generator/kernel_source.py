@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import math
+import re
 
 import numpy as np
 
@@ -173,6 +174,9 @@ def config(v: Variant) -> str:
                   "   // the tiles past the last whole wave cut by keys (catalogue.Tile.split_tail)",
                   f"constexpr bool kOnesSum = {'true' if t.pv_row_sums else 'false'};"
                   "   // BF16: the row sums of the rounded P by PV, over a block of ones"]
+    if v.vendor == "hip":
+        lines.append(f"constexpr bool kLongestFirst = {'true' if catalogue.longest_first(v) else 'false'};"
+                     "   // query blocks longest first (catalogue.work_of)")
     if catalogue.has_vt_prepass(v):
         lines.append(f"constexpr int kVtBlock = {catalogue.VT_BLOCK}, kVtThreads = {catalogue.VT_THREADS};"
                      "   // the V^T pre-pass: keys and threads of a CTA")
@@ -222,6 +226,16 @@ def entry(v: Variant) -> str:
     return out
 
 
+_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.M)
+
+
+def _inline_includes(body: str, folder: Path) -> str:
+    """``body`` with its ``#include "x.h"`` lines replaced by the text of ``folder``/x.h, in
+    place (the gfx950 BF16 body's headers of hip/, one job each): the unit compiles without
+    include paths."""
+    return _INCLUDE.sub(lambda m: (folder / m.group(1)).read_text(), body)
+
+
 def emit(v: Variant) -> str:
     """The complete source of variant ``v`` (assembly for the gfx950 FP8 generator)."""
     if v.built_from == "asm-generator":
@@ -229,6 +243,8 @@ def emit(v: Variant) -> str:
         return gfx950_fp8.emit(v)
     parts = [config(v), params_struct(v)]
     body = BODY[body_key(v)].read_text()
+    if v.vendor == "hip":
+        body = _inline_includes(body, BODY["hip"].parent)
     if v.vendor == "cuda":
         wrappers = _wgmma_wrappers(v)
         parts.append(COMMON.read_text())

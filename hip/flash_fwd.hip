@@ -4,147 +4,68 @@
 // variant's `zyfa_cfg` namespace and the generated `struct Params`, and appends
 // the extern "C" entry that fills Params and calls zyfa::flash_fwd(p).
 //
-// It is compiled without any HIP headers (clang -cc1 -x hip -fcuda-is-device),
-// so the few HIP spellings it needs are defined here on clang attributes, and
-// the hardware is reached through clang's amdgcn builtins only.
+// It is compiled without any HIP headers (clang -cc1 -x hip -fcuda-is-device): the
+// generator inlines its headers (bf16_config.h: HIP spellings on clang attributes, types,
+// constants; bf16_lds.h: LDS layouts, copies, the matrix step; bf16_softmax.h), and the
+// hardware is reached through clang's amdgcn builtins and one inline instruction.
 //
-// Work decomposition (one workgroup = 64 query rows of one head of one sequence):
-//   grid  x: query block, y: query head, z: sequence
-//   block 256 threads = 4 waves of 64 lanes; wave w owns query rows 16w..16w+15.
-// Per KV tile of kBlockN keys, the workgroup stages K (row-major) and V^T in LDS;
-// each wave then computes
-//   S^T = K . Q^T            (v_mfma_f32_16x16x32_bf16, one 16-key subtile at a time)
-//   online softmax over S^T  (fp32, exp2 domain)
-//   O^T += V^T . P^T         (same MFMA; P^T is fed straight from the S^T registers)
+// Work decomposition (one workgroup = 256 query rows of one head of one sequence):
+//   grid (query blocks, query heads, sequences), causal blocks taken longest first
+//   block 512 threads = 8 waves of 64 lanes, two on each SIMD; wave w owns query
+//   rows 32w..32w+31 of the block.
+// Per KV tile of kBlockN keys, K and V are copied into LDS by buffer loads that write
+// LDS directly (no registers, no VALU), ahead of the tile being computed (two LDS
+// buffers of each).  Each wave then computes
+//   S^T = K . Q^T            (v_mfma_f32_32x32x16_bf16; Q^T stays in registers)
+//   online softmax over S^T  (fp32, exp2 domain, packed fp32 math, lazy rescale)
+//   O^T += V^T . P^T         (same MFMA; P^T from the S^T registers, V^T by
+//                             ds_read_b64_tr_b16 from row-major V)
 //
-// MFMA 16x16x32 bf16 lane layout (lane l, g = l / 16, c = l % 16):
-//   A (16 x 32): lane holds row c, k = 8g + t in bf16 item t = 0..7
-//   B (32 x 16): lane holds col c, k = 8g + t in bf16 item t = 0..7
-//   D (16 x 16): lane holds col c, rows 4g + r in float r = 0..3
-// So in S^T a lane holds 4 consecutive keys (4g..4g+3 of a 16-key subtile) of
-// query column c.  Two subtiles give the 8 keys {4g..4g+3, 16+4g..16+4g+3} of a
-// 32-key step, which the PV MFMA consumes as its k items: the k order inside an
-// MFMA only has to agree between A and B, so V^T is read with the same key map.
+// MFMA 32x32x16 bf16 lane layout (lane l, i = l % 32, g = l / 32):
+//   A (32 x 16): lane holds row i, k = 8g + t in bf16 item t = 0..7
+//   B (16 x 32): lane holds col i, k = 8g + t in bf16 item t = 0..7
+//   D (32 x 32): lane holds col i, rows 8j + 4g + r in float 4j + r (j, r = 0..3)
+// So in S^T a lane holds 16 keys (8j + 4g + r) of a 32-key subtile for query
+// column i: the row statistics of a query live in lanes i and i + 32 only.
+// The keys 16ps + {4g..4g+3, 8+4g..8+4g+3} of 16-key step ps are floats
+// 8(ps % 2) .. 8(ps % 2) + 7 of subtile ps / 2: P^T's B operand of PV step ps,
+// in place.  The k order inside an MFMA only has to agree between A and B, so
+// V^T is read with the same key map.
 
-static_assert(!zyfa_cfg::kFp8, "the HIP body implements the BF16 kernels only");
-
-#ifndef __global__
-#define __global__ __attribute__((global))
-#endif
-#ifndef __device__
-#define __device__ __attribute__((device))
-#endif
-#ifndef __shared__
-#define __shared__ __attribute__((shared))
-#endif
+#include "bf16_config.h"
+#include "bf16_lds.h"
+#include "bf16_softmax.h"
 
 namespace zyfa {
-
-using u16 = unsigned short;
-using u32 = unsigned int;
-using i64 = long long;
-
-typedef float f32x4 __attribute__((ext_vector_type(4)));
-typedef u32 u32x2 __attribute__((ext_vector_type(2)));
-typedef u32 u32x4 __attribute__((ext_vector_type(4)));
-typedef __bf16 bf16x8 __attribute__((ext_vector_type(8)));
-
-namespace detail {
-
-constexpr int kDqk = zyfa_cfg::kDqk;
-constexpr int kDv = zyfa_cfg::kDv;
-constexpr int kBlockM = zyfa_cfg::kBlockM;
-constexpr int kBlockN = zyfa_cfg::kBlockN;
-constexpr int kThreads = zyfa_cfg::kThreads;
-constexpr int kWaves = kThreads / 64;
-
-static_assert(kThreads == 256 && kBlockM == 16 * kWaves, "one wave per 16 query rows");
-static_assert(kDqk % 32 == 0 && kDv % 16 == 0 && kBlockN % 32 == 0, "MFMA tiling");
-static_assert(zyfa_cfg::kDynamicSmem == 0, "LDS is static on gfx950");
-
-constexpr int kQkSteps = kDqk / 32;    // k-steps of the S^T MFMA over the head dim
-constexpr int kKeySubs = kBlockN / 16; // 16-key subtiles of S^T per KV tile
-constexpr int kPvSteps = kBlockN / 32; // k-steps of the O^T MFMA over the keys
-constexpr int kDvTiles = kDv / 16;     // 16-row tiles of O^T
-
-// LDS tiles, padded to spread rows over banks.
-constexpr int kKStride = kDqk + 8;     // K tile [key][d]; rows stay 16-byte aligned
-constexpr int kVtStride = kBlockN + 4; // V^T tile [dv][key]; rows stay 8-byte aligned
-constexpr int kLdsK = kBlockN * kKStride;
-constexpr int kLdsVt = kDv * kVtStride;
-static_assert((kLdsK + kLdsVt) * 2 <= 160 * 1024, "LDS budget");
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ inline float neg_inf() { return -__builtin_inff(); }
-
-// Bit casts take their operand by value: clang mis-handles __builtin_bit_cast
-// applied directly to an ext_vector element lvalue (it reads element 0).
-__device__ inline int as_int(float x) { return __builtin_bit_cast(int, x); }
-__device__ inline float as_float(int x) { return __builtin_bit_cast(float, x); }
-__device__ inline u32 bf16_bits(float x) { return __builtin_bit_cast(u16, static_cast<__bf16>(x)); }
-
-// Two floats -> packed bf16 pair (round to nearest even), low half first.
-__device__ inline u32 pack_bf16x2(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
-
-// Value of `x` held by lane `lane ^ mask` (all lanes must be active).
-__device__ inline float lane_xor(float x, int lane, int mask) {
-  return as_float(__builtin_amdgcn_ds_bpermute((lane ^ mask) << 2, as_int(x)));
-}
-
-// __syncthreads(): make LDS writes visible to the workgroup, then barrier.
-__device__ inline void sync_workgroup() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
-  __builtin_amdgcn_s_barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-}
-
-// Global accesses need only element (2-byte) alignment: code for amdhsa runs in
-// unaligned access mode (LLVM assumes it for that OS), so these copies still become
-// single dwordx4 / dwordx2 accesses.
-
-// 8 bf16 (16 bytes) from global memory.
-__device__ inline u32x4 load8(const u16* src) {
-  u32x4 r;
-  __builtin_memcpy(&r, src, sizeof(r));
-  return r;
-}
-
-// 4 packed bf16 (8 bytes) to global memory.
-__device__ inline void store4(u16* dst, u32x2 val) { __builtin_memcpy(dst, &val, sizeof(val)); }
-
-// bf16 element e (0..7) of a 16-byte chunk.
-__device__ inline u32 half_of(u32x4 v, int e) { return (v[e >> 1] >> ((e & 1) * 16)) & 0xffffu; }
-
-// Segment [cu[b], cu[b + 1]) of a packed batch, clamped: its first row to [0, total], its end
-// to [first, total], its length to at most max_len; so 0 <= first <= first + len <= total.
-__device__ inline void clamped_segment(const int* cu, int b, int total, int max_len, i64& first, int& len) {
-  const int c0 = cu[b], c1 = cu[b + 1];
-  const int lo = c0 < 0 ? 0 : c0 > total ? total : c0;
-  const int hi = c1 < lo ? lo : c1 > total ? total : c1;
-  first = lo;
-  len = hi - lo < max_len ? hi - lo : max_len;
-}
-
-}  // namespace detail
 
 __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p) {
   using namespace detail;
   constexpr bool kCausal = zyfa_cfg::kCausal;
 
-  __shared__ __attribute__((aligned(16))) u16 k_lds[kLdsK];
-  __shared__ __attribute__((aligned(16))) u16 vt_lds[kLdsVt];
+  // LDS: K tile 0, K tile 1, V tile 0, V tile 1 (kLdsK, kLdsK, kLdsV, kLdsV bf16).
+  __shared__ __attribute__((aligned(1024))) u16 lds[2 * (kLdsK + kLdsV)];
+  const u32 lds_addr = u32(reinterpret_cast<unsigned long long>((ZYFA_LDS u16*)lds));
+  auto k_tile = [](int buf) { return buf * kLdsK; };  // u16 index of K buffer `buf`
+  auto v_tile = [](int buf) { return 2 * kLdsK + buf * kLdsV; };
 
   const int tid = __builtin_amdgcn_workitem_id_x();
   const int lane = tid & 63;
   const int wave = __builtin_amdgcn_readfirstlane(tid >> 6);
-  const int c = lane & 15;  // MFMA row/col index: this lane's query column
-  const int g = lane >> 4;  // 16-lane group: selects k items and accumulator rows
+  const int i = lane & 31;  // MFMA row/col index: this lane's query column
+  const int g = lane >> 5;  // 32-lane half: selects k items and accumulator rows
 
-  const int mblock = __builtin_amdgcn_workgroup_id_x();
-  const int h = __builtin_amdgcn_workgroup_id_y();
-  const int b = __builtin_amdgcn_workgroup_id_z();
+  // The workgroup's (query block, head, sequence): the grid's (x, y, z), or causal, longest
+  // first (catalogue.work_of; the grid is (ceil(seqlen_q / kBlockM), hq, batch)).
+  int mblock = __builtin_amdgcn_workgroup_id_x();
+  int h = __builtin_amdgcn_workgroup_id_y();
+  int b = __builtin_amdgcn_workgroup_id_z();
+  if constexpr (zyfa_cfg::kLongestFirst) {
+    const int blocks = (p.seqlen_q + kBlockM - 1) / kBlockM, per_block = p.hq * p.batch;
+    const int i = mblock + blocks * (h + p.hq * b), r = i % per_block;
+    mblock = blocks - 1 - i / per_block;
+    h = r % p.hq;
+    b = r / p.hq;
+  }
 
   // ---- this sequence's rows -------------------------------------------------------
   // Packed: [cu[b], cu[b + 1]) clamped to the tensor's rows (first in [0, total], end in
@@ -169,171 +90,103 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   u16* o = static_cast<u16*>(const_cast<void*>(p.o)) + h * p.o_stride_h +
            (cu_q ? q_first * p.o_stride_s : b * p.o_stride_b);
 
-  // Bottom-right causal alignment: row i sees key j iff j <= i + diag.
+  // Bottom-right causal alignment: row r sees key j iff j <= r + diag.
   const int diag = sk - sq;
+  const int last_row = (m0 + kBlockM < sq ? m0 + kBlockM : sq) - 1;
   int n_end = sk;
-  if (kCausal && m0 + kBlockM + diag < n_end) n_end = m0 + kBlockM + diag;
+  if (kCausal && last_row + diag + 1 < n_end) n_end = last_row + diag + 1;
   const int n_tiles = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
 
+  // This wave's rows [w0, w0 + 32): which tiles it computes at all, and from which one
+  // on it needs masks (wave-uniform; interior tiles run mask-free).
+  const int w0 = m0 + kRowsPerWave * wave;
+  const int w_last = (w0 + kRowsPerWave < sq ? w0 + kRowsPerWave : sq) - 1;
+  int w_end = sk;  // keys this wave's last row may see
+  if (kCausal && w_last + diag + 1 < w_end) w_end = w_last + diag + 1;
+  int w_clean = sk;  // keys every row of this wave sees
+  if (kCausal && w0 + diag + 1 < w_clean) w_clean = w0 + diag + 1;
+  if (w0 >= sq) w_end = 0;  // a wave with no rows only copies tiles
+
   // ---- Q^T operand, kept in registers -------------------------------------------
-  // B of S^T = K . Q^T: lane holds query `row`, d = 32st + 8g + t in item t.
-  const int row = m0 + 16 * wave + c;
+  const int row = w0 + i;
   bf16x8 qf[kQkSteps];
-  {
-    const bool in = row < sq;
-    const u16* src = q + (in ? row : 0) * p.q_stride_s + 8 * g;
-#pragma unroll
-    for (int st = 0; st < kQkSteps; ++st) {
-      const u32x4 bits = in ? load8(src + 32 * st) : u32x4{0, 0, 0, 0};
-      qf[st] = __builtin_bit_cast(bf16x8, bits);
-    }
-  }
+  load_q(qf, q, row < sq ? row : -1, p.q_stride_s, g);
 
-  // O^T accumulator: oacc[dt] holds dv = 16dt + 4g + r (r = 0..3) of query `row`.
-  f32x4 oacc[kDvTiles];
-#pragma unroll
-  for (int dt = 0; dt < kDvTiles; ++dt) oacc[dt] = f32x4{0.f, 0.f, 0.f, 0.f};
-  float m_run = neg_inf();  // running max of scaled scores (log2 domain), per query
-  float l_part = 0.f;       // this lane's share of the running sum of exp2
-  const float scale2 = p.softmax_scale * kLog2e;
+  // Group 0 copies K, group 1 V (see the ping-pong below): wave % 4 is a wave's place in it.
+  const KvCopy<KLayout> kcopy(k, int(p.k_stride_s), wave % (kWaves / 2), lane);
+  const KvCopy<VLayout> vcopy(v, int(p.v_stride_s), wave % (kWaves / 2), lane);
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int n0 = tile * kBlockN;
-    sync_workgroup();  // all waves are done reading the previous tile
+  OnlineSoftmax sm(p.softmax_scale);
+  f32x16 oacc[kDvTiles];
+#pragma unroll
+  for (int dt = 0; dt < kDvTiles; ++dt) oacc[dt] = f32x16{};
 
-    // ---- K tile -> LDS, row-major, zero-filled past the last key ----
-    {
-      constexpr int kChunksPerRow = kDqk / 8;
-      constexpr int kChunks = kBlockN * kChunksPerRow;
-#pragma unroll
-      for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
-        const int idx = it * kThreads + tid;
-        if (kChunks % kThreads == 0 || idx < kChunks) {
-          const int r = idx / kChunksPerRow, col8 = idx % kChunksPerRow;
-          const int key = n0 + r;
-          const u32x4 bits = key < sk ? load8(k + i64(key) * p.k_stride_s + 8 * col8)
-                                      : u32x4{0, 0, 0, 0};
-          *reinterpret_cast<u32x4*>(&k_lds[r * kKStride + 8 * col8]) = bits;
-        }
+  // ---- the ping-pong ------------------------------------------------------------------
+  // Every wave runs the same loop, two steps a tile, each ending at a workgroup barrier:
+  //   M(t): O^T += V(t-1)^T P^T(t-1), then S^T(t) = K(t) Q^T  (matrix pipe, LDS reads)
+  //   S(t): masks and online softmax of S^T(t) -> P^T(t)      (VALU)
+  // but waves 4-7 (group 1) pass one extra barrier first, so they run one step behind
+  // waves 0-3 (group 0): in phase 2t group 0 runs M(t) while group 1 runs S(t-1), in phase
+  // 2t+1 group 0 runs S(t) and group 1 M(t).  Each SIMD holds one wave of each group, so
+  // its matrix pipe takes one wave's M while its VALU takes the other's S.
+  // Copies, issued by each group in its S step (the vector memory pipe and the issue slots
+  // they take are then free of matrix work) and waited for before that step's barrier:
+  // group 0 copies K(t+1) in S(t) (phase 2t+1), group 1 V(t+1) in S(t) (phase 2t+2); K(0)
+  // and V(0) in a prologue phase.  K(t) is read in phases 2t and 2t+1 and its buffer
+  // refilled (K(t+2)) in 2t+3; V(t) is read in 2t+2 and 2t+3 and refilled in 2t+4: two
+  // buffers of each are never overwritten while read.  Phases: the prologue, M(0), then
+  // S(t) and M(t+1) for t = 0 .. n_tiles - 1 (M(n_tiles) drains PV); group 0 ends with one
+  // barrier more, so that both groups pass the same number.
+  const bool lead = wave < kWaves / 2;
+  auto active = [&](int t) { return t >= 0 && t < n_tiles && t * kBlockN < w_end; };  // wave-uniform
+  auto copy = [&](int t) {  // K(t) for group 0, V(t) for group 1
+    if (t >= n_tiles) return;
+    if (lead) kcopy.issue(lds_addr + 2 * k_tile(t & 1), t * kBlockN, sk);
+    else vcopy.issue(lds_addr + 2 * v_tile(t & 1), t * kBlockN, sk);
+  };
+  if (n_tiles > 0) {
+    copy(0);
+    wait_vm_all();
+    sync_workgroup();
+    if (!lead) sync_workgroup();  // the stagger
+    // M(0)
+    f32x16 s[kKeySubs];
+    __builtin_amdgcn_s_setprio(1);  // matrix work first where both waves of a SIMD can issue
+    if (active(0)) qk_step(s, lds + k_tile(0), qf, lane);
+    __builtin_amdgcn_s_setprio(0);
+    sync_workgroup();
+    bf16x8 pf[kPvSteps];
+    for (int t = 0; t < n_tiles; ++t) {
+      // S(t)
+      copy(t + 1);
+      if (active(t)) {
+        const int n0 = t * kBlockN;
+        if (n0 + kBlockN > w_clean || n0 + kBlockN > sk) mask_tile(s, n0, row, diag, sk, g);
+        sm.update(s, pf, oacc);
       }
+      wait_vm_all();
+      sync_workgroup();
+      // M(t+1): PV(t) and QK(t+1) as one pipeline (one code path in the loop: a second,
+      // differently pipelined one costs more registers than a wave has).  QK(t+1) also
+      // runs where its result is never read (past this wave's last key; t + 1 = n_tiles,
+      // on a stale buffer): active(t + 1) implies active(t), and S(t+1) checks it.
+      __builtin_amdgcn_s_setprio(1);
+      if (active(t)) pv_qk_step(oacc, lds + v_tile(t & 1), pf, s, lds + k_tile((t + 1) & 1), qf, lane);
+      __builtin_amdgcn_s_setprio(0);
+      sync_workgroup();
     }
-    // ---- V tile -> LDS transposed (V^T[dv][key]), zero-filled past the last key ----
-    // Each item moves 4 keys x 8 dv: four 16-byte row loads, eight 8-byte LDS stores.
-    {
-      constexpr int kChunksPerRow = kDv / 8;
-      constexpr int kItems = (kBlockN / 4) * kChunksPerRow;
-#pragma unroll
-      for (int it = 0; it < (kItems + kThreads - 1) / kThreads; ++it) {
-        const int idx = it * kThreads + tid;
-        if (kItems % kThreads == 0 || idx < kItems) {
-          const int quad = idx / kChunksPerRow, col8 = idx % kChunksPerRow;
-          u32x4 rows[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int key = n0 + 4 * quad + j;
-            rows[j] = key < sk ? load8(v + i64(key) * p.v_stride_s + 8 * col8)
-                               : u32x4{0, 0, 0, 0};
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const u32x2 keys4 = {half_of(rows[0], e) | (half_of(rows[1], e) << 16),
-                                 half_of(rows[2], e) | (half_of(rows[3], e) << 16)};
-            *reinterpret_cast<u32x2*>(&vt_lds[(8 * col8 + e) * kVtStride + 4 * quad]) = keys4;
-          }
-        }
-      }
-    }
-    sync_workgroup();  // tile visible to all waves
-
-    // ---- S^T = K . Q^T: s[n] holds keys n0 + 16n + 4g + r of query `row` ----
-    f32x4 s[kKeySubs];
-#pragma unroll
-    for (int n = 0; n < kKeySubs; ++n) {
-      s[n] = f32x4{0.f, 0.f, 0.f, 0.f};
-      // A: lane holds key 16n + c, d = 32st + 8g + t.
-      const u16* src = &k_lds[(16 * n + c) * kKStride + 8 * g];
-#pragma unroll
-      for (int st = 0; st < kQkSteps; ++st) {
-        const bf16x8 kf = __builtin_bit_cast(bf16x8, *reinterpret_cast<const u32x4*>(src + 32 * st));
-        s[n] = __builtin_amdgcn_mfma_f32_16x16x32_bf16(kf, qf[st], s[n], 0, 0, 0);
-      }
-    }
-
-    // ---- mask, scale to the log2 domain, row max over the 4 lanes of a query ----
-    float mx = neg_inf();
-#pragma unroll
-    for (int n = 0; n < kKeySubs; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int key = n0 + 16 * n + 4 * g + r;
-        const bool ok = key < sk && (!kCausal || key <= row + diag);
-        const float t = ok ? s[n][r] * scale2 : neg_inf();
-        s[n][r] = t;
-        mx = __builtin_fmaxf(mx, t);
-      }
-    }
-    mx = __builtin_fmaxf(mx, lane_xor(mx, lane, 16));
-    mx = __builtin_fmaxf(mx, lane_xor(mx, lane, 32));
-
-    // ---- online softmax update ----
-    const float m_new = __builtin_fmaxf(m_run, mx);
-    const float m_use = m_new == neg_inf() ? 0.f : m_new;  // no key seen yet: avoid inf - inf
-    const float corr = __builtin_amdgcn_exp2f(m_run - m_use);
-    float psum = 0.f;
-#pragma unroll
-    for (int n = 0; n < kKeySubs; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float pr = __builtin_amdgcn_exp2f(s[n][r] - m_use);
-        s[n][r] = pr;
-        psum += pr;
-      }
-    }
-    l_part = l_part * corr + psum;
-    m_run = m_new;
-#pragma unroll
-    for (int dt = 0; dt < kDvTiles; ++dt) oacc[dt] *= corr;
-
-    // ---- O^T += V^T . P^T over 32-key steps ----
-    // k item t of lane group g <-> key 32ps + (t < 4 ? 4g + t : 16 + 4g + t - 4).
-#pragma unroll
-    for (int ps = 0; ps < kPvSteps; ++ps) {
-      const f32x4 lo = s[2 * ps], hi = s[2 * ps + 1];
-      bf16x8 pf;  // B: P^T, column = this lane's query
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        pf[r] = static_cast<__bf16>(lo[r]);
-        pf[4 + r] = static_cast<__bf16>(hi[r]);
-      }
-#pragma unroll
-      for (int dt = 0; dt < kDvTiles; ++dt) {
-        // A: V^T, row dv = 16dt + c, the same key map as P^T.
-        const u16* src = &vt_lds[(16 * dt + c) * kVtStride + 32 * ps + 4 * g];
-        const u32x2 k03 = *reinterpret_cast<const u32x2*>(src);
-        const u32x2 k47 = *reinterpret_cast<const u32x2*>(src + 16);
-        const bf16x8 vf = __builtin_bit_cast(bf16x8, u32x4{k03.x, k03.y, k47.x, k47.y});
-        oacc[dt] = __builtin_amdgcn_mfma_f32_16x16x32_bf16(vf, pf, oacc[dt], 0, 0, 0);
-      }
-    }
+    if (lead) sync_workgroup();
   }
 
   // ---- epilogue: normalise, store O (bf16) and LSE ----
-  float l = l_part;
-  l += lane_xor(l, lane, 16);
-  l += lane_xor(l, lane, 32);
+  const float l = sm.row_sum();
   if (row >= sq) return;
-
   const float inv = l > 0.f ? 1.f / l : 0.f;  // rows that saw no key output zeros
-  u16* dst = o + i64(row) * p.o_stride_s + 4 * g;
-#pragma unroll
-  for (int dt = 0; dt < kDvTiles; ++dt) {
-    const f32x4 a = oacc[dt] * inv;
-    store4(dst + 16 * dt, u32x2{pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w)});
-  }
+  store_o(o + i64(row) * p.o_stride_s, oacc, inv, g);
   if (p.lse && g == 0) {
     float* lse = static_cast<float*>(const_cast<void*>(p.lse)) + b * p.lse_stride_b +
                  h * p.lse_stride_h + (q_first + row);
-    *lse = l > 0.f ? (m_run + __builtin_amdgcn_logf(l)) * kLn2 : neg_inf();
+    *lse = sm.lse(l);
   }
 }
 

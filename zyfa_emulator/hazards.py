@@ -831,7 +831,11 @@ def _explicit_sgpr_reads(inst) -> list:
     out = []
     if inst.fmt in ("VOP1", "VOP2", "VOPC", "VOP3", "VOP3P"):
         dw, w0, w1, w2 = vop_widths(inst)
-        for code, width in ((inst.src0, w0), (inst.src1, w1), (inst.src2, w2)):
+        nsrc = 3
+        if inst.fmt == "VOP3" and inst.info == "VOP3":   # a VOP3-only opcode: its own count
+            from .render import _vop3_nsrc                # (a two-source one leaves src2 at 0)
+            nsrc = _vop3_nsrc(inst.name)
+        for code, width in list(((inst.src0, w0), (inst.src1, w1), (inst.src2, w2)))[:nsrc]:
             if code is not None and code < 128:
                 out += list(range(code, min(code + width, 128)))
     for reg in operands(inst).reads:

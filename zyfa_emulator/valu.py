@@ -574,6 +574,7 @@ def _define():
     S["v_mul_hi_u32_u24"] = Spec("uu", "u", lambda a, b: ((_u24(a).astype(U64) * _u24(b).astype(U64)) >> U64(32)).astype(U32), fp=False)
     S["v_mul_i32_i24"] = Spec("uu", "u", lambda a, b: ((_i24(a) * _i24(b)) & MASK32).astype(U32), fp=False)
     S["v_mad_u32_u24"] = Spec("uuu", "u", lambda a, b, c: ((_u24(a).astype(U64) * _u24(b).astype(U64) + _u64(c)) & U64(MASK32)).astype(U32), fp=False)
+    S["v_mad_i32_i24"] = Spec("uuu", "u", lambda a, b, c: ((_i24(a) * _i24(b) + _u64(c).astype(np.int64)) & MASK32).astype(U32), fp=False)
     S["v_min_i32"] = Spec("ii", "i", np.minimum, fp=False)
     S["v_max_i32"] = Spec("ii", "i", np.maximum, fp=False)
     S["v_min_u32"] = Spec("uu", "u", np.minimum, fp=False)

@@ -196,8 +196,10 @@ def tile_for(v: Variant) -> Tile:
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
         return Tile(block_m=256, block_n=64, threads=512, dynamic_smem=0)
-    # gfx950 BF16: 4 waves of 64 lanes x 16 query rows; LDS is static in the HIP source.
-    return Tile(block_m=64, block_n=64 if v.d_qk <= 128 else 32, threads=256, dynamic_smem=0)
+    # gfx950 BF16 (hip/flash_fwd.hip): 8 waves x 32 query rows, two waves per SIMD; 64-key
+    # tiles (32 at d256, where O^T, Q^T and a 64-key S^T do not fit in a wave's 256
+    # registers), K and V double-buffered in LDS (static in the HIP source).
+    return Tile(block_m=256, block_n=128 if v.d_qk <= 128 else 32 if v.d_qk > 192 else 64, threads=512, dynamic_smem=0)
 
 
 # --------------------------------------------------------------------------------------
@@ -440,6 +442,28 @@ def grid_rule(v: Variant) -> dict:
     if v.tile.split_tail:
         return {"x": "tail_first", "y": 1, "z": 1}
     return tiles_rule(v)
+
+
+def longest_first(v: Variant) -> bool:
+    """Whether a launch runs its query blocks longest first (``work_of``): the gfx950 BF16
+    causal kernels, whose later query blocks see more keys.  The device hands workgroups out
+    in order, so the longest go first and the short ones fill in behind them; in grid order
+    a causal launch's last wave would hold its longest workgroups."""
+    return v.arch == "gfx950" and v.dtype == "bf16" and v.causal
+
+
+def work_of(v: Variant, x: int, y: int, z: int, blocks: int, heads: int, batch: int) -> tuple:
+    """(query block, query head, sequence) that workgroup (x, y, z) of a launch of ``v``
+    computes, the grid being (blocks, heads, batch) (``tiles_rule``).  In order, the grid
+    itself; longest first, the workgroup's place in dispatch order i = x + blocks (y + heads z)
+    takes query block blocks - 1 - i // (heads batch), and the heads, then the sequences, of
+    that block in turn."""
+    if not longest_first(v):
+        return x, y, z
+    i = x + blocks * (y + heads * z)
+    per_block = heads * batch
+    r = i % per_block
+    return blocks - 1 - i // per_block, r % heads, r // heads
 
 
 def split_tail_symbol(v: Variant) -> str:

@@ -363,9 +363,9 @@ def test_kernel_figures_are_consistent():
     from zyfa_emulator.cycles import _classify, _Kind, loop_figures, stream, stream_window
     from zyfa_emulator.hazards import is_mfma, mfma_passes
     from zyfa_runtime.catalogue import Variant
-    tr = traced(Variant("gfx950", "bf16", 64, 64, False), seqlen_q=128, seqlen_k=384, heads=3)
-    # occupancy: 92 VGPRs -> 96 -> 5 waves per SIMD; 17,920 B of LDS -> 9; 4-wave WGs -> 5
-    assert tr.resident == 5 and len(tr.workgroups) == 6
+    tr = traced(Variant("gfx950", "bf16", 64, 64, False), seqlen_q=512, seqlen_k=512, heads=3)
+    # occupancy: 8-wave workgroups of two waves a SIMD (VGPRs over 128) -> 1 a CU
+    assert tr.resident == 1 and len(tr.workgroups) == 6
     assert tr.keys == [(x, y, 0) for y in range(3) for x in range(2)]      # x fastest
     res = stream(tr.workgroups, tr.resident)
     lf = loop_figures(res, window=stream_window(res, tr.resident))
@@ -373,46 +373,47 @@ def test_kernel_figures_are_consistent():
     want = sum(4 * mfma_passes(i.name, i.cbsz, i.blgp) for t in res.traces for i in t.insts
                if is_mfma(i))
     assert sum(b - a for s in res.mfma_busy for a, b in s) == want
-    # a wave's loop period cannot beat its SIMD's VALU: 5 waves share it
+    # a loop iteration (S(t), then M(t+1)) of a wave, and its SIMD's two waves: the period
+    # can beat neither their matrix pipe nor their VALU, nor be slower than both in a row
     t = res.traces[0]
     marks = [k for k, i in enumerate(t.insts[:-1])
              if i.pc == lf.backedge and t.insts[k + 1].pc < i.pc]
     body = t.insts[marks[0] + 1:marks[1] + 1]
     valu = sum(_classify(i, Params())[1] for i in body if _classify(i, Params())[0] == _Kind.VALU)
     mfma = sum(4 * mfma_passes(i.name, i.cbsz, i.blgp) for i in body if is_mfma(i))
-    assert mfma == 256                     # 16 x 16x32 bf16 per wave and 64-key tile
-    assert 0.9 * 5 * valu <= lf.cycles_per_iteration <= 2 * 5 * valu
-    # the five slots start together: the sixth workgroup waits for the first to end
+    assert mfma == 1024                    # 32 x 32x32x16 bf16 per wave and 128-key tile
+    assert 2 * max(valu, mfma) <= lf.cycles_per_iteration <= 2 * (valu + mfma)
+    # one slot: each workgroup waits for the one before it to end
     spans = {}
     for i, grp in enumerate(res.groups):
         spans.setdefault(grp, []).append((res.issue_times[i][0], res.end_times[i]))
-    assert min(s for s, _ in spans[5]) >= max(e for _, e in spans[0])
-    assert all(min(s for s, _ in spans[j]) == 0 for j in range(5))
+    assert min(s for s, _ in spans[0]) == 0
+    assert all(min(s for s, _ in spans[j + 1]) >= max(e for _, e in spans[j]) for j in range(5))
 
 
 @needs_gfx950
 def test_workgroup_cost_of_a_causal_kernel():
     """The cost cut out of streamed runs: the KV tiles counted from the grid agree with the
-    loop's back-edges in the trace (one per 64-key tile), the period grows with the
-    workgroups sharing the CU, and each workgroup's span is its fixed part plus its tiles at
-    the period to within two tiles' worth of cycles (the causal workgroups iterate 3 to 6
-    tiles; two heads give eight to stream)."""
+    loop's back-edges in the trace (one per 128-key tile after the first: the loop runs
+    S(t) and M(t+1), M(0) before it), and each workgroup's span is its fixed part plus its
+    tiles at the period to within two tiles' worth of cycles (two 256-row query blocks
+    taken longest first, 5 and 3 tiles; two heads give four to stream, one at a time: a
+    workgroup of 8 waves fills the CU)."""
     from bench.gfx950_model import cost_from_trace, traced_tiles
     from zyfa_emulator.cycles import _backedge, group_spans, stream
     from zyfa_runtime.catalogue import Variant
     v = Variant("gfx950", "bf16", 128, 128, True)
-    tr = traced(v, seqlen_q=256, seqlen_k=384, heads=2)
-    tiles = traced_tiles(v, tr.keys, 256, 384)
-    assert tiles == [3, 4, 5, 6] * 2       # bottom-right: rows 64x .. 64x + 63 see 64x + 192 keys
+    tr = traced(v, seqlen_q=512, seqlen_k=640, heads=2)
+    tiles = traced_tiles(v, tr.keys, 512, 640)
+    assert tiles == [5, 5, 3, 3]       # bottom-right: rows 256x .. 256x + 255 see 256x + 384 keys
     for waves, n in zip(tr.workgroups, tiles):
         t = waves[0]
         pc = _backedge(t)
         assert sum(1 for k, i in enumerate(t.insts[:-1])
-                   if i.pc == pc and t.insts[k + 1].pc < i.pc) == n
+                   if i.pc == pc and t.insts[k + 1].pc < i.pc) == n - 1
     cost = cost_from_trace(tr, tiles)
-    assert cost.resident == 4
-    assert all(a < b for a, b in zip(cost.periods, cost.periods[1:]))
-    full = stream(tr.workgroups, 4)
+    assert cost.resident == 1
+    full = stream(tr.workgroups, 1)
     for j, (s, e) in group_spans(full).items():
         assert abs(e - s - cost.fixed - tiles[j] * cost.periods[-1]) < 2 * cost.periods[-1]
 

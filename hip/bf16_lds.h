@@ -1,0 +1,268 @@
+// zyfa gfx950 BF16 body: the K and V tiles in LDS (layouts, the global -> LDS copy) and
+// the two matrix stages that read them, S^T = K Q^T and O^T += V^T P^T.
+//
+// LDS layout of a tile: row-major, one key a row (K: kDqk, V: kDv bf16), each row in
+// 16-byte chunks; chunk c of row r sits in slot c ^ swizzle(r).  The swizzles make the
+// matrix stages' reads free of bank conflicts (64 banks x 4 bytes):
+//   K, ds_read_b128: a phase is 16 lanes (lane bit 5, bit 2 ^ bit 4), reading rows
+//     {0-3, 8-11, 20-23, 28-31} (+ 32 kt) at one chunk; their 16 chunks must land in 16
+//     distinct 16-byte bank groups.  d 128 / 256 (rows of 256 / 512 bytes): r & 15;
+//     d 64 / 192 (rows of 128 / 384 bytes, two row parities a 256-byte line): (r >> 1) & 7.
+//   V, ds_read_b64_tr_b16: a phase is 32 lanes reading 4 keys x 64 bytes (32 dv); the
+//     4 keys' 64-byte runs must fall in distinct quarters of the bank space: d_v 128 / 256:
+//     (r & 3) << 2 (the XOR moves whole 64-byte runs), d_v 64: (r & 3) << 1.
+// Both swizzles stay inside an aligned group of 8 chunks where a row is not a power of
+// two long (d 192), so every slot exists.
+
+namespace zyfa {
+namespace detail {
+
+struct KLayout {
+  static constexpr int kWidth = kDqk;  // bf16 a row
+  static constexpr int kSpan = kDqk % 128 == 0 ? 16 : 8;  // the swizzle permutes aligned runs of kSpan chunks
+  __device__ static int swizzle(int r) { return kDqk % 128 == 0 ? (r & 15) : ((r >> 1) & 7); }
+};
+struct VLayout {
+  static constexpr int kWidth = kDv;
+  static constexpr int kSpan = kDv >= 128 ? 16 : 8;
+  __device__ static int swizzle(int r) { return kDv >= 128 ? (r & 3) << 2 : (r & 3) << 1; }
+};
+
+// The slot of chunk c0 + c1 of a row whose swizzle is `swz`, where c0 is a compile-time
+// multiple of the layout's span and c1 < span: c0 stays an immediate offset, and only
+// c1 ^ swz (a handful of values a lane) needs a register.
+template <class Layout>
+__device__ inline int slot(int c0, int c1, int swz) { return c0 + (c1 ^ swz); }
+
+constexpr int kLdsK = kBlockN * kDqk;  // u16 elements of one K tile
+constexpr int kLdsV = kBlockN * kDv;
+static_assert(2 * (kLdsK + kLdsV) * 2 <= 160 * 1024, "two K and V tiles in the 160 KiB of LDS");
+
+// A raw buffer resource (ISA 9.1.5): base, stride 0, num_records bytes, word 3 0x00020000
+// (DATA_FORMAT 32, no swizzle, no ADD_TID).  Offsets at or past num_records read zeros.
+__device__ inline u32x4 raw_buffer(const void* base, u32 bytes) {
+  const unsigned long long a = reinterpret_cast<unsigned long long>(base);
+  return u32x4{u32(a), u32(a >> 32) & 0xffffu, bytes, 0x00020000u};
+}
+
+// buffer_load_dwordx4 ... lds: this lane's 16 bytes at `voff` in the buffer go to LDS at
+// M0 + 16 lane, M0 = `lds`.  Written as assembly on purpose: the compiler, which cannot
+// tell which LDS bytes the copy writes, would otherwise wait for every copy in flight
+// (vmcnt(0)) before the next LDS read, and the next tile's copy would no longer overlap
+// this tile's work.  The kernel orders the copies itself (wait_vm_all, then a barrier,
+// before any wave reads a tile; a barrier before a buffer is overwritten).  The compiler
+// cannot see into the assembly, so it brings its own wait states (ISA 4.5): 5 between a
+// VALU write of an SGPR (v_readlane of a spilled scalar, v_readfirstlane) and the load
+// reading it (s_nop 3, s_mov, s_nop 0), 1 between the SALU write of M0 and the LDS DMA.
+__device__ inline void lds_dma16(u32x4 rsrc, u32 voff, u32 lds) {
+  asm volatile("s_nop 3\n\ts_mov_b32 m0, %2\n\ts_nop 0\n\tbuffer_load_dwordx4 %0, %1, 0 offen lds"
+               : : "v"(voff), "s"(rsrc), "s"(lds) : "memory", "m0");
+}
+
+// The copy of one tile, global -> LDS, by `buffer_load_dwordx4 ... lds`: each lane's 16
+// bytes go to LDS at M0 + 16 lane, so one wave instruction fills 1 KiB of the tile in lane
+// order; lane l of instruction n fills byte 1024 n + 16 l of the tile and fetches the global
+// chunk that the layout puts there (the swizzle is applied on the global side).  One group
+// of four waves copies a tensor (flash_fwd.hip: group 0 K, group 1 V); instruction n of a
+// tile is its wave n % 4's.  Rows past the last key lie past the buffer's range (its
+// num_records ends at the last key's last byte) and land as zeros.  The buffer's base moves
+// with the tile, so its 32-bit offsets span one tile only (kBlockN stride_s 2 < 2^32).
+template <class Layout>
+struct KvCopy {
+  static constexpr int kCopyWaves = kWaves / 2;  // one group of waves copies a tensor
+  static constexpr int kRowBytes = 2 * Layout::kWidth;
+  static constexpr int kLoads = kBlockN * kRowBytes / 1024 / kCopyWaves;  // instructions a wave
+  static_assert(kBlockN * kRowBytes % (1024 * kCopyWaves) == 0, "a tile is whole KiB per wave");
+  // A wave's instructions n and n + 1 are kStepRows rows apart.  Where that is a whole
+  // number of rows dividing 16 or a multiple of it (every swizzle repeats within 16 rows),
+  // instruction n's lane offsets are those of n % kPeriod with the buffer based
+  // (n - n % kPeriod) kStepRows rows further: kPeriod VGPRs instead of kLoads.
+  static constexpr int kStepRows = 1024 * kCopyWaves / kRowBytes;
+  static constexpr bool kRepeats = 1024 * kCopyWaves % kRowBytes == 0 && (16 % kStepRows == 0 || kStepRows % 16 == 0);
+  static constexpr int kPeriod = !kRepeats ? kLoads : kStepRows >= 16 ? 1 : (16 / kStepRows < kLoads ? 16 / kStepRows : kLoads);
+
+  const u16* src;
+  int stride;            // elements between keys
+  int wave;              // 0 .. kCopyWaves - 1
+  u32 voff[kPeriod];     // byte offset of this lane's chunk from its buffer's first key
+
+  __device__ KvCopy(const u16* src_, int stride_, int wave_, int lane) : src(src_), stride(stride_), wave(wave_) {
+#pragma unroll
+    for (int n = 0; n < kPeriod; ++n) {
+      u32 pos = 1024u * u32(n * kCopyWaves + wave) + 16u * u32(lane);  // byte in the LDS tile
+      asm("" : "+v"(pos));  // range unknown to the compiler: 32-bit math (no 16-bit VALU ops)
+      const u32 r = pos / kRowBytes, slot = pos % kRowBytes / 16u;
+      voff[n] = r * u32(stride) * 2u + 16u * (slot ^ u32(Layout::swizzle(int(r))));
+    }
+  }
+
+  // Start the copy of keys [n0, n0 + kBlockN) into the tile at LDS byte address `lds`
+  // (completes under VM_CNT).  Each instruction's buffer starts at its first row, so that
+  // the range check never depends on the scalar offset.  The per-instruction bases and
+  // sizes are stepped here from the stride, hidden from the compiler's loop-invariant
+  // hoisting: held across the loop they took more SGPRs than there are (spilled to VGPR
+  // lanes at 128-key tiles).
+  __device__ void issue(u32 lds, int n0, int sk) const {
+    int st = stride;
+    asm volatile("" : "+s"(st));
+    constexpr int kBufferRows = kRepeats ? kPeriod * kStepRows : 0;  // rows between buffers
+    const u16* base = src + i64(n0) * st;
+    int rows = sk - n0 < kBlockN ? sk - n0 : kBlockN;  // rows of the current buffer that exist
+#pragma unroll
+    for (int n = 0; n < kLoads; ++n) {
+      if (n > 0 && n % kPeriod == 0) {
+        base += i64(kBufferRows) * st;
+        rows -= kBufferRows;
+      }
+      const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + 2u * Layout::kWidth : 0u;  // none: zeros
+      lds_dma16(raw_buffer(base, bytes), voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
+    }
+  }
+};
+
+// Q^T, the B operand of S^T = K Q^T, in registers for the whole loop: lane (i, g) holds
+// query `row`, d = 16 st + 8 g + t in item t of qf[st] (zeros where row < 0).
+__device__ inline void load_q(bf16x8 (&qf)[kQkSteps], const u16* q, int row, i64 stride, int g) {
+  const u16* src = q + (row >= 0 ? row : 0) * stride + 8 * g;
+#pragma unroll
+  for (int st = 0; st < kQkSteps; ++st) {
+    u32x4 bits = {0, 0, 0, 0};
+    if (row >= 0) __builtin_memcpy(&bits, src + 16 * st, sizeof(bits));
+    qf[st] = __builtin_bit_cast(bf16x8, bits);
+  }
+}
+
+// The matrix step's LDS reads and MFMAs, the reads kDepth operands ahead: read(x) for
+// x < kDepth first, then MFMA x follows the issue of read x + kDepth, so an MFMA never
+// waits for the LDS latency of its own operand (64+ cycles against the 32 it runs), also
+// across the seam between PV and QK.  Operands 0 .. N1-1 take R1 LDS instructions each,
+// N1 .. N1+N2-1 R2 each; every operand is 16 bytes.  Registers: kDepth operands in flight.
+constexpr int kDepth = kDqk > 192 ? 2 : kDqk > 128 ? 3 : 4;
+
+template <int N1, int R1, int N2, int R2, class Read, class Use>
+__device__ inline void pipelined(Read read, Use use) {
+  constexpr int N = N1 + N2;
+  u32x4 buf[kDepth];
+#pragma unroll
+  for (int x = 0; x < kDepth && x < N; ++x) buf[x] = read(x);
+#pragma unroll
+  for (int x = 0; x < N; ++x) {
+    const u32x4 cur = buf[x % kDepth];
+    if (x + kDepth < N) buf[x % kDepth] = read(x + kDepth);
+    use(x, cur);
+  }
+  // Pin that order (the scheduler would otherwise pull each read down to its MFMA): the
+  // first kDepth operands' reads, then MFMA x and the reads of operand x + kDepth.
+  constexpr int kDsRead = 0x100, kMfma = 0x008;
+  constexpr int kAhead = kDepth < N ? kDepth : N, kAhead1 = kAhead < N1 ? kAhead : N1;
+  __builtin_amdgcn_sched_group_barrier(kDsRead, R1 * kAhead1 + R2 * (kAhead - kAhead1), 0);
+#pragma unroll
+  for (int x = 0; x < N; ++x) {
+    __builtin_amdgcn_sched_group_barrier(kMfma, 1, 0);
+    if (x + kDepth < N1) __builtin_amdgcn_sched_group_barrier(kDsRead, R1, 0);
+    else if (x + kDepth < N) __builtin_amdgcn_sched_group_barrier(kDsRead, R2, 0);
+  }
+}
+
+// At d 256, O^T and Q^T take 192 of a wave's 256 registers: there the per-lane read
+// addresses are recomputed each tile (a few VALU ops beside 64 MFMAs) instead of being
+// kept in registers for the whole loop.
+__device__ inline int lane_for_addresses(int lane) {
+  if constexpr (kDqk > 192) asm volatile("" : "+v"(lane));
+  return lane;
+}
+
+// S^T = K . Q^T, operand x = (n, st) = (x / kQkSteps, x % kQkSteps): s[n] holds keys
+// 32n + 8j + 4g + r (float 4j + r) of this lane's query.  A: lane (i, g) reads key 32n + i,
+// chunk 2 st + g (d = 16 st + 8 g ..): one ds_read_b128.
+struct QkStage {
+  static constexpr int kOperands = kKeySubs * kQkSteps, kReads = 1;
+  const u16* kt;
+  int i, g;
+  __device__ QkStage(const u16* kt_, int lane) : kt(kt_), i(lane & 31), g(lane >> 5) {}
+  __device__ u32x4 read(int x) const {
+    constexpr int kSpan = KLayout::kSpan;
+    const int n = x / kQkSteps, st = x % kQkSteps, r = 32 * n + i, c = 2 * st;  // chunk c + g
+    const u16* src = kt + r * kDqk + 8 * slot<KLayout>(c / kSpan * kSpan, (c % kSpan) | g, KLayout::swizzle(r));
+    return *reinterpret_cast<const u32x4*>(src);
+  }
+  __device__ static void mfma(f32x16 (&s)[kKeySubs], const bf16x8 (&qf)[kQkSteps], int x, u32x4 kf) {
+    const int n = x / kQkSteps, st = x % kQkSteps;
+    s[n] = __builtin_amdgcn_mfma_f32_32x32x16_bf16(__builtin_bit_cast(bf16x8, kf), qf[st],
+                                                   st == 0 ? f32x16{} : s[n], 0, 0, 0);
+  }
+};
+
+// 4 keys x 1 dv of V^T by ds_read_b64_tr_b16 (ISA 11.4): in each 16-lane group, lane d
+// receives as item e the element (d % 4) of the 8 bytes lane 4e + d / 4 addressed.  Lane
+// s of the group addresses V[key0 + s / 4][dv0 + 4 (s % 4) ..+3], so lane d gets
+// V[key0 + e][dv0 + d], e = 0..3: one A-operand row (dv) with 4 consecutive keys.
+__device__ inline i16x4 read_vt4(const u16* vt, int key, int dv) {
+  constexpr int kSpan = VLayout::kSpan;
+  const int c = dv >> 3;
+  const u16* src = vt + key * kDv + 8 * slot<VLayout>(c / kSpan * kSpan, c % kSpan, VLayout::swizzle(key)) + (dv & 7);
+  return __builtin_amdgcn_ds_read_tr16_b64_v4i16((ZYFA_LDS i16x4*)(src));
+}
+
+// O^T += V^T . P^T, operand x = (ps, dt) = (x / kDvTiles, x % kDvTiles) over the tile's
+// 16-key steps.  A: lane (i, g) of 16-lane group G = lane / 16 holds dv 32 dt + i
+// (i = 16 (G % 2) + lane % 16) and keys 16 ps + 4 g + {0..3} (items 0-3),
+// 16 ps + 8 + 4 g + {0..3} (items 4-7): P^T's key map.  Two ds_read_b64_tr_b16.
+struct PvStage {
+  static constexpr int kOperands = kPvSteps * kDvTiles, kReads = 2;
+  const u16* vt;
+  int g, sl, half;
+  __device__ PvStage(const u16* vt_, int lane) : vt(vt_), g(lane >> 5), sl(lane & 15), half((lane >> 4) & 1) {}
+  __device__ u32x4 read(int x) const {
+    const int ps = x / kDvTiles, dt = x % kDvTiles;
+    const int key = 16 * ps + 4 * g + sl / 4, dv = 32 * dt + 16 * half + 4 * (sl % 4);
+    return __builtin_bit_cast(u32x4, __builtin_shufflevector(read_vt4(vt, key, dv), read_vt4(vt, key + 8, dv),
+                                                             0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  __device__ static void mfma(f32x16 (&oacc)[kDvTiles], const bf16x8 (&pf)[kPvSteps], int x, u32x4 vf) {
+    const int ps = x / kDvTiles, dt = x % kDvTiles;
+    oacc[dt] = __builtin_amdgcn_mfma_f32_32x32x16_bf16(__builtin_bit_cast(bf16x8, vf), pf[ps], oacc[dt], 0, 0, 0);
+  }
+};
+
+// The matrix step M(t) as one pipeline: O^T += V(t-1)^T P^T(t-1), then S^T(t) = K(t) Q^T
+// (QK's first reads issue under PV's last MFMAs).  One code path only: a second,
+// differently pipelined one in the same loop costs more registers than the 256 a wave has.
+__device__ inline void pv_qk_step(f32x16 (&oacc)[kDvTiles], const u16* vt, const bf16x8 (&pf)[kPvSteps],
+                                  f32x16 (&s)[kKeySubs], const u16* kt, const bf16x8 (&qf)[kQkSteps], int lane) {
+  lane = lane_for_addresses(lane);
+  const PvStage v(vt, lane);
+  const QkStage k(kt, lane);
+  constexpr int NP = PvStage::kOperands, NQ = QkStage::kOperands;
+  pipelined<NP, PvStage::kReads, NQ, QkStage::kReads>(
+      [&](int x) { return x < NP ? v.read(x) : k.read(x - NP); },
+      [&](int x, u32x4 a) {
+        if (x < NP) PvStage::mfma(oacc, pf, x, a);
+        else QkStage::mfma(s, qf, x - NP, a);
+      });
+}
+
+// M(0): S^T(0) = K(0) Q^T alone.
+__device__ inline void qk_step(f32x16 (&s)[kKeySubs], const u16* kt, const bf16x8 (&qf)[kQkSteps], int lane) {
+  lane = lane_for_addresses(lane);
+  const QkStage k(kt, lane);
+  pipelined<QkStage::kOperands, QkStage::kReads, 0, 1>([&](int x) { return k.read(x); },
+                                                       [&](int x, u32x4 a) { QkStage::mfma(s, qf, x, a); });
+}
+
+// O (bf16) of this lane's query: dv 32 dt + 8 j + 4 g + {0..3} from oacc[dt][4j ..4j+3].
+__device__ inline void store_o(u16* dst, const f32x16 (&oacc)[kDvTiles], float inv, int g) {
+#pragma unroll
+  for (int dt = 0; dt < kDvTiles; ++dt) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const f32x2 a = f32x2{oacc[dt][4 * j], oacc[dt][4 * j + 1]} * inv;
+      const f32x2 c = f32x2{oacc[dt][4 * j + 2], oacc[dt][4 * j + 3]} * inv;
+      const u32x2 val = {pack_bf16x2(a.x, a.y), pack_bf16x2(c.x, c.y)};
+      __builtin_memcpy(dst + 32 * dt + 8 * j + 4 * g, &val, sizeof(val));
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace zyfa
