@@ -5,7 +5,9 @@
 
 The manifest is the single source of truth the runtime loads from: per kernel its
 variant, file, sha256, symbol, block size, shared memory, kernel-argument layout
-(checked here against what the compiler recorded in the code object) and grid rule.
+(checked here against what the compiler recorded in the code object) and grid rule;
+the auxiliary kernels (catalogue.AuxKernel: not attention) in ``aux_kernels``, each
+with its ``kind`` in place of a variant.
 Builds are incremental (a kernel is rebuilt only when its source or compiler
 changed), parallel (--jobs), selectable (--arch, --only) and reproducible: two clean
 builds produce byte-identical prebuilt/ (no timestamps, no temp paths).
@@ -36,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 from generator import c_header, codeobject, kernel_source, toolchain  # noqa: E402
 from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
-from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, Variant, all_variants,  # noqa: E402
+from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, AuxKernel, Variant,  # noqa: E402
+                                    all_aux, all_variants,
                                     PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_OVERHEAD_BLOCKS,
                                     SPLIT_TAIL_SWITCH_BLOCKS, grid_rule,
                                     dependent_launch, has_vt_prepass, iter_select, kernarg_size,
@@ -55,9 +58,10 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def inspect(v: Variant, image: bytes) -> dict:
+def inspect(v: Variant | AuxKernel, image: bytes) -> dict:
     """What the code object says about itself, checked against the catalogue."""
     expected = [(a.offset, a.size) for a in kernargs(v)]
+    threads = v.tile.threads if isinstance(v, Variant) else v.spec.threads
     if v.vendor == "hip":
         meta = codeobject.amdgpu_kernels(image).get(v.symbol)
         if meta is None:
@@ -67,7 +71,7 @@ def inspect(v: Variant, image: bytes) -> dict:
         if got != expected or any(not a["value_kind"].startswith("hidden_") for a in hidden):
             raise BuildError(f"{v.name}: kernarg layout {got} in the code object differs from the "
                              f"catalogue's {expected}")
-        if meta["wavefront_size"] != 64 or meta["max_flat_workgroup_size"] != v.tile.threads:
+        if meta["wavefront_size"] != 64 or meta["max_flat_workgroup_size"] != threads:
             raise BuildError(f"{v.name}: wavefront/workgroup size differ from the catalogue")
         return {"kernarg_size": meta["kernarg_segment_size"],
                 "static_shared": meta["group_segment_fixed_size"],
@@ -75,8 +79,9 @@ def inspect(v: Variant, image: bytes) -> dict:
                               "agpr": meta.get("agpr_count", 0)},
                 "scratch": meta["private_segment_fixed_size"]}
     kernels = codeobject.cubin_kernels(image)
-    symbols = ([v.symbol] + ([vt_prepass_symbol(v)] if has_vt_prepass(v) else [])
-               + ([split_tail_symbol(v)] if v.tile.split_tail else []))
+    symbols = [v.symbol] if isinstance(v, AuxKernel) else (
+        [v.symbol] + ([vt_prepass_symbol(v)] if has_vt_prepass(v) else [])
+        + ([split_tail_symbol(v)] if v.tile.split_tail else []))
     for symbol in symbols:
         if symbol not in kernels:
             raise BuildError(f"{v.name}: symbol {symbol} missing from the cubin")
@@ -124,6 +129,32 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
     }
 
 
+def aux_entry_for(a: AuxKernel, tc, source_hash: str, image: bytes) -> dict:
+    """An auxiliary kernel's manifest entry (catalogue.AuxKernel): its ``kind`` and arch in
+    place of a variant, its own arguments and grid."""
+    info = inspect(a, image)
+    return {
+        "kind": a.kind,
+        "name": a.name,
+        "arch": a.arch,
+        "built": True,
+        "file": a.filename,
+        "sha256": sha256(image),
+        "source_hash": source_hash,
+        "compiler": tc.name,
+        "symbol": a.symbol,
+        "block_size": a.spec.threads,
+        "rows": a.spec.rows,
+        "dynamic_smem": 0,
+        "shared_bytes": info["static_shared"],
+        "kernarg_size": info["kernarg_size"],
+        "kernargs": [x.to_json() for x in kernargs(a)],
+        "grid": a.spec.grid,
+        "registers": info["registers"],
+        "scratch_bytes": info["scratch"],
+    }
+
+
 def prepass_entry(v: Variant) -> dict:
     """The V^T pre-pass: a second entry point of the code object, launched before the kernel
     with the same arguments (catalogue.has_vt_prepass)."""
@@ -141,20 +172,26 @@ def split_tail_entry(v: Variant) -> dict:
             "drain_blocks": SPLIT_TAIL_DRAIN_BLOCKS}
 
 
-def unbuilt_entry(v: Variant, reason: str) -> dict:
+def unbuilt_entry(v: Variant | AuxKernel, reason: str) -> dict:
+    if isinstance(v, AuxKernel):
+        return {"kind": v.kind, "name": v.name, "arch": v.arch, "built": False, "reason": reason,
+                "file": v.filename, "symbol": v.symbol}
     return {"name": v.name, "variant": v.to_json(), "built": False, "reason": reason,
             "file": v.filename, "symbol": v.symbol}
 
 
-def build_one(v: Variant, tc, out_dir: Path, old: dict | None) -> tuple[dict, bool]:
-    """Build variant v (or reuse the existing file); returns (manifest entry, cache hit)."""
-    source = kernel_source.emit(v)
+def build_one(v: Variant | AuxKernel, tc, out_dir: Path, old: dict | None) -> tuple[dict, bool]:
+    """Build variant (or auxiliary kernel) v, or reuse the existing file; returns (manifest
+    entry, cache hit)."""
+    aux = isinstance(v, AuxKernel)
+    source = kernel_source.emit_aux(v) if aux else kernel_source.emit(v)
+    entry_for_v = aux_entry_for if aux else entry_for
     source_hash = sha256((tc.identity() + "\n" + source).encode())
     path = out_dir / v.filename
     if old and old.get("built") and old.get("source_hash") == source_hash and path.exists():
         image = path.read_bytes()
         if sha256(image) == old["sha256"]:
-            return entry_for(v, tc, source_hash, image), True
+            return entry_for_v(v, tc, source_hash, image), True
     tmp = out_dir / (v.filename + ".build")
     try:
         if v.built_from == "asm-generator":
@@ -164,7 +201,7 @@ def build_one(v: Variant, tc, out_dir: Path, old: dict | None) -> tuple[dict, bo
         image = tmp.read_bytes()
     finally:
         tmp.unlink(missing_ok=True)
-    entry = entry_for(v, tc, source_hash, image)   # checks the layout before the file lands
+    entry = entry_for_v(v, tc, source_hash, image)   # checks the layout before the file lands
     atomic_write(path, image)
     return entry, False
 
@@ -186,12 +223,13 @@ def main(argv=None) -> int:
         try:
             old = json.loads(manifest_path.read_text())
             if old.get("package_version") == __version__:
-                old_entries = {e["name"]: e for e in old.get("kernels", [])}
+                old_entries = {e["name"]: e for e in old.get("kernels", []) + old.get("aux_kernels", [])}
         except (ValueError, KeyError):
             old_entries = {}
 
     variants = all_variants()
-    selected = list(iter_select(variants, args.arch, args.only))
+    auxes = all_aux()
+    selected = list(iter_select(variants, args.arch, args.only)) + list(iter_select(auxes, args.arch, args.only))
     archs = sorted({v.arch for v in selected})
     toolchains = {}
     for arch in archs:
@@ -202,7 +240,7 @@ def main(argv=None) -> int:
             return 2
 
     entries: dict[str, dict] = {}
-    for v in variants:   # what is not selected keeps its previous entry if its file is intact
+    for v in variants + auxes:   # what is not selected keeps its previous entry if its file is intact
         e = old_entries.get(v.name)
         path = out_dir / v.filename
         if e and e.get("built") and path.exists() and sha256(path.read_bytes()) == e["sha256"]:
@@ -239,6 +277,7 @@ def main(argv=None) -> int:
         "toolkits": {a: TOOLKIT[a] for a in ARCHES},
         "compilers": {a: {"name": tc.name, "version": tc.version} for a, tc in sorted(toolchains.items())},
         "kernels": [entries[v.name] for v in variants],
+        "aux_kernels": [entries[a.name] for a in auxes],
     }
     if old_entries and manifest_path.exists():   # keep the record of compilers not rerun now
         prev = json.loads(manifest_path.read_text()).get("compilers", {})
@@ -248,8 +287,10 @@ def main(argv=None) -> int:
     atomic_write(manifest_path, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     atomic_write(out_dir / "zyfa_kernels.h", c_header.write_header(manifest).encode())
     built = sum(e["built"] for e in manifest["kernels"])
+    built_aux = sum(e["built"] for e in manifest["aux_kernels"])
     print(f"done in {time.monotonic() - t0:.1f}s: {n - hits} built, {hits} cached, "
-          f"{len(failed)} failed; manifest lists {len(variants)} kernels, {built} built", flush=True)
+          f"{len(failed)} failed; manifest lists {len(variants)} kernels, {built} built, and "
+          f"{len(auxes)} auxiliary kernels, {built_aux} built", flush=True)
     return 1 if failed else 0
 
 

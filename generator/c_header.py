@@ -30,7 +30,10 @@ Per built kernel ``<name>`` it declares
   them, else one value each), in comments: read from its arguments.
 
 plus the manifest format, package version, toolkit pins and compilers as macros, and
-``ZYFA_KERNELS(X)``, an X-macro listing every built kernel as ``X(name, NAME)``.
+``ZYFA_KERNELS(X)``, an X-macro listing every built kernel as ``X(name, NAME)``.  The built
+auxiliary kernels (the manifest's ``aux_kernels``: not attention) follow, listed by
+``ZYFA_AUX_KERNELS(X)``, each with its struct, grid function and macros (``ZYFA_<NAME>_KIND``
+says what it computes).
 Valid C99, C11 and C++; the output depends only on the manifest (deterministic).
 """
 
@@ -454,6 +457,55 @@ def _rule(term) -> str:
     return str(term)
 
 
+def _aux_kernel(entry: dict) -> list[str]:
+    """An auxiliary kernel (the manifest's ``aux_kernels``: not attention, a ``kind`` in place
+    of a variant): its argument struct, macros and grid function, as an attention kernel's."""
+    name = _ident(entry["name"], "kernel name")
+    up = name.upper()
+    lines, fields = _struct(name, entry)
+    st = f"struct zyfa_{name}_args"
+    out = [f"/* ---- {name} " + "-" * max(0, 78 - len(name) - 9) + " */", ""] + lines
+    out.append(f"ZYFA_STATIC_ASSERT_(sizeof({st}) == {int(entry['kernarg_size'])}, \"{name}: kernarg_size\");")
+    out += [f"ZYFA_STATIC_ASSERT_(offsetof({st}, {f}) == {off}, \"{name}.{f}\");" for f, off, _ in fields]
+    out.append("")
+    macros = [("KIND", _cstr(_ident(entry["kind"], f"{name}: kind"))),
+              ("SYMBOL", _cstr(entry["symbol"])),
+              ("FILE", _cstr(entry["file"])),
+              ("SHA256", _cstr(entry["sha256"])),
+              ("ARCH", _cstr(entry["arch"])),
+              ("BLOCK_SIZE", str(int(entry["block_size"]))),
+              ("DYNAMIC_SMEM", str(int(entry["dynamic_smem"]))),
+              ("SHARED_BYTES", str(int(entry["shared_bytes"]))),
+              ("KERNARG_SIZE", str(int(entry["kernarg_size"])))]
+    width = max(len(k) for k, _ in macros)
+    out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
+    out.append("")
+    args = {a["name"] for a in entry["kernargs"]}
+    g = entry["grid"]
+    terms = [_grid_term(name, g[axis], args) for axis in ("x", "y", "z")]
+    return out + _grid_function(f"zyfa_{name}_grid", "grid", st, g, terms)
+
+
+def _aux_section(entries: list) -> list[str]:
+    """The built auxiliary kernels, after the attention kernels: ``ZYFA_NUM_AUX_KERNELS``,
+    ``ZYFA_AUX_KERNELS(X)`` as X(name, NAME) and each kernel's declarations; nothing where
+    none is built (a manifest without them gives the header it always gave)."""
+    built = [e for e in entries if e.get("built")]
+    if not built:
+        return []
+    out = ["/* Auxiliary kernels: not attention; ZYFA_<NAME>_KIND says what each computes",
+           " * (merge_attention_states: docs/api.md). */",
+           f"#define ZYFA_NUM_AUX_KERNELS {len(built)}",
+           "#define ZYFA_AUX_KERNELS(X) \\"]
+    for i, e in enumerate(built):
+        n = _ident(e["name"], "kernel name")
+        out.append(f"  X({n}, {n.upper()})" + (" \\" if i + 1 < len(built) else ""))
+    out.append("")
+    for e in built:
+        out += _aux_kernel(e)
+    return out
+
+
 def write_header(manifest: dict) -> str:
     """The text of ``zyfa_kernels.h`` for ``manifest`` (a parsed manifest.json)."""
     kernels = manifest.get("kernels", [])
@@ -500,5 +552,6 @@ def write_header(manifest: dict) -> str:
     out.append("")
     for e in built:
         out += _kernel(e)
+    out += _aux_section(manifest.get("aux_kernels", []))
     out += _EPILOGUE.splitlines()
     return "\n".join(out) + "\n"

@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from zyfa_runtime import catalogue, e4m3, fp8_models
-from zyfa_runtime.catalogue import ARG_TYPES, Variant, kernargs
+from zyfa_runtime.catalogue import ARG_TYPES, AuxKernel, Variant, kernargs
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The hand-written bodies: gfx950 BF16, and the sm_90a ones by ``catalogue.sm90_body``.
@@ -206,17 +206,23 @@ def params_struct(v: Variant) -> str:
     return (TMAP_STRUCT if any(a.type == "tmap" for a in args) else "") + "struct Params {\n" + fields + "};\n"
 
 
-def entry(v: Variant) -> str:
-    args = kernargs(v)
+def _entry_attrs(vendor: str, threads: int) -> str:
+    if vendor == "cuda":
+        return f"__global__ void __launch_bounds__({threads}, 1)"
+    return f"__global__ __attribute__((amdgpu_flat_work_group_size({threads}, {threads}))) void"
+
+
+def _entry_point(args, attrs: str, symbol: str, body: str) -> str:
+    """An extern "C" entry: the arguments into Params, then ``zyfa::body(p)``."""
     plist = ",\n    ".join(_param(a)[0] for a in args)
     fill = "".join(f"  p.{a.name} = {_param(a)[2]};\n" for a in args)
-    if v.vendor == "cuda":
-        attrs = f"__global__ void __launch_bounds__({v.tile.threads}, 1)"
-    else:
-        attrs = (f"__global__ __attribute__((amdgpu_flat_work_group_size({v.tile.threads}, "
-                 f"{v.tile.threads}))) void")
-    def entry_point(attrs: str, symbol: str, body: str) -> str:   # the arguments into Params, then body(p)
-        return f'extern "C" {attrs} {symbol}(\n    {plist}) {{\n  Params p;\n{fill}  zyfa::{body}(p);\n}}\n'
+    return f'extern "C" {attrs} {symbol}(\n    {plist}) {{\n  Params p;\n{fill}  zyfa::{body}(p);\n}}\n'
+
+
+def entry(v: Variant) -> str:
+    args = kernargs(v)
+    attrs = _entry_attrs(v.vendor, v.tile.threads)
+    entry_point = lambda attrs, symbol, body: _entry_point(args, attrs, symbol, body)  # noqa: E731
     out = entry_point(attrs, v.symbol, "flash_fwd")
     if catalogue.has_vt_prepass(v):
         out += entry_point(f"__global__ void __launch_bounds__({catalogue.VT_THREADS})",
@@ -253,3 +259,33 @@ def emit(v: Variant) -> str:
         else:
             body = body.replace("ZYFA_WGMMA_WRAPPERS", wrappers)
     return "\n".join(parts + [body, entry(v)])
+
+
+# --------------------------------------------------------------------------------------
+# Auxiliary kernels (catalogue.AuxKernel): a vendor file per arch spelling what the kind's
+# shared arithmetic (in cuda/) uses, the shared header inlined in place of its #include.
+
+#: Per kind: the vendor file of each arch's vendor, the shared headers' folder, the body's
+#: function in namespace zyfa.
+AUX_SOURCES = {
+    "merge_attention_states": {"cuda": ROOT / "cuda" / "merge_states.cu",
+                               "hip": ROOT / "hip" / "merge_states.hip",
+                               "shared": ROOT / "cuda", "body": "merge_states"},
+}
+
+
+def aux_config(a: AuxKernel) -> str:
+    spec = a.spec
+    return "\n".join([f"// zyfa generated: {a.name}", "namespace zyfa_cfg {",
+                      f"constexpr int kThreads = {spec.threads};",
+                      f"constexpr int kRows = {spec.rows};   // rows a workgroup: the grid's x",
+                      "}  // namespace zyfa_cfg"]) + "\n"
+
+
+def emit_aux(a: AuxKernel) -> str:
+    """The complete source of auxiliary kernel ``a``: configuration, Params, the vendor file
+    with the shared arithmetic inlined, the entry."""
+    src = AUX_SOURCES[a.kind]
+    body = _inline_includes(src[a.vendor].read_text(), src["shared"])
+    entry_text = _entry_point(kernargs(a), _entry_attrs(a.vendor, a.spec.threads), a.symbol, src["body"])
+    return "\n".join([aux_config(a), params_struct(a), body, entry_text])

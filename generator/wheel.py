@@ -122,7 +122,10 @@ def _build_code_objects(arch: str, out: Path) -> dict[str, bytes]:
         raise WheelError(f"the staged manifest should hold {arch} kernels only, and some")
     files = {p.name: p.read_bytes() for p in sorted(out.iterdir())
              if p.is_file() and not p.name.startswith(".")}
-    for e in built:
+    aux = [e for e in manifest.get("aux_kernels", []) if e.get("built")]
+    if any(e["arch"] != arch for e in aux):
+        raise WheelError(f"the staged manifest's auxiliary kernels should be {arch}'s only")
+    for e in built + aux:
         if hashlib.sha256(files.get(e["file"], b"")).hexdigest() != e["sha256"]:
             raise WheelError(f"{e['file']} is missing or differs from its manifest sha256")
     return {f"zyfa_runtime/prebuilt/{name}": data for name, data in files.items()}

@@ -11,7 +11,7 @@ import pytest
 import build
 from generator import c_header, codeobject
 from zyfa_runtime.__main__ import support_matrix
-from zyfa_runtime.catalogue import TOOLKIT, Variant, all_variants, grid_rule, kernargs
+from zyfa_runtime.catalogue import TOOLKIT, Variant, all_aux, all_variants, grid_rule, kernargs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,14 +77,14 @@ def test_two_clean_builds_are_byte_identical(clean_build, tmp_path):
 def test_c_header_is_written_from_the_manifest(clean_build):
     header = (clean_build / "zyfa_kernels.h").read_text()
     assert header == c_header.write_header(manifest(clean_build))
-    assert header.count("typedef struct zyfa_") == 32
+    assert header.count("typedef struct zyfa_") == 32 + len(all_aux())   # the attention and auxiliary kernels
 
 
 def test_rebuild_is_incremental(clean_build, capsys):
     before = (clean_build / "manifest.json").read_bytes()
     assert build.main(["--out", str(clean_build)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"0 built, 32 cached", out)
+    assert re.search(rf"0 built, {32 + len(all_aux())} cached", out)
     assert (clean_build / "manifest.json").read_bytes() == before
 
 

@@ -5,7 +5,9 @@ __version__ = "0.1.0"
 from .api import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: E402
 from .errors import CodeObjectError, InstallationError, ZyfaError  # noqa: E402
 from .memory import DeviceArray  # noqa: E402
+from .merge import merge_attention_states  # noqa: E402
 from .tensors import TensorRef, as_tensor  # noqa: E402
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "TensorRef", "as_tensor",
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_attention_states",
+           "TensorRef", "as_tensor",
            "DeviceArray", "ZyfaError", "CodeObjectError", "InstallationError", "__version__"]

@@ -323,10 +323,11 @@ def clamps_cu_seqlens(v: Variant) -> bool:
     return v.built_from != "asm-generator"
 
 
-def kernargs(v: Variant) -> list[KernArg]:
-    """The argument list of variant ``v`` with its C ABI layout (``arg_offset``)."""
+def kernargs(v: "Variant | AuxKernel") -> list[KernArg]:
+    """The argument list of variant ``v`` (or of auxiliary kernel ``v``: its kind's
+    ``AuxKind.args``) with its C ABI layout (``arg_offset``)."""
     out, offset = [], 0
-    for name, ty in _arg_names(v):
+    for name, ty in (_arg_names(v) if isinstance(v, Variant) else AUX_KINDS[v.kind].args):
         size = ARG_TYPES[ty][1]
         offset = arg_offset(offset, ty)
         out.append(KernArg(name, ty, offset, size))
@@ -337,6 +338,89 @@ def kernargs(v: Variant) -> list[KernArg]:
 def kernarg_size(args: list[KernArg]) -> int:
     end = max(a.offset + a.size for a in args)
     return (end + 7) // 8 * 8
+
+
+# --------------------------------------------------------------------------------------
+# Auxiliary kernels: the kernels that are not attention, one description a kind.
+#
+# An AuxKind is data: its argument list (laid out by ``kernargs``, as an attention variant's),
+# its launch grid (a rule over the arguments, ``eval_grid``) and its block.  An AuxKernel is a
+# kind built for one arch; build.py records it in the manifest's ``aux_kernels`` with its
+# ``kind``, the runtime loads it by (device, kind) and the C header declares it.
+
+@dataclasses.dataclass(frozen=True)
+class AuxKind:
+    args: tuple         # ((name, ARG_TYPES key), ...) in order
+    grid: dict          # the launch grid, a rule over the arguments (eval_grid)
+    threads: int        # threads a workgroup / CTA
+    rows: int           # rows (of the kind's own unit) one workgroup covers: the grid's x
+
+
+#: merge_attention_states: two partial attentions of the same queries (over disjoint key sets)
+#: into one by their LSEs.  O tensors are bf16 (rows, heads, head dim), row b s of a sequence at
+#: b stride_b + s stride_s + h stride_h (elements, the head dim contiguous); LSEs fp32 natural
+#: log at b stride_b + h stride_h + s stride_s; ``out_lse`` may be null (not written).  Dense
+#: (B, S, H, D) / (B, H, S) and packed (T, H, D) / (H, T) (batch 1, stride_b 0) alike.
+#: A workgroup: MERGE_ROWS rows of one head of one sequence, 32 threads a row over the head dim.
+MERGE_ROWS = 8
+MERGE_KIND = AuxKind(
+    args=(("o_a", "ptr"), ("o_b", "ptr"), ("out", "ptr"),
+          ("lse_a", "ptr"), ("lse_b", "ptr"), ("out_lse", "ptr"),
+          *((f"{t}_stride_{d}", "i64") for t in ("o_a", "o_b", "out") for d in "bsh"),
+          *((f"{t}_stride_{d}", "i64") for t in ("lse_a", "lse_b", "out_lse") for d in "bhs"),
+          ("batch", "i32"), ("heads", "i32"), ("seqlen", "i32"), ("head_dim", "i32")),
+    grid={"x": {"cdiv": ["seqlen", MERGE_ROWS]}, "y": "heads", "z": "batch"},
+    threads=32 * MERGE_ROWS, rows=MERGE_ROWS)
+
+AUX_KINDS = {"merge_attention_states": MERGE_KIND}
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class AuxKernel:
+    kind: str
+    arch: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in AUX_KINDS:
+            raise ValueError(f"unknown auxiliary kernel kind {self.kind!r}; known: {tuple(AUX_KINDS)}")
+        if self.arch not in ARCHES:
+            raise ValueError(f"unknown arch {self.arch!r}; known: {ARCHES}")
+
+    @property
+    def spec(self) -> AuxKind:
+        return AUX_KINDS[self.kind]
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}_{self.arch}"
+
+    @property
+    def symbol(self) -> str:
+        return "zyfa_" + self.name
+
+    @property
+    def vendor(self) -> str:
+        return VENDOR[self.arch]
+
+    @property
+    def filename(self) -> str:
+        return self.name + SUFFIX[self.arch]
+
+    @property
+    def built_from(self) -> str:
+        return self.vendor
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "arch": self.arch}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "AuxKernel":
+        return cls(kind=d["kind"], arch=d["arch"])
+
+
+def all_aux() -> list[AuxKernel]:
+    """Every auxiliary kernel: each kind on each arch, in a fixed order."""
+    return [AuxKernel(k, a) for k in AUX_KINDS for a in ARCHES]
 
 
 # --------------------------------------------------------------------------------------
@@ -552,9 +636,9 @@ def eval_grid(rule: dict, values: dict) -> tuple[int, int, int]:
     return tuple(max(ev(rule[axis]), 0) for axis in ("x", "y", "z"))
 
 
-def iter_select(variants: list[Variant], arch: str | None = None, only: str | None = None
-                ) -> Iterator[Variant]:
-    """Variants matching ``--arch`` and an ``--only`` substring filter (comma-separated)."""
+def iter_select(variants: list, arch: str | None = None, only: str | None = None) -> Iterator:
+    """Variants (or auxiliary kernels) matching ``--arch`` and an ``--only`` substring filter
+    (comma-separated)."""
     pats = [p for p in (only or "").split(",") if p]
     for v in variants:
         if arch and v.arch != arch:

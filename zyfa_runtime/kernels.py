@@ -10,7 +10,7 @@ import dataclasses
 import threading
 
 from . import cache, versions
-from .catalogue import KernArg, Variant
+from .catalogue import AuxKernel, KernArg, Variant
 from .errors import ZyfaError
 
 
@@ -19,8 +19,9 @@ class Kernel:
     """One loaded kernel: its manifest entry and the driver's function handle, and those of its
     pre-pass (launched first) and its tail kernel (launched after it), where the entry has them,
     all with the same arguments.  Compared and hashed by identity: a table loads one a (device,
-    variant)."""
-    variant: Variant
+    variant).  An auxiliary kernel (the manifest's ``aux_kernels``) has its AuxKernel as
+    ``variant``."""
+    variant: Variant | AuxKernel
     entry: dict
     function: object
     prepass: object = None
@@ -41,6 +42,7 @@ class KernelTable:
         self.manifest = manifest
         self.prebuilt = prebuilt
         self._entries = {Variant.from_json(e["variant"]): e for e in manifest["kernels"]}
+        self._aux_entries = {AuxKernel.from_json(e): e for e in manifest.get("aux_kernels", [])}
         self._loaded: dict[tuple[int, Variant], Kernel] = {}
         self._archs: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -61,7 +63,11 @@ class KernelTable:
     def available(self, arch: str) -> list[Variant]:
         return sorted(v for v, e in self._entries.items() if v.arch == arch and e.get("built"))
 
-    def get(self, device: int, variant: Variant) -> Kernel:
+    def aux(self, device: int, kind: str) -> Kernel:
+        """The auxiliary kernel of ``kind`` for ``device``'s arch, loaded once."""
+        return self.get(device, AuxKernel(kind, self.device_arch(device)))
+
+    def get(self, device: int, variant: Variant | AuxKernel) -> Kernel:
         key = (device, variant)
         kernel = self._loaded.get(key)
         if kernel is not None:
@@ -76,8 +82,9 @@ class KernelTable:
                 self._loaded[key] = kernel
         return kernel
 
-    def _load(self, device: int, variant: Variant) -> Kernel:
-        entry = self._entries.get(variant)
+    def _load(self, device: int, variant: Variant | AuxKernel) -> Kernel:
+        entries = self._aux_entries if isinstance(variant, AuxKernel) else self._entries
+        entry = entries.get(variant)
         if entry is None:
             raise ZyfaError(f"no kernel {variant.name} in the manifest")
         if not entry.get("built"):

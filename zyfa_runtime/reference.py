@@ -223,3 +223,28 @@ def kvcache_attention(q, k_cache, v_cache, *, cache_seqlens, page_table=None, cu
         out = out.reshape(b, sq, *out.shape[1:])
         lse = lse.reshape(lse.shape[0], b, sq).transpose(1, 0, 2)
     return (out, lse) if return_lse else out
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b):
+    """Two partial attentions of the same queries over disjoint key sets, merged, in float64.
+
+    o_a, o_b (..., S, H, D) (dense (B, S, H, D) or packed (T, H, D)); lse_a, lse_b the matching
+    natural-log LSEs (..., H, S) ((B, H, S) or (H, T)).  Returns (out, lse): the attention over
+    both key sets, ``out = (e^{lse_a} o_a + e^{lse_b} o_b) / (e^{lse_a} + e^{lse_b})`` and
+    ``lse = log(e^{lse_a} + e^{lse_b})``, computed from m = max(lse_a, lse_b).  A side whose LSE
+    is -inf (no keys) contributes nothing, whatever its O; both: zeros and -inf; a NaN LSE gives
+    a NaN row."""
+    o_a, o_b = (np.asarray(o, np.float64) for o in (o_a, o_b))
+    lse_a, lse_b = (np.asarray(x, np.float64) for x in (lse_a, lse_b))
+    m = np.maximum(lse_a, lse_b)
+    live = ~np.isneginf(m)           # a NaN LSE makes its row NaN
+    m0 = np.where(live, m, 0.0)
+    wa, wb = np.exp(lse_a - m0), np.exp(lse_b - m0)   # exp(-inf) = 0: no keys, no weight
+    s = wa + wb
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ca, cb = np.where(live, wa / s, 0.0), np.where(live, wb / s, 0.0)
+        lse = np.where(live, m0 + np.log(s), -np.inf)
+    row = lambda c: np.swapaxes(c, -1, -2)[..., None]   # noqa: E731  (..., H, S) -> (..., S, H, 1)
+    # a side of weight 0 is not read (0 times a NaN or inf left there would poison the row)
+    out = (np.where(row(ca) != 0, row(ca) * o_a, 0.0) + np.where(row(cb) != 0, row(cb) * o_b, 0.0))
+    return out, lse
