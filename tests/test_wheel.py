@@ -26,6 +26,7 @@ import pytest
 
 from generator import toolchain
 from zyfa_runtime import __version__
+from zyfa_runtime import catalogue
 from zyfa_runtime.catalogue import TOOLKIT
 
 pytestmark = [pytest.mark.wheel, pytest.mark.slow]
@@ -148,11 +149,14 @@ def _check_wheel_file(wheel: Path, target: str) -> dict:
     assert manifest["compilers"][arch]["version"]
     built = [e for e in manifest["kernels"] if e["built"]]
     assert len(built) == n_kernels and {e["variant"]["arch"] for e in built} == {arch}
-    for e in built:
+    # the auxiliary kernels (merge_attention_states) ship beside the attention ones
+    aux = [e for e in manifest.get("aux_kernels", []) if e["built"]]
+    assert len(aux) == len(catalogue.AUX_KINDS) and {e["arch"] for e in aux} == {arch}
+    for e in built + aux:
         data = files[f"zyfa_runtime/prebuilt/{e['file']}"]
         assert hashlib.sha256(data).hexdigest() == e["sha256"]
     objects = [n for n in names if n.endswith((".cubin", ".hsaco"))]
-    assert sorted(objects) == sorted(f"zyfa_runtime/prebuilt/{e['file']}" for e in built)
+    assert sorted(objects) == sorted(f"zyfa_runtime/prebuilt/{e['file']}" for e in built + aux)
     return manifest
 
 
