@@ -6,13 +6,8 @@
 set -uo pipefail
 out=${1:?outdir}; commit=${2:-unknown}
 mkdir -p "$out"
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "commit: $commit"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader \
-    | sed 's/^/gpu: /'
-  python3 --version
-} > "$out/machine.txt"
+. "$(dirname "$0")/machine.sh"
+machine_txt "$out/machine.txt" "$commit"
 cat "$out/machine.txt"
 python3 -m zyfa_runtime info 2>&1 | tee "$out/info.txt"
 python3 -m zyfa_runtime check 2>&1 | tee "$out/check.txt"; check_rc=${PIPESTATUS[0]}

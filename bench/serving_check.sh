@@ -10,13 +10,8 @@ mkdir -p "$out"
 if compgen -G ".whl/*.whl" > /dev/null; then   # cffi, platformdirs where the image lacks them
   python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -1
 fi
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
-  echo "commit: $commit"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader \
-    | sed 's/^/gpu: /'
-  python3 --version
-} > "$out/machine.txt"
+. "$(dirname "$0")/machine.sh"
+machine_txt "$out/machine.txt" "$commit"
 export PYTHONPATH=$PWD
 step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   case " ${STEPS:-$name} " in *" $name "*) ;; *) return 0;; esac

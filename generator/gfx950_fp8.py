@@ -790,7 +790,13 @@ def _matrix_ahead(a: Asm, pv_block: str | None, qk_block: str | None, loads: lis
             order.append(j)
         if loads:
             loads.pop(0)()
-    for emit in loads:                  # more loads than MFMAs
+    _finish_matrix(a, loads, qk_done)
+
+
+def _finish_matrix(a: Asm, loads: list, qk_done: int | None) -> None:
+    """A matrix phase's end: the loads left over (more loads than MFMAs), then the wait
+    states S^T's last MFMA owes the VALU that reads it in the next phase."""
+    for emit in loads:
         emit()
     if qk_done is not None:
         a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
@@ -868,11 +874,7 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
         next_reads(i)
         if loads:
             loads.pop(0)()
-    for emit in loads:                  # more loads than MFMAs
-        emit()
-    if qk_done is not None:
-        a.note("S^T is read by VALU in the next phase: 20 wait states after a 16-pass MFMA")
-        a.nops(20 - a.instructions_since(qk_done))
+    _finish_matrix(a, loads, qk_done)
 
 
 def stage_row_sums(a: Asm) -> None:

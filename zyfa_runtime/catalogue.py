@@ -49,8 +49,27 @@ def distribution_name(toolkit: str) -> str:
 #: Code-object file suffix per arch.
 SUFFIX = {"sm_90a": ".cubin", "gfx950": ".hsaco"}
 
+
+class CodeObject:
+    """What a built kernel's names derive from its ``name`` and ``arch``: an attention
+    Variant's and an AuxKernel's alike."""
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's entry-point symbol in its code object (extern "C")."""
+        return "zyfa_" + self.name
+
+    @property
+    def vendor(self) -> str:
+        return VENDOR[self.arch]
+
+    @property
+    def filename(self) -> str:
+        return self.name + SUFFIX[self.arch]
+
+
 @dataclasses.dataclass(frozen=True, order=True)
-class Variant:
+class Variant(CodeObject):
     arch: str
     dtype: str
     d_qk: int
@@ -69,19 +88,6 @@ class Variant:
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}"
-
-    @property
-    def symbol(self) -> str:
-        """The kernel's entry-point symbol in its code object (extern "C")."""
-        return "zyfa_" + self.name
-
-    @property
-    def vendor(self) -> str:
-        return VENDOR[self.arch]
-
-    @property
-    def filename(self) -> str:
-        return self.name + SUFFIX[self.arch]
 
     @property
     def tile(self) -> "Tile":
@@ -376,7 +382,7 @@ AUX_KINDS = {"merge_attention_states": MERGE_KIND}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
-class AuxKernel:
+class AuxKernel(CodeObject):
     kind: str
     arch: str
 
@@ -393,18 +399,6 @@ class AuxKernel:
     @property
     def name(self) -> str:
         return f"{self.kind}_{self.arch}"
-
-    @property
-    def symbol(self) -> str:
-        return "zyfa_" + self.name
-
-    @property
-    def vendor(self) -> str:
-        return VENDOR[self.arch]
-
-    @property
-    def filename(self) -> str:
-        return self.name + SUFFIX[self.arch]
 
     @property
     def built_from(self) -> str:
