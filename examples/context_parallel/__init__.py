@@ -1,0 +1,1 @@
+"""Context-parallel causal prefill: a ring of zyfa calls over N ranks (README.md)."""
