@@ -56,7 +56,8 @@ def rows(data, peers) -> list[str]:
             b = best_measured(p, peers.PEER_IMPLS[dtype])
             cells.append(f"{z[1]:.0f}" if z else "-")
             cells.append(f"{b[1]:.0f} {SHORT.get(b[0], b[0])}" if b else "-")
-            cells.append(f"**{z[1] / b[1]:.2f}x**" if z and b else "-")
+            r = z[1] / b[1] if z and b else None   # a win in bold, a loss plain
+            cells.append("-" if r is None else f"**{r:.2f}x**" if r >= 1 else f"{r:.2f}x")
         fa3 = fa3_figures(peers, p)
         cells.append(" / ".join(f"{fa3[d]:.0f}" if d in fa3 else "-" for d in ("fp8", "bf16")))
         lines.append("| " + " | ".join(cells) + " |")
