@@ -271,6 +271,9 @@ AUX_SOURCES = {
     "merge_attention_states": {"cuda": ROOT / "cuda" / "merge_states.cu",
                                "hip": ROOT / "hip" / "merge_states.hip",
                                "shared": ROOT / "cuda", "body": "merge_states"},
+    **{kind: {"cuda": ROOT / "cuda" / "quantize_fp8.cu", "hip": ROOT / "hip" / "quantize_fp8.hip",
+              "shared": ROOT / "cuda", "body": kind.replace("_fp8", "")}
+       for kind in catalogue.QUANTIZE_KINDS},
 }
 
 

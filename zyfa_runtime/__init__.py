@@ -6,8 +6,10 @@ from .api import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcach
 from .errors import CodeObjectError, InstallationError, ZyfaError  # noqa: E402
 from .memory import DeviceArray  # noqa: E402
 from .merge import merge_attention_states  # noqa: E402
+from .quantize import QuantizedFP8, quantize_fp8  # noqa: E402
 from .tensors import TensorRef, as_tensor  # noqa: E402
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_attention_states",
+           "quantize_fp8", "QuantizedFP8",
            "TensorRef", "as_tensor",
            "DeviceArray", "ZyfaError", "CodeObjectError", "InstallationError", "__version__"]

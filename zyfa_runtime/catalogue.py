@@ -378,7 +378,39 @@ MERGE_KIND = AuxKind(
     grid={"x": {"cdiv": ["seqlen", MERGE_ROWS]}, "y": "heads", "z": "batch"},
     threads=32 * MERGE_ROWS, rows=MERGE_ROWS)
 
-AUX_KINDS = {"merge_attention_states": MERGE_KIND}
+#: quantize_fp8 (zyfa_runtime/quantize.py, cuda/quantize_fp8.cuh): bf16 q, k, v into e4m3 codes
+#: and descales in passes, each a kind, all with QUANTIZE_ARGS: K's mean (partial fp64 sums over
+#: chunks of QUANTIZE_MEAN_ROWS keys, then their total over a sequence); at block granularity
+#: q's and k's blocks whole (a workgroup a block: amax, descale, codes); each tile's amax (a tile:
+#: QUANTIZE_TILE_ROWS rows of one head of one sequence: grid y runs over ``tile_heads`` heads of
+#: the combined q | k | v axis from ``tile_y0``), each descale from its tiles' amax, the codes.
+#: A workgroup 256 threads.
+QUANTIZE_TILE_ROWS, QUANTIZE_MEAN_ROWS, QUANTIZE_THREADS = 32, 64, 256
+QUANTIZE_ARGS = (
+    *((name, "ptr") for name in ("q", "k", "v", "q8", "k8", "v8", "descale_q", "descale_k", "descale_v",
+                                 "mean", "cu_seqlens_q", "cu_seqlens_k", "sums", "amax")),
+    *((f"{t}_stride_{d}", "i64") for t in ("q", "k", "v", "q8", "k8", "v8") for d in "bsh"),
+    *((name, "i32") for name in ("batch", "heads_q", "heads_k", "d_qk", "d_v", "seqlen_q", "seqlen_k",
+                                 "max_seqlen_q", "max_seqlen_k", "tile_x", "tile_y0", "tile_heads",
+                                 "mean_chunks", "n_descales", "descale_e0", "block_x", "block_heads",
+                                 "smooth_k", "power_of_two")),
+    *((f"{t}_{f}", "i32") for t in "qkv"
+      for f in ("ds_batches", "ds_groups", "ds_blocks", "heads_per_group", "block_rows")))
+_TILE_GRID = {"x": "tile_x", "y": "tile_heads", "z": "batch"}
+QUANTIZE_KINDS = {
+    "quantize_fp8_mean": AuxKind(QUANTIZE_ARGS, {"x": "mean_chunks", "y": "heads_k", "z": "batch"},
+                                 QUANTIZE_THREADS, QUANTIZE_MEAN_ROWS),
+    "quantize_fp8_mean_finish": AuxKind(QUANTIZE_ARGS, {"x": {"cdiv": [{"mul": ["heads_k", "d_qk"]},
+                                                                       QUANTIZE_THREADS]},
+                                                        "y": "batch", "z": 1}, QUANTIZE_THREADS, 1),
+    "quantize_fp8_blocks": AuxKind(QUANTIZE_ARGS, {"x": "block_x", "y": "block_heads", "z": "batch"},
+                                   QUANTIZE_THREADS, 128),
+    "quantize_fp8_amax": AuxKind(QUANTIZE_ARGS, _TILE_GRID, QUANTIZE_THREADS, QUANTIZE_TILE_ROWS),
+    "quantize_fp8_scales": AuxKind(QUANTIZE_ARGS, {"x": "n_descales", "y": 1, "z": 1}, QUANTIZE_THREADS, 1),
+    "quantize_fp8_codes": AuxKind(QUANTIZE_ARGS, _TILE_GRID, QUANTIZE_THREADS, QUANTIZE_TILE_ROWS),
+}
+
+AUX_KINDS = {"merge_attention_states": MERGE_KIND, **QUANTIZE_KINDS}
 
 
 @dataclasses.dataclass(frozen=True, order=True)
