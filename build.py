@@ -42,7 +42,7 @@ from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, AuxKe
                                     all_aux, all_variants,
                                     PERSISTENT_COUNTER_BYTES, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_OVERHEAD_BLOCKS,
                                     SPLIT_TAIL_SWITCH_BLOCKS, grid_rule,
-                                    dependent_launch, has_vt_prepass, iter_select, kernarg_size,
+                                    dependent_launch, features, has_vt_prepass, iter_select, kernarg_size,
                                     split_tail_counter_bytes,
                                     split_tail_grid_rule, split_tail_slot_bytes, split_tail_symbol, tiles_rule,
                                     kernargs, tensor_maps, vt_prepass_grid_rule, vt_prepass_symbol)
@@ -126,6 +126,9 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
            if v.tile.persistent else {}),
         **({"split_tail": split_tail_entry(v)} if v.tile.split_tail else {}),
         **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
+        # the serving features the kernel implements (catalogue.features; plan.require_features
+        # refuses a call needing one it does not list): absent where none
+        **({"features": list(features(v))} if features(v) else {}),
     }
 
 

@@ -227,6 +227,9 @@ def _kernel(entry: dict) -> list[str]:
         ("PERSISTENT", "1" if "persistent" in entry else "0"),
         ("SPLIT_TAIL", "1" if "split_tail" in entry else "0"),
         ("DEPENDENT_LAUNCH", "1" if entry.get("dependent_launch") else "0"),
+        # the serving features (manifest "features"): 1 where the struct has their arguments
+        # (window: window_left = window_right = -1 is no window; a zeroed struct means (0, 0))
+        *((f.upper(), "1" if f in entry.get("features", ()) else "0") for f in ("window", "softcap", "sinks")),
     ]
     width = max(len(k) for k, _ in macros)
     out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
@@ -272,6 +275,24 @@ def _contract(name: str, args: set) -> list[str]:
     elif "descale_q" in args:
         out += [f"/* {name}: descale_q/_k/_v each point to one fp32 dequantisation factor (the whole",
                 " * tensor's). */"]
+    out += _features_contract(name, args)
+    return out
+
+
+def _features_contract(name: str, args: set) -> list[str]:
+    """The serving features' arguments a kernel has (catalogue.features: window, softcap,
+    sinks), each stated where present."""
+    out = []
+    if {"window_left", "window_right"} <= args:
+        out += [f"/* {name}: sliding window: query row i of a sequence of sq queries and sk keys sees keys",
+                " * i + sk - sq - window_left .. i + sk - sq + window_right, a bound of -1 being none (a causal",
+                " * kernel takes window_right as 0 whatever it holds; no window: -1 and -1). */"]
+    if {"softcap", "softcap_scale"} <= args:
+        out += [f"/* {name}: softcap: 0 and 0 off; else each scaled score s becomes softcap * tanh(s / softcap),",
+                " * with softcap_scale = (float)(softmax_scale / softcap). */"]
+    if "sinks" in args:
+        out += [f"/* {name}: sinks: null, or fp32[hq]: query head h's logit sinks[h] (in the scaled-score",
+                " * space) joins every row's softmax denominator with no value; the LSE includes it. */"]
     return out
 
 

@@ -128,9 +128,36 @@ class Plan:
     vgpr: dict             # name -> register
     agpr: dict
     sgpr: dict
+    args: dict             # kernel argument -> its first SGPR (resident_args, PROLOGUE_ARGS)
     n_vgpr: int
     n_agpr: int
     n_sgpr: int
+
+
+#: Arguments the prologue reads once, before stage_constants: loaded by stage_arguments into
+#: registers free until then (the strides of descale_t into the resource quad of tensor t, the
+#: packed totals into a8) rather than kept beside the others, so that the kernel's SGPRs stay
+#: within 102.  name -> (register, index).
+PROLOGUE_ARGS = {**{f"descale_{t}_stride_{d}": (f"r{t}", 2 * i) for t in "qkv" for i, d in enumerate("bh")},
+                 "total_q": ("a8", 0), "total_k": ("a8", 1)}
+
+
+def kernarg_image(v: Variant) -> list:
+    """The dwords of the kernarg segment the kernel keeps in SGPRs, s8 on, in order: all but
+    those of PROLOGUE_ARGS (alignment gaps included, so that the loads run on)."""
+    skip = {a.offset // 4 + i for a in kernargs(v) if a.name in PROLOGUE_ARGS for i in range(a.size // 4)}
+    return [d for d in range(-(-kernarg_size(kernargs(v)) // 4)) if d not in skip]
+
+
+def resident_args(v: Variant) -> dict:
+    """Kernel argument -> its first SGPR in ``kernarg_image``.  A 64-bit argument stays on an
+    even register (the dwords left out come in pairs)."""
+    at = {d: KERNARG_SGPR + i for i, d in enumerate(kernarg_image(v))}
+    out = {a.name: at[a.offset // 4] for a in kernargs(v) if a.name not in PROLOGUE_ARGS}
+    odd = [a.name for a in kernargs(v) if a.size == 8 and a.name in out and out[a.name] % 2]
+    if odd:
+        raise ValueError(f"{v.name}: 64-bit arguments on odd SGPRs: {odd}")
+    return out
 
 
 def plan(v: Variant) -> Plan:
@@ -178,7 +205,7 @@ def plan(v: Variant) -> Plan:
             break
     else:
         raise ValueError(f"{v.name}: {vg.next} VGPRs + {ag.next} AGPRs exceed {VGPR_LIMIT}")
-    sg = _Pool("s", KERNARG_SGPR + -(-kernarg_size(kernargs(v)) // 4))
+    sg = _Pool("s", KERNARG_SGPR + len(kernarg_image(v)))
     singles = ("c", "sq", "sk", "qf", "m0row", "diag", "wave", "wrow0", "nb", "wnb",
                "wfull", "p", "pb", "qb", "dv", "kstr64", "vstr64", "t4", "t5", "dl", "dr")
     for name in singles[:2]:          # fill up to the quads' alignment
@@ -195,6 +222,9 @@ def plan(v: Variant) -> Plan:
         sg.names[name] = sg.names[alias]
     if sg.next > 102:
         raise ValueError(f"{v.name}: {sg.next} SGPRs")
+    args = resident_args(v)
+    names = {a.name for a in kernargs(v)}
+    args.update({n: sg.names[reg][0] + i for n, (reg, i) in PROLOGUE_ARGS.items() if n in names})
     return Plan(v, qk_steps, pv_chunks, pk, pv, kb // 1024 // DMA_WAVES, vb // 1024 // DMA_WAVES,
                 tuple(i * kb for i in range(STAGES)),
                 tuple(STAGES * kb + i * vb for i in range(STAGES)), STAGES * (kb + vb), frag_bufs,
@@ -203,7 +233,7 @@ def plan(v: Variant) -> Plan:
                 # 324 against 288, where anything added to it lengthens the period
                 v.d_v >= 128,
                 {k: b for k, (b, _) in vg.names.items()}, {k: b for k, (b, _) in ag.names.items()},
-                {k: b for k, (b, _) in sg.names.items()}, n_vgpr, ag.next, sg.next)
+                {k: b for k, (b, _) in sg.names.items()}, args, n_vgpr, ag.next, sg.next)
 
 
 # --------------------------------------------------------------------------------------
@@ -254,8 +284,9 @@ class Asm:
         return f"s[{b}:{b + n - 1}]"
 
     def arg(self, name: str, n: int = 1) -> str:
-        a = next(a for a in kernargs(self.p.v) if a.name == name)
-        b = KERNARG_SGPR + a.offset // 4
+        """Kernel argument ``name`` (``n`` dwords): its SGPRs (``Plan.args``; those of
+        PROLOGUE_ARGS hold it until stage_constants)."""
+        b = self.p.args[name]
         return f"s{b}" if n == 1 else f"s[{b}:{b + n - 1}]"
 
     def swizzled(self, base: str, flip: int) -> str:
@@ -345,26 +376,38 @@ def _madd64(a: Asm, dst: str, idx: str, stride: str) -> None:
 # Stages, top to bottom.
 
 def stage_arguments(a: Asm) -> None:
-    """Load the kernel arguments (layout from the catalogue) and the descales."""
-    dwords, reg = kernarg_size(kernargs(a.p.v)) // 4, KERNARG_SGPR
-    off = 0
-    for n in (16, 8, 4, 2, 1):
-        while dwords - off >= n:
-            dst = f"s[{reg + off}:{reg + off + n - 1}]" if n > 1 else f"s{reg + off}"
-            a(f"s_load_dword{'x' + str(n) if n > 1 else ''} {dst}, s[0:1], 0x{4 * off:x}")
-            off += n
-    a("s_waitcnt lgkmcnt(0)")
-    a(f"s_load_dword {a.s('dq')}, {a.arg('descale_q', 2)}, 0x0")
-    a(f"s_load_dword {a.s('dk')}, {a.arg('descale_k', 2)}, 0x0")
-    a(f"s_load_dword {a.s('dv')}, {a.arg('descale_v', 2)}, 0x0")
+    """Load the kernel arguments (layout from the catalogue) into their SGPRs (``Plan.args``):
+    each run of dwords contiguous in the segment and in the registers by the widest loads
+    their alignment allows (a tuple of 4 or more SGPRs starts on a multiple of 4)."""
+    dst = {d: KERNARG_SGPR + i for i, d in enumerate(kernarg_image(a.p.v))}   # segment dword -> SGPR
+    dst.update({arg.offset // 4 + i: a.p.args[arg.name] + i for arg in kernargs(a.p.v)
+                if arg.name in PROLOGUE_ARGS for i in range(arg.size // 4)})
+    order = sorted(dst)
+    i = 0
+    while i < len(order):
+        d, reg = order[i], dst[order[i]]
+        run = 1
+        while i + run < len(order) and order[i + run] == d + run and dst[order[i + run]] == reg + run:
+            run += 1
+        n = next(n for n in (16, 8, 4, 2, 1) if n <= run and reg % min(n, 4) == 0)
+        regs = f"s[{reg}:{reg + n - 1}]" if n > 1 else f"s{reg}"
+        a(f"s_load_dword{'x' + str(n) if n > 1 else ''} {regs}, s[0:1], 0x{4 * d:x}")
+        i += n
     a("s_waitcnt lgkmcnt(0)")
 
 
 def stage_sequence(a: Asm) -> None:
-    """This workgroup's sequence (varlen through cu_seqlens), early exit, kv head."""
+    """This workgroup's sequence (varlen through cu_seqlens), early exit, kv head.
+
+    A packed sequence's rows are clamped to the tensors' (hip/bf16_config.h clamped_segment):
+    first = clamp(cu[b], 0, total), end = clamp(cu[b + 1], first, total), length =
+    min(end - first, max_seqlen) (signed), so that whatever int32 values cu_seqlens holds,
+    first + length <= total and length <= the seqlen argument: every buffer resource below
+    stays inside its tensor, and spans no more rows than the runtime checked."""
     for t, cu, first, length, seqarg in (("q", "cu_seqlens_q", "qf", "sq", "seqlen_q"),
                                          ("k", "cu_seqlens_k", "kf", "sk", "seqlen_k")):
         done = a.new_label(f"fixed_{t}")
+        total = a.arg(f"total_{t}")
         a(f"s_mov_b32 {a.s(first)}, 0")
         a(f"s_mov_b32 {a.s(length)}, {a.arg(seqarg)}")
         a(f"s_cmp_lg_u64 {a.arg(cu, 2)}, 0")
@@ -372,8 +415,12 @@ def stage_sequence(a: Asm) -> None:
         a(f"s_lshl_b32 {a.s('t4')}, s4, 2")
         a(f"s_load_dwordx2 {a.sr('t0', 2)}, {a.arg(cu, 2)}, {a.s('t4')}")
         a("s_waitcnt lgkmcnt(0)")
-        a(f"s_mov_b32 {a.s(first)}, {a.s('t0')}")
-        a(f"s_sub_u32 {a.s(length)}, {a.s('t0', 1)}, {a.s('t0')}")
+        a(f"s_max_i32 {a.s(first)}, {a.s('t0')}, 0")
+        a(f"s_min_i32 {a.s(first)}, {a.s(first)}, {total}")
+        a(f"s_max_i32 {a.s('t0', 1)}, {a.s('t0', 1)}, {a.s(first)}")
+        a(f"s_min_i32 {a.s('t0', 1)}, {a.s('t0', 1)}, {total}")
+        a(f"s_sub_i32 {a.s(length)}, {a.s('t0', 1)}, {a.s(first)}")
+        a(f"s_min_i32 {a.s(length)}, {a.s(length)}, {a.arg(seqarg)}")
         a.label(done)
     a.note("the workgroup's first row; a workgroup past the sequence leaves before any barrier")
     a(f"s_lshl_b32 {a.s('m0row')}, s2, {int(math.log2(BLOCK_M))}")
@@ -398,6 +445,22 @@ def stage_sequence(a: Asm) -> None:
     a("s_branch .Lkvhead")
     a.label(".Lkvhead_done")
     a(f"s_sub_i32 {a.s('diag')}, {a.s('sk')}, {a.s('sq')}")
+
+
+def stage_descales(a: Asm) -> None:
+    """The descales of this workgroup's sequence b (s4) and kv head hk: dq, dk, dv =
+    descale_t[b stride_b + hk stride_h] (fp32, strides in elements; 0 and 0 for one value),
+    the byte offset in 32 bits (the runtime refuses a view spanning 2^30 elements:
+    plan._descale_values) as the load's SGPR offset, kept in the stride's low dword until the
+    load lands.  The values feed c (stage_constants) and the output factor (stage_epilogue)."""
+    for t, d in (("q", "dq"), ("k", "dk"), ("v", "dv")):
+        sb, sh = a.arg(f"descale_{t}_stride_b"), a.arg(f"descale_{t}_stride_h")
+        a(f"s_mul_i32 {sb}, s4, {sb}")
+        a(f"s_mul_i32 {sh}, {a.s('hk')}, {sh}")
+        a(f"s_add_u32 {sb}, {sb}, {sh}")
+        a(f"s_lshl_b32 {sb}, {sb}, 2")
+        a(f"s_load_dword {a.s(d)}, {a.arg(f'descale_{t}', 2)}, {sb}")
+    a("s_waitcnt lgkmcnt(0)")
 
 
 def _resource(a: Asm, rsrc: str, tensor: str, head: str, first: str, cu: str,
@@ -426,6 +489,7 @@ def _resource(a: Asm, rsrc: str, tensor: str, head: str, first: str, cu: str,
         a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.arg(tensor + '_stride_s', 2)}, {scale}")
         _madd64(a, f"s{base}", first_row, a.s("t0"))
         a(f"s_sub_u32 {a.s('t5')}, {rows}, {first_row}")     # rows from the first one on
+        a(f"s_min_u32 {a.s('t5')}, {a.s('t5')}, {BLOCK_M}")  # the workgroup's (the span plan.py checks)
         rows = a.s("t5")
     a(f"s_and_b32 s{base + 1}, s{base + 1}, 0xffff")
     a(f"s_sub_u32 {t0}, {rows}, 1")
@@ -1200,12 +1264,14 @@ def stage_epilogue(a: Asm) -> None:
     for idx, stride in (("s4", "lse_stride_b"), ("s3", "lse_stride_h")):   # fp32 elements
         a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.arg(stride, 2)}, 2")
         _madd64(a, f"s{b}", idx, a.s("t0"))
-    a(f"s_add_u32 {a.s('t0')}, {a.s('qf')}, {a.s('dl')}")   # the workgroup's first row
-    a(f"s_lshl_b32 {a.s('t0')}, {a.s('t0')}, 2")
+    a(f"s_add_u32 {a.s('t0')}, {a.s('qf')}, {a.s('dl')}")   # the workgroup's first row (< 2^31)
+    a(f"s_mov_b32 {a.s('t0', 1)}, 0")
+    a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.sr('t0', 2)}, 2")
     a(f"s_add_u32 s{b}, s{b}, {a.s('t0')}")
-    a(f"s_addc_u32 s{b + 1}, s{b + 1}, 0")
+    a(f"s_addc_u32 s{b + 1}, s{b + 1}, {a.s('t0', 1)}")
     a(f"s_and_b32 s{b + 1}, s{b + 1}, 0xffff")
-    a(f"s_sub_u32 s{b + 2}, {a.s('sq')}, {a.s('dl')}")
+    a(f"s_sub_u32 s{b + 2}, {a.s('sq')}, {a.s('dl')}")      # its rows: at most BLOCK_M
+    a(f"s_min_u32 s{b + 2}, s{b + 2}, {BLOCK_M}")
     a(f"s_lshl_b32 s{b + 2}, s{b + 2}, 2")
     a(f"s_mov_b32 s{b + 3}, {RSRC_WORD3}")
     a(f"v_log_f32 {t}, {l}")
@@ -1297,6 +1363,7 @@ def emit(v: Variant) -> str:
             f"{v.symbol}:"]
     stage_arguments(a)
     stage_sequence(a)
+    stage_descales(a)
     stage_constants(a)
     stage_lanes(a)
     stage_loop(a)

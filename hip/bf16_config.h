@@ -82,6 +82,17 @@ __device__ inline void sync_workgroup() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
+// x, hidden from the compiler's value numbering (so that a test on it is made anew where used,
+// not kept from an earlier identical one), in an SGPR or a VGPR.
+__device__ inline int opaque_sgpr(int x) {
+  asm volatile("" : "+s"(x));
+  return x;
+}
+__device__ inline int opaque_vgpr(int x) {
+  asm volatile("" : "+v"(x));
+  return x;
+}
+
 // s_waitcnt vmcnt(0): this wave's buffer loads (and their LDS writes) are complete.
 // Encoding (gfx9): vmcnt [3:0] and [15:14], expcnt [6:4], lgkmcnt [11:8]; the others at max.
 __device__ inline void wait_vm_all() { __builtin_amdgcn_s_waitcnt(0x0F70); }

@@ -23,28 +23,87 @@ __device__ inline float max3(float a, float b, float c) {
   return __builtin_elementwise_maximum(__builtin_elementwise_maximum(a, b), c);
 }
 
-// Masked scores -> -inf: keys past the sequence and, causal, keys after the row's
-// diagonal (bottom-right aligned: key <= row + diag).  Only tiles that need it run this.
-__device__ inline void mask_tile(f32x16 (&s)[kKeySubs], int n0, int row, int diag, int sk, int g) {
-  constexpr bool kCausal = zyfa_cfg::kCausal;
-  int lim = sk - 1;  // last key this row sees
-  if (kCausal && row + diag < lim) lim = row + diag;
-  lim -= n0 + 4 * g;
+// The keys a query row sees (zyfa_runtime/window.py, bottom-right aligned): row r of a
+// sequence of sq queries and sk keys sits at key position r + diag (diag = sk - sq) and sees
+// keys [r + diag - left, r + diag + right] within [0, sk), a bound of -1 being none; causal
+// kernels have right = 0 built in.  first(r) <= first(r + 1) and end(r) <= end(r + 1), so a
+// block of rows [r0, r1] sees keys [first(r0), end(r1)) at most and every one of its rows
+// sees [first(r1), end(r0)) (either may be empty: first >= end).  Wave-uniform values: SGPRs.
+struct KeyWindow {
+  int left, right, diag, sk;
+  __device__ int first(int row) const {  // the row's first key
+    const int f = row + diag - left;
+    return left >= 0 && f > 0 ? f : 0;
+  }
+  __device__ int end(int row) const {  // one past the row's last key
+    const int e = row + diag + right + 1;
+    return right >= 0 && e < sk ? e : sk;
+  }
+};
+
+// Masked scores -> -inf.  Each bound has its own pass, run only on tiles that cross it
+// (flash_fwd.hip decides per wave): keys before the row's first (left window edge) ...
+__device__ inline void mask_before(f32x16 (&s)[kKeySubs], int n0, int first, int g) {
+  const int lim0 = first - (n0 + 4 * g);
+#pragma unroll
+  for (int n = 0; n < kKeySubs; ++n) {
+    const int lim = lim0 - 32 * n;  // keys of subtile n: 32 n + key, key < 32 an inline constant
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const int key = 8 * (e / 4) + (e % 4);  // minus n0 + 32 n + 4g
+      s[n][e] = key >= lim ? s[n][e] : neg_inf();
+    }
+  }
+}
+
+// ... and keys at or past the row's end (past the sequence, after the causal diagonal or
+// the right window edge).
+__device__ inline void mask_after(f32x16 (&s)[kKeySubs], int n0, int end, int g) {
+  const int lim0 = end - (n0 + 4 * g);
+#pragma unroll
+  for (int n = 0; n < kKeySubs; ++n) {
+    const int lim = lim0 - 32 * n;  // keys of subtile n: 32 n + key, key < 32 an inline constant
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const int key = 8 * (e / 4) + (e % 4);  // minus n0 + 32 n + 4g
+      s[n][e] = key < lim ? s[n][e] : neg_inf();
+    }
+  }
+}
+
+// Softcap: the logit of raw score s is softcap tanh(x), x = s softmax_scale / softcap, i.e.
+// softcap (1 + 2 r) with r = -1 / (1 + e^{2x}) in [-1, 0]: v_exp_f32 and v_rcp_f32 (gfx950 has
+// no tanh; exp2 -> 0 gives r = -1, -> inf gives r = -0: the limits, no sign handling; NaN stays
+// NaN).  cap_scores replaces each score by r, one v_pk_mul_f32, one v_pk_add_f32 and two
+// transcendentals a pair (the negation is a source modifier of v_rcp_f32); the softmax then
+// takes 2 softcap as the score factor and leaves the constant softcap of every logit to the
+// LSE and the sink (OnlineSoftmax::bias): the weights exp(logit - max) do not depend on it, so
+// no op a score is spent on it.  kc = 2 log2(e) softmax_scale / softcap.  Error: |1 + 2 r -
+// tanh(x)| <= 4.6e-7 with v_exp_f32 and v_rcp_f32 at their 1-ulp bound (1.9e-7 correctly
+// rounded; docs/gfx950_bf16.md), so a logit is off by at most softcap x 5e-7, far below what
+// P's bf16 rounding costs.  Runs before the masks (r of -inf is -1, not -inf).
+__device__ inline void cap_scores(f32x16 (&s)[kKeySubs], float kc) {
 #pragma unroll
   for (int n = 0; n < kKeySubs; ++n)
 #pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const int key = 32 * n + 8 * (e / 4) + (e % 4);  // minus n0 + 4g
-      s[n][e] = key <= lim ? s[n][e] : neg_inf();
+    for (int e = 0; e < 16; e += 2) {
+      f32x2 x = f32x2{s[n][e], s[n][e + 1]} * kc;                                 // v_pk_mul_f32
+      x = f32x2{__builtin_amdgcn_exp2f(x.x), __builtin_amdgcn_exp2f(x.y)} + 1.f;  // v_pk_add_f32
+      s[n][e] = __builtin_amdgcn_rcpf(-x.x);
+      s[n][e + 1] = __builtin_amdgcn_rcpf(-x.y);
     }
 }
 
 struct OnlineSoftmax {
-  float c;   // softmax_scale log2(e)
-  float m;   // running max of c s over this query's keys (may lag by <= kLazy)
+  float c;     // the score factor in log2 units: softmax_scale log2(e) (capped: 2 softcap log2(e))
+  float bias;  // what every logit has beyond c s, log2 units (capped: softcap log2(e); else 0)
+  float m;     // running max of c s over this query's keys (may lag by <= kLazy)
   f32x2 l2;  // this lane's share of the running sum of exp2(c s - m), in two halves
 
-  __device__ explicit OnlineSoftmax(float scale) : c(scale * kLog2e), m(neg_inf()), l2{0.f, 0.f} {}
+  // A logit is factor s + offset (natural-log units): softmax_scale s + 0, or for capped
+  // scores (cap_scores: s = r) 2 softcap r + softcap.
+  __device__ OnlineSoftmax(float factor, float offset)
+      : c(factor * kLog2e), bias(offset * kLog2e), m(neg_inf()), l2{0.f, 0.f} {}
 
   // Scores of one tile -> P^T (bf16, the PV B operand: pf[ps] = keys of 16-key step ps),
   // rescaling O and l first when the vote says so.
@@ -82,8 +141,25 @@ struct OnlineSoftmax {
   // The query's full row sum (both halves); the same in lanes i and i + 32.
   __device__ float row_sum() const { return sum_halves(l2.x + l2.y); }
 
+  // An attention sink (logit `sink`, natural-log units, scaled-score space as the scores'):
+  // one more term exp(sink) of the denominator with no value.  Folded in once, after the
+  // loop: m moves to max(m, sink log2 e) (O and l scaled by alpha = exp2(m_old - m)), l gains
+  // exp2(sink log2 e - m).  Returns alpha, the factor O still needs (an underflow to 0 is the
+  // limit: a sink about 100 nats above every score leaves O at 0 against a denominator of 1).  Rows
+  // without keys: m = -inf, alpha = 0, l = 1, LSE = sink (reference.py); a sink of -inf
+  // changes nothing.
+  __device__ float add_sink(float sink, float& l) {
+    const float s2 = sink * kLog2e - bias;  // in m's units
+    const float mn = __builtin_fmaxf(m, s2);
+    if (mn == neg_inf()) return 1.f;
+    const float alpha = m == neg_inf() ? 0.f : __builtin_amdgcn_exp2f(m - mn);
+    l = l * alpha + __builtin_amdgcn_exp2f(s2 - mn);
+    m = mn;
+    return alpha;
+  }
+
   // Natural-log LSE of a row with sum l (-inf for a row without keys).
-  __device__ float lse(float l) const { return l > 0.f ? (m + __builtin_amdgcn_logf(l)) * kLn2 : neg_inf(); }
+  __device__ float lse(float l) const { return l > 0.f ? (m + bias + __builtin_amdgcn_logf(l)) * kLn2 : neg_inf(); }
 };
 
 }  // namespace detail

@@ -21,6 +21,11 @@
 //   O^T += V^T . P^T         (same MFMA; P^T from the S^T registers, V^T by
 //                             ds_read_b64_tr_b16 from row-major V)
 //
+// Sliding windows, softcap and attention sinks are runtime arguments (window_left/_right,
+// softcap/_scale, sinks): the loop over a workgroup's key tiles runs only over those its rows'
+// windows meet, and the features' code lives in a second specialisation of the body (attend
+// below), so the plain loop carries none of it.
+//
 // MFMA 32x32x16 bf16 lane layout (lane l, i = l % 32, g = l / 32):
 //   A (32 x 16): lane holds row i, k = 8g + t in bf16 item t = 0..7
 //   B (16 x 32): lane holds col i, k = 8g + t in bf16 item t = 0..7
@@ -37,13 +42,32 @@
 #include "bf16_softmax.h"
 
 namespace zyfa {
+namespace detail {
 
-__device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p) {
-  using namespace detail;
+// The kernel's arguments where they lie, the kernel argument segment (the entry's parameters
+// are Params' fields in order, both from catalogue.kernargs at natural alignment, so the
+// segment holds a Params), read where used: its address hidden from the compiler at the call,
+// so that the loads are not merged with those at the start.
+__device__ inline const Params& late_params() {
+  const void* segment = __builtin_amdgcn_kernarg_segment_ptr();
+  asm volatile("" : "+s"(segment));
+  return *static_cast<const Params*>(segment);
+}
+
+// LDS: K tile 0, K tile 1, V tile 0, V tile 1 (kLdsK, kLdsK, kLdsV, kLdsV bf16).
+using LdsTiles = u16[2 * (kLdsK + kLdsV)];
+
+// The workgroup's attention, in two specialisations compiled into every variant (flash_fwd
+// below picks one per launch, a uniform branch before any work):
+//   kFeatures = false: no window (causal kernels: the causal one), no softcap -- the plain
+//     loop, with nothing of the features in it (window bounds and the softcap are constants
+//     that fold away);
+//   kFeatures = true: the window bounds and the softcap from the arguments.
+// Sinks (one term a row, after the loop) are read in both.
+template <bool kFeatures>
+__device__ __attribute__((always_inline)) inline void attend(const Params& p, LdsTiles& lds) {
   constexpr bool kCausal = zyfa_cfg::kCausal;
 
-  // LDS: K tile 0, K tile 1, V tile 0, V tile 1 (kLdsK, kLdsK, kLdsV, kLdsV bf16).
-  __shared__ __attribute__((aligned(1024))) u16 lds[2 * (kLdsK + kLdsV)];
   const u32 lds_addr = u32(reinterpret_cast<unsigned long long>((ZYFA_LDS u16*)lds));
   auto k_tile = [](int buf) { return buf * kLdsK; };  // u16 index of K buffer `buf`
   auto v_tile = [](int buf) { return 2 * kLdsK + buf * kLdsV; };
@@ -90,22 +114,27 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   u16* o = static_cast<u16*>(const_cast<void*>(p.o)) + h * p.o_stride_h +
            (cu_q ? q_first * p.o_stride_s : b * p.o_stride_b);
 
-  // Bottom-right causal alignment: row r sees key j iff j <= r + diag.
-  const int diag = sk - sq;
+  // The keys each row sees (KeyWindow: bottom-right aligned, row r at key position r + diag;
+  // the window's bounds are runtime arguments, -1 none; causal kernels have right = 0).
+  const KeyWindow win{kFeatures ? p.window_left : -1, kCausal ? 0 : kFeatures ? p.window_right : -1, sk - sq, sk};
+  // The workgroup's tiles: those that meet [first(m0), end(last_row)), tiles t_first ..
+  // t_first + n_tiles - 1 of the sequence; a tile wholly outside every row's window is never
+  // loaded.  Loop index t is tile t_first + t.
   const int last_row = (m0 + kBlockM < sq ? m0 + kBlockM : sq) - 1;
-  int n_end = sk;
-  if (kCausal && last_row + diag + 1 < n_end) n_end = last_row + diag + 1;
-  const int n_tiles = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
+  const int n_first = win.first(m0), n_end = win.end(last_row);
+  const int t_first = n_first / kBlockN;
+  const int n_tiles = n_end > n_first ? (n_end + kBlockN - 1) / kBlockN - t_first : 0;
 
-  // This wave's rows [w0, w0 + 32): which tiles it computes at all, and from which one
-  // on it needs masks (wave-uniform; interior tiles run mask-free).
+  // This wave's rows [w0, w0 + 32): up to which tile it computes at all (those before
+  // w_end), and which tiles need masks: those not inside [w_clean_first, w_clean_end), the
+  // keys every row of the wave sees (wave-uniform; interior tiles run mask-free).  A wave
+  // whose rows' window starts after the workgroup's runs its first tiles wholly masked (P
+  // = 0): the waves pass each barrier together, so skipping them would save no time.
   const int w0 = m0 + kRowsPerWave * wave;
   const int w_last = (w0 + kRowsPerWave < sq ? w0 + kRowsPerWave : sq) - 1;
-  int w_end = sk;  // keys this wave's last row may see
-  if (kCausal && w_last + diag + 1 < w_end) w_end = w_last + diag + 1;
-  int w_clean = sk;  // keys every row of this wave sees
-  if (kCausal && w0 + diag + 1 < w_clean) w_clean = w0 + diag + 1;
-  if (w0 >= sq) w_end = 0;  // a wave with no rows only copies tiles
+  const int w_clean_first = win.first(w_last);
+  const int w_clean_end = win.end(w0);
+  const int w_end = w0 < sq ? win.end(w_last) : 0;  // a wave with no rows only copies tiles
 
   // ---- Q^T operand, kept in registers -------------------------------------------
   const int row = w0 + i;
@@ -116,7 +145,13 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   const KvCopy<KLayout> kcopy(k, int(p.k_stride_s), wave % (kWaves / 2), lane);
   const KvCopy<VLayout> vcopy(v, int(p.v_stride_s), wave % (kWaves / 2), lane);
 
-  OnlineSoftmax sm(p.softmax_scale);
+  // Softcap (a runtime value, wave-uniform): capped scores are r = -1 / (1 + e^{2x}), logits
+  // 2 softcap r + softcap (cap_scores).
+  // (An integer test of its bits, softcap >= 0: SALU, where a float compare is a VALU one
+  // whose 64-bit lane mask would be held across the loop.)
+  const bool capped = kFeatures && as_int(p.softcap) > 0;
+  const float cap_k = 2.f * kLog2e * p.softcap_scale;  // softcap_scale = softmax_scale / softcap
+  OnlineSoftmax sm(capped ? 2.f * p.softcap : p.softmax_scale, capped ? p.softcap : 0.f);
   f32x16 oacc[kDvTiles];
 #pragma unroll
   for (int dt = 0; dt < kDvTiles; ++dt) oacc[dt] = f32x16{};
@@ -138,11 +173,12 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   // S(t) and M(t+1) for t = 0 .. n_tiles - 1 (M(n_tiles) drains PV); group 0 ends with one
   // barrier more, so that both groups pass the same number.
   const bool lead = wave < kWaves / 2;
-  auto active = [&](int t) { return t >= 0 && t < n_tiles && t * kBlockN < w_end; };  // wave-uniform
+  auto key0 = [&](int t) { return (t_first + t) * kBlockN; };  // first key of tile t
+  auto active = [&](int t) { return t >= 0 && t < n_tiles && key0(t) < w_end; };  // wave-uniform
   auto copy = [&](int t) {  // K(t) for group 0, V(t) for group 1
     if (t >= n_tiles) return;
-    if (lead) kcopy.issue(lds_addr + 2 * k_tile(t & 1), t * kBlockN, sk);
-    else vcopy.issue(lds_addr + 2 * v_tile(t & 1), t * kBlockN, sk);
+    if (lead) kcopy.issue(lds_addr + 2 * k_tile(t & 1), key0(t), sk);
+    else vcopy.issue(lds_addr + 2 * v_tile(t & 1), key0(t), sk);
   };
   if (n_tiles > 0) {
     copy(0);
@@ -160,8 +196,10 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
       // S(t)
       copy(t + 1);
       if (active(t)) {
-        const int n0 = t * kBlockN;
-        if (n0 + kBlockN > w_clean || n0 + kBlockN > sk) mask_tile(s, n0, row, diag, sk, g);
+        const int n0 = key0(t);
+        if (capped) cap_scores(s, cap_k);
+        if (kFeatures && n0 < w_clean_first) mask_before(s, n0, win.first(row), g);
+        if (n0 + kBlockN > w_clean_end) mask_after(s, n0, win.end(row), g);
         sm.update(s, pf, oacc);
       }
       wait_vm_all();
@@ -175,19 +213,39 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
       __builtin_amdgcn_s_setprio(0);
       sync_workgroup();
     }
-    if (lead) sync_workgroup();
+    if (opaque_sgpr(wave) < kWaves / 2) sync_workgroup();  // lead (see the epilogue's row test)
   }
 
-  // ---- epilogue: normalise, store O (bf16) and LSE ----
-  const float l = sm.row_sum();
-  if (row >= sq) return;
-  const float inv = l > 0.f ? 1.f / l : 0.f;  // rows that saw no key output zeros
+  // ---- epilogue: the sink, normalise, store O (bf16) and LSE ----
+  // The arguments only the epilogue reads come from the kernel argument segment here, after
+  // the loop (its layout is Params': both are catalogue.kernargs'), not from the values loaded
+  // at the start: held across the loop, those took SGPRs the two loops leave none of.
+  const Params& late = late_params();
+  float l = sm.row_sum();
+  float o_factor = 1.f;
+  if (late.sinks) o_factor = sm.add_sink(static_cast<const float*>(late.sinks)[h], l);
+  // (row and wave recomputed, not the lane masks of before the loop: held across it, those
+  // took the SGPRs the two loops leave free and spilled)
+  if (opaque_vgpr(row) >= sq) return;
+  const float inv = l > 0.f ? o_factor / l : 0.f;  // rows that saw no key output zeros
   store_o(o + i64(row) * p.o_stride_s, oacc, inv, g);
-  if (p.lse && g == 0) {
-    float* lse = static_cast<float*>(const_cast<void*>(p.lse)) + b * p.lse_stride_b +
-                 h * p.lse_stride_h + (q_first + row);
+  if (late.lse && g == 0) {
+    float* lse = static_cast<float*>(const_cast<void*>(late.lse)) + b * late.lse_stride_b +
+                 h * late.lse_stride_h + (q_first + row);
     *lse = sm.lse(l);
   }
+}
+
+}  // namespace detail
+
+__device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p) {
+  using namespace detail;
+  __shared__ __attribute__((aligned(1024))) LdsTiles lds;
+  // The features' loop only where the call has one: a window bound (causal kernels: a left
+  // one) or a softcap.
+  const bool features = as_int(p.softcap) > 0 || p.window_left >= 0 || (!zyfa_cfg::kCausal && p.window_right >= 0);
+  if (!features) attend<false>(p, lds);
+  else attend<true>(p, lds);
 }
 
 }  // namespace zyfa

@@ -5,12 +5,14 @@ and the LSE into the caller's tensor: the plumbing, on the fake backend with mem
 mode) and records every stream operation in order (``ops``): what a captured call leaves in
 its graph."""
 
+import json
+
 import numpy as np
 import pytest
 
 from tests.backends import build_sm90a, using_backend
 
-from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, workspace
+from zyfa_runtime import api, cache, flash_attn_func, flash_attn_varlen_func, workspace
 from zyfa_runtime import driver as drivers
 from zyfa_runtime import plan as plan_mod
 from zyfa_runtime.catalogue import Variant, vt_prepass_symbol
@@ -255,26 +257,63 @@ def test_descales_in_host_memory_or_with_bf16_inputs_are_refused(gpu):
 
 @pytest.fixture(scope="module")
 def gfx950_prebuilt(tmp_path_factory):
+    """A prebuilt/ holding fwd_gfx950_fp8_e4m3_d64x64_full: the checkout's where it has it built
+    (a GPU machine's image may have no gfx950 compiler), else a build of that one kernel."""
+    name = Variant("gfx950", "fp8_e4m3", 64, 64, False).name
+    shipped = cache.prebuilt_dir()
+    manifest = shipped / "manifest.json"
+    if manifest.exists() and any(e["name"] == name and e.get("built")
+                                 for e in json.loads(manifest.read_text())["kernels"]):
+        return shipped
     import build
     out = tmp_path_factory.mktemp("prebuilt_gfx950")
     assert build.main(["--arch", "gfx950", "--only", "fp8_e4m3_d64x64_full", "--out", str(out), "--jobs", "1"]) == 0
     return out
 
 
-def test_gfx950_fp8_takes_one_descale_a_tensor_for_now(gfx950_prebuilt):
-    """The gfx950 FP8 assembly reads one value each: (B, Hkv) refused unless it holds one value
-    by its strides (a broadcast view); its values are never read to find out."""
+def test_gfx950_fp8_takes_descales_per_sequence_and_head_too(gfx950_prebuilt):
+    """The gfx950 FP8 assembly takes the (sequence, head) strides as the sm_90a kernels do,
+    0 and 0 for one value or a view of one; its values are never read on the host."""
     with using_backend("fake", ZYFA_PREBUILT_DIR=str(gfx950_prebuilt), ZYFA_FAKE_ARCH="gfx950",
                        ZYFA_FAKE_DISCRETE="1") as amd:
-        q, k, v, out = dense(amd, Variant("gfx950", "fp8_e4m3", 64, 64, False))
+        variant = Variant("gfx950", "fp8_e4m3", 64, 64, False)
+        q, k, v, out = dense(amd, variant)
         base = DeviceArray(amd, 0, (8,), "float32")
         dev = base.ref.device
-        with pytest.raises(ValueError, match="not implemented per sequence and key/value head yet"):
-            flash_attn_func(q, k, v, out=out, descale_q=TensorRef(base.ptr, (2, 2), (2, 1), "float32", dev,
-                                                                  owner=base))
-        assert amd.launches == [] and amd.dtoh == 0
-        flash_attn_func(q, k, v, out=out, descale_q=TensorRef(base.ptr, (2, 2), (0, 0), "float32", dev, owner=base),
-                        descale_k=TensorRef(base.ptr, (1,), (1,), "float32", dev, owner=base))
-        args = unpack_args(api.kernel_table(amd).entry(Variant("gfx950", "fp8_e4m3", 64, 64, False)),
-                           amd.launches[-1].args)
-        assert args["descale_q"] == args["descale_k"] == base.ptr and "descale_q_stride_b" not in args
+        flash_attn_func(q, k, v, out=out, descale_q=TensorRef(base.ptr, (2, 2), (2, 1), "float32", dev, owner=base),
+                        descale_k=TensorRef(base.ptr + 4, (2, 2), (0, 0), "float32", dev, owner=base),
+                        descale_v=TensorRef(base.ptr + 8, (1,), (1,), "float32", dev, owner=base))
+        args = unpack_args(api.kernel_table(amd).entry(variant), amd.launches[-1].args)
+        got = {t: (args[f"descale_{t}"], args[f"descale_{t}_stride_b"], args[f"descale_{t}_stride_h"]) for t in "qkv"}
+        assert got == {"q": (base.ptr, 2, 1), "k": (base.ptr + 4, 0, 0), "v": (base.ptr + 8, 0, 0)}
+        assert amd.dtoh == 0
+
+
+def test_a_code_object_built_before_per_head_descales_refuses_them():
+    """A manifest whose kernel has no descale strides (built before they existed) reads one
+    value each: a (B, Hkv) descale of more than one value is refused, asking for a rebuild; a
+    view of one value passes."""
+    variant = Variant("gfx950", "fp8_e4m3", 64, 64, False)
+    old = {"descale_q", "descale_k", "descale_v"}
+    per_head = TensorRef(4096, (2, 2), (2, 1), "float32", ("cuda", 0))
+    one = TensorRef(4096, (2, 2), (0, 0), "float32", ("cuda", 0))
+    with pytest.raises(ValueError, match="rebuild it"):
+        plan_mod._descale_values(variant, old, (per_head, None, None))
+    assert plan_mod._descale_values(variant, old, (one, one, None)) == {}
+
+
+def test_gfx950_fp8_refuses_a_descale_view_its_32_bit_offsets_cannot_reach():
+    """The gfx950 FP8 assembly reads element b stride_b + g stride_h at a 32-bit byte offset:
+    a (B, Hkv) view whose last element lies 2^30 elements or more from its first is refused
+    (a stride along a dimension of one counts for nothing)."""
+    variant = Variant("gfx950", "fp8_e4m3", 64, 64, False)
+    names = {f"descale_{t}_stride_{d}" for t in "qkv" for d in "bh"}
+    far = TensorRef(4096, (2, 3), (2**30 - 2, 1), "float32", ("cuda", 0))
+    near = TensorRef(4096, (2, 3), (2**30 - 3, 1), "float32", ("cuda", 0))
+    one_sequence = TensorRef(4096, (1, 3), (2**40, 1), "float32", ("cuda", 0))
+    with pytest.raises(ValueError, match="32-bit byte offsets"):
+        plan_mod._descale_values(variant, names, (None, far, None))
+    got = plan_mod._descale_values(variant, names, (near, one_sequence, None))
+    assert (got["descale_q_stride_b"], got["descale_k_stride_b"], got["descale_k_stride_h"]) == (2**30 - 3, 0, 1)
+    # the sm_90a kernels take 64-bit offsets
+    assert plan_mod._descale_values(Variant("sm_90a", "fp8_e4m3", 64, 64, False), names, (far, None, None))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from zyfa_runtime import reference
-from zyfa_runtime.catalogue import Variant, all_variants
+from zyfa_runtime.catalogue import Variant, all_variants, clamps_cu_seqlens, per_head_descales
 from zyfa_runtime.selfcheck import bounds
 
 
@@ -810,7 +810,7 @@ def test_captured_after_a_warm_up_on_another_stream_graphs_replay_right_side_by_
     sets = []
     for _ in range(2):
         qkv = [DeviceArray(DRIVER, 0, sh, dtype) for sh in shapes]
-        per_head = Variant(ARCH, dtype, d, d, causal).built_from != "asm-generator"   # gfx950 FP8: one value
+        per_head = per_head_descales(Variant(ARCH, dtype, d, d, causal))
         scales = ({n: DeviceArray(DRIVER, 0, (b, hkv) if per_head else (1,), "float32")
                    for n in ("descale_q", "descale_k", "descale_v")} if dtype == "fp8_e4m3" else {})
         sets.append((qkv, scales, DeviceArray(DRIVER, 0, (b, sq, hq, d), "bf16"),
@@ -971,7 +971,7 @@ ADVERSARIAL = [
     ([-400, 7, 1 << 30, INT32_MAX], [INT32_MIN, -1, 0, INT32_MAX]),
     ([INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN], [3, INT32_MAX, 2, INT32_MIN]),
 ]
-CLAMPING = [v for v in all_variants() if v.arch == ARCH and v.built_from != "asm-generator"]
+CLAMPING = [v for v in all_variants() if v.arch == ARCH and clamps_cu_seqlens(v)]
 
 
 @pytest.mark.parametrize("v", CLAMPING, ids=lambda v: v.name)
@@ -1013,7 +1013,7 @@ def test_adversarial_cu_seqlens_never_reach_outside_the_tensors(v):
     assert not np.isnan(got).any() and reference.relative_error(got, ref) <= bound
 
 
-FP8_PER_HEAD = [v for v in all_variants() if v.arch == ARCH and v.dtype == "fp8_e4m3" and v.built_from != "asm-generator"]
+FP8_PER_HEAD = [v for v in all_variants() if v.arch == ARCH and per_head_descales(v)]
 
 
 @pytest.mark.parametrize("v", FP8_PER_HEAD, ids=lambda v: v.name)

@@ -107,7 +107,7 @@ def flash_attn_func(q, k, v, *, causal: bool = False, softmax_scale: float | Non
         if lkey is not None:
             keep_layout(lkey, layout)
     out_arr, lse_arr, plan = instantiate(layout, qr, kr, vr, outr, lser, (dq, dk, dv), None, None, s, driver,
-                                         captured)
+                                         captured, sinks=sr)
     if key is not None:
         keep_plan(key, plan)
     return _result(out, out_arr, lse if lse is not None else lse_arr, return_lse)
@@ -135,7 +135,8 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
       they are not read at all, and the kernel clamps each sequence to the tensors' rows (its
       first row to [0, Tq], its end to [first, Tq], its length to max_seqlen; K and V alike),
       so that values that are not a valid batch give wrong output but never an access outside
-      q, k, v, out or the LSE.  Kernels that do not clamp (gfx950 FP8, for now) refuse it.
+      q, k, v, out or the LSE (every kernel does; a code object built before its kernel did
+      refuses it).
 
     A call whose layout (shapes, strides, dtypes, devices, options, stream and max_seqlen) has
     been validated before has only its cu_seqlens values (where checked) and its addresses
@@ -205,8 +206,8 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
             keep_layout(lkey, layout)
     if not all(read) and not layout.clamps_cu_seqlens:
         raise ValueError(f"check_cu_seqlens=False needs a kernel that clamps every sequence to the tensors' rows; "
-                         f"{layout.kernel.variant.name} does not (not implemented yet): check the values "
-                         "(check_cu_seqlens=True), or pass them in host memory")
+                         f"this {layout.kernel.variant.name} code object does not (built before its kernel did: "
+                         "rebuild it): check the values (check_cu_seqlens=True), or pass them in host memory")
     # No plan is kept: the cu_seqlens values may change where nothing else does.
     host = [(i, values) for i, (ref, values) in enumerate(((cq, values_q), (ck, values_k))) if _staged(driver, ref)]
     stage = (staging.stage(driver, problem.device[1], s, [values for _, values in host]) if host
@@ -216,7 +217,7 @@ def flash_attn_varlen_func(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
         for (i, values), ptr in zip(host, ptrs):
             cu[i] = TensorRef(ptr, values.shape, (1,), "int32", problem.device)
         out_arr, lse_arr, _plan = instantiate(layout, qr, kr, vr, outr, lser, (dq, dk, dv), cu[0], cu[1], s,
-                                              driver, captured)
+                                              driver, captured, sinks=sr)
     return _result(out, out_arr, lse if lse is not None else lse_arr, return_lse)
 
 

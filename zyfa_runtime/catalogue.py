@@ -258,6 +258,8 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         # fp32 dequantisation factors: one float each, or, where the kernel takes their strides
         # (per_head_descales), one a (sequence, key/value head): [b, h_kv] at b stride_b + h_kv stride_h
         args += [("descale_q", "ptr"), ("descale_k", "ptr"), ("descale_v", "ptr")]
+    if "sinks" in features(v):
+        args += [("sinks", "ptr")]   # fp32 (hq,): one logit a query head (scaled-score space), null: none
     if has_vt_prepass(v):
         args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
     if v.tile.persistent:
@@ -288,6 +290,14 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         # sequence's rows, from cu_seqlens, are clamped to [0, total) (never read or written outside)
         args += [("total_q", "i32"), ("total_k", "i32")]
     args += [("softmax_scale", "f32")]
+    if "window" in features(v):
+        # window.py's (left, right), -1: no bound; a causal kernel has right = 0 built in
+        args += [("window_left", "i32"), ("window_right", "i32")]
+    if "softcap" in features(v):
+        # 0 and 0: off; else scaled scores s -> softcap tanh(s / softcap), the kernel taking
+        # tanh's argument as raw score x softcap_scale, fp32(softmax_scale / softcap) (the value
+        # validate.check_softcap checks)
+        args += [("softcap", "f32"), ("softcap_scale", "f32")]
     if v.tile.persistent or v.tile.split_tail:
         # tiles_rule evaluated, and the product of the three (the tiles, < 2^31)
         args += [("tiles_x", "i32"), ("tiles_y", "i32"), ("tiles_z", "i32"), ("tile_count", "i32")]
@@ -303,9 +313,9 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
 
 def per_head_descales(v: Variant) -> bool:
     """Whether the variant's kernel reads its FP8 descales per (sequence, key/value head), from
-    the strides ``descale_{q,k,v}_stride_{b,h}`` (the sm_90a FP8 kernels: folded into each
-    CTA's score scale and output factor); the others read one value each."""
-    return v.dtype == "fp8_e4m3" and v.built_from != "asm-generator"
+    the strides ``descale_{q,k,v}_stride_{b,h}``: every FP8 kernel (sm_90a: folded into each
+    CTA's score scale and output factor; the gfx950 assembly: into each workgroup's)."""
+    return v.dtype == "fp8_e4m3"
 
 
 #: The serving features a kernel may implement beyond plain (causal or full) attention, as
@@ -316,7 +326,10 @@ FEATURES = ("window", "softcap", "sinks", "kvcache", "paged_kv")
 
 def features(v: Variant) -> tuple[str, ...]:
     """The FEATURES variant ``v``'s kernel implements, for its manifest entry's ``features``
-    (absent where none): none yet, on either arch."""
+    (absent where none), each with its runtime arguments (_arg_names): the gfx950 BF16 kernels
+    take a window, a softcap and sinks; the others none yet."""
+    if v.arch == "gfx950" and v.dtype == "bf16":
+        return ("window", "softcap", "sinks")
     return ()
 
 
@@ -324,9 +337,9 @@ def clamps_cu_seqlens(v: Variant) -> bool:
     """Whether the variant's kernel clamps a packed batch's sequences to the tensors' rows
     (arguments ``total_q``, ``total_k``): any cu_seqlens values then stay inside q, k, v, out
     and the LSE (garbage values give garbage output, never an access outside them), so that
-    they need not be read back and checked.  Not the gfx950 FP8 assembly (yet): it builds its
-    buffer ranges from the values as they are."""
-    return v.built_from != "asm-generator"
+    they need not be read back and checked.  Every kernel does (hip/bf16_config.h
+    clamped_segment; the gfx950 FP8 assembly's stage_sequence alike)."""
+    return True
 
 
 def kernargs(v: "Variant | AuxKernel") -> list[KernArg]:

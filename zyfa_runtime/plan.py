@@ -119,6 +119,7 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
         values["total_k"] = min(problem.total_k, validate.INT32_MAX)
     if problem.dtype == "fp8_e4m3":
         values.update(_descale_values(variant, names, descales))
+    values.update(_feature_values(problem, names))
     maps = {arg: _tensor_map_geometry(problem, values, spec)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
     sm_count, counter, partial_bytes = None, None, 0
@@ -171,20 +172,46 @@ def require_features(problem: validate.Problem, table, variant: Variant) -> None
                      f"tensors{offered}")
 
 
+def _feature_values(problem: validate.Problem, names: set) -> dict:
+    """The feature arguments a kernel has (catalogue._arg_names, by catalogue.features): the
+    window's bounds (-1: none; a causal kernel ignores the right one, 0 in the problem) and the
+    softcap with fp32(softmax_scale / softcap) (0 and 0: off).  require_features has refused a
+    call that needs one its kernel lacks."""
+    out = {}
+    if "window_left" in names:
+        out["window_left"], out["window_right"] = problem.window
+    if "softcap" in names:
+        cap = problem.softcap
+        out["softcap"] = cap
+        out["softcap_scale"] = float(np.float32(problem.softmax_scale / cap)) if cap else 0.0
+    return out
+
+
+#: The gfx950 FP8 kernels read descale element b stride_b + g stride_h at a 32-bit byte offset.
+DESCALE_OFFSET_LIMIT = 2**30
+
+
 def _descale_values(variant: Variant, names: set, descales) -> dict:
     """The descales' stride arguments of a kernel that takes them (catalogue.per_head_descales:
-    0 and 0 for one value or none); a kernel that reads one value each takes one value or a
+    every FP8 kernel; 0 and 0 for one value or none; the gfx950 FP8 kernels' offsets below
+    DESCALE_OFFSET_LIMIT elements, else ValueError).  A code object built before its kernel
+    took them (a manifest without the strides) reads one value each: it takes one value or a
     view that holds one (every stride along a dimension of more than one 0), else ValueError."""
     out = {}
     for t, d in zip("qkv", descales):
         sb, sh = validate.descale_strides(d)
         if f"descale_{t}_stride_b" in names:
             out[f"descale_{t}_stride_b"], out[f"descale_{t}_stride_h"] = sb, sh
+            if variant.built_from == "asm-generator" and (sb or sh) and \
+                    (d.shape[0] - 1) * sb + (d.shape[1] - 1) * sh >= DESCALE_OFFSET_LIMIT:
+                raise ValueError(f"descale_{t} of shape {d.shape} and strides {d.strides} spans "
+                                 f"{DESCALE_OFFSET_LIMIT} elements or more: the {variant.arch} FP8 kernels "
+                                 "address a descale by 32-bit byte offsets; pass a compact (batch, heads_kv) array")
         elif sb or sh:
-            raise ValueError(f"descale_{t} of shape {d.shape} and strides {d.strides}: the {variant.arch} FP8 "
-                             f"kernels take one descale a tensor (not implemented per sequence and key/value "
-                             f"head yet); pass shape () or (1,), or a (batch, heads_kv) view of one value "
-                             f"(zero strides)")
+            raise ValueError(f"descale_{t} of shape {d.shape} and strides {d.strides}: this {variant.name} "
+                             f"code object takes one descale a tensor (built before the kernel read them per "
+                             f"sequence and key/value head: rebuild it); pass shape () or (1,), or a "
+                             f"(batch, heads_kv) view of one value (zero strides)")
     return out
 
 
@@ -195,8 +222,9 @@ BUFFER_SPAN_LIMIT = 2**31
 
 def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
     """What the buffer addressing of the gfx950 FP8 kernels needs, as a clear error: the rows
-    one buffer covers span less than 2 GiB (K and V: a whole sequence of one head; Q and O:
-    the 256 rows of a workgroup), and rows do not overlap (a row stride of at least the head
+    one buffer covers span less than 2 GiB (K and V: a whole sequence of one head, which the
+    kernel cuts to seqlen_k / max_seqlen_k whatever cu_seqlens holds; Q and O: the 256 rows of a
+    workgroup), and rows do not overlap (a row stride of at least the head
     dim: the range check that ends a sequence relies on it)."""
     b_ = 0 if problem.varlen else 1
     block_m = Variant("gfx950", problem.dtype, problem.d_qk, problem.d_v, problem.causal).tile.block_m
@@ -361,12 +389,14 @@ def workspace_bytes(layout: Layout) -> int:
 
 
 def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream: int, driver,
-                captured: bool = False):
+                captured: bool = False, sinks=None):
     """Queue ``layout``'s launches for these tensors (their addresses checked): the outputs
     the call allocates (out where not given, the LSE where asked for and not given), and the
     Plan that queues the same launches again (None for a ``captured`` call: one on a stream
     being captured into a graph, whose scratch is the graph's own -- workspace.captured -- and
-    which allocates nothing else: the caller gives out, and lse where the LSE is asked for)."""
+    which allocates nothing else: the caller gives out, and lse where the LSE is asked for).
+    ``sinks``: the sinks' TensorRef (None: none; a kernel that takes them reads a null pointer
+    as none)."""
     problem, kernel = layout.problem, layout.kernel
     device = problem.device[1]
     out_arr = lse_arr = None
@@ -380,6 +410,8 @@ def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream:
     values.update(q=q.ptr, k=k.ptr, v=v.ptr, o=out.ptr, lse=lse.ptr if lse is not None else None,
                   cu_seqlens_q=cu_q.ptr if cu_q is not None else None,
                   cu_seqlens_k=cu_k.ptr if cu_k is not None else None)
+    if any(a["name"] == "sinks" for a in kernel.entry["kernargs"]):   # catalogue.features
+        values["sinks"] = sinks.ptr if sinks is not None else None
     one = None
     needs_one = problem.dtype == "fp8_e4m3" and any(d is None for d in descales)
     if needs_one:
@@ -387,7 +419,7 @@ def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream:
 
     driver.make_current(device)
     tensors = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
-               "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2]}
+               "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2], "sinks": sinks}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
     for arg, (tensor, *geometry) in layout.tensor_maps.items():
         values[arg] = driver.tensor_map_u8(values[tensor], *geometry)

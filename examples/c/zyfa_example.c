@@ -55,6 +55,7 @@ typedef CAT3(zyfa_, ZYFA_EXAMPLE_KERNEL, _args) kernel_args;
 #define K_DYNAMIC_SMEM KMACRO(DYNAMIC_SMEM)
 #define K_TENSOR_MAPS KMACRO(TENSOR_MAPS)
 #define K_PERSISTENT KMACRO(PERSISTENT)
+#define K_WINDOW KMACRO(WINDOW)
 #define kernel_tiles CAT3(zyfa_, ZYFA_EXAMPLE_KERNEL, _tiles)
 
 /* ---- the driver API, CUDA or HIP ---------------------------------------------------- */
@@ -411,6 +412,11 @@ int main(int argc, char **argv) {
   a.seqlen_q = sq;
   a.seqlen_k = sk;
   a.softmax_scale = (float)(1.0 / sqrt((double)dqk));
+#if K_WINDOW
+  /* a kernel that takes a sliding window: -1 and -1 is none (zeros would be a window of one key) */
+  a.window_left = -1;
+  a.window_right = -1;
+#endif
 #ifndef ZYFA_HIP
   /* the sm_90a kernels read Q, K (and BF16's V) by TMA: a tensor map of each (the header's
      X-macro), over the heads and rows of its tensor */

@@ -8,7 +8,7 @@
   rows.  Values that are no valid batch (decreasing, negative, past the end, INT32_MIN /
   INT32_MAX) run in the strict emulator (no access outside an allocation passes), into
   outputs inside guarded allocations; values whose clamped segments are a batch give that
-  batch's fp64 reference.  The gfx950 FP8 assembly does not clamp: refused.
+  batch's fp64 reference.  The gfx950 FP8 assembly clamps alike: test_emu_fp8_serving.py.
 
 The code objects are built from this checkout's sources into a temporary directory."""
 
@@ -19,7 +19,7 @@ from tests.backends import using_backend
 
 from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, reference
 from zyfa_runtime.memory import DeviceArray, host_dtype, to_device
-from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND, _quantise
+from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
@@ -28,7 +28,7 @@ INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 def prebuilt(tmp_path_factory):
     import build
     out = tmp_path_factory.mktemp("prebuilt")
-    assert build.main(["--arch", "gfx950", "--only", "bf16_d64x64,fp8_e4m3_d64x64_full", "--out", str(out),
+    assert build.main(["--arch", "gfx950", "--only", "bf16_d64x64", "--out", str(out),
                        "--jobs", "2"]) == 0
     return out
 
@@ -178,16 +178,3 @@ def test_cu_seqlens_are_clamped_to_the_rows_and_max_seqlen(emulator):
             written[q0:q1] = True
         assert np.isnan(o[~written]).all()
 
-
-def test_the_gfx950_fp8_assembly_refuses_unchecked_cu_seqlens(emulator):
-    rng = np.random.default_rng()
-    q8 = _quantise(rng.standard_normal((40, 2, 64)).astype(np.float32), "fp8_e4m3")[0]
-    q = to_device(emulator, 0, q8, "fp8_e4m3")
-    cu = to_device(emulator, 0, np.array([0, 15, 40], np.int32), "int32")
-    before = emulator.launches
-    with pytest.raises(ValueError, match="does not .not implemented yet.: check the values"):
-        flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=25, max_seqlen_k=25,
-                               check_cu_seqlens=False)
-    assert emulator.launches == before
-    flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=25, max_seqlen_k=25)
-    assert emulator.launches == before + 1

@@ -12,7 +12,9 @@ compared with
 
 Shapes: lengths that are no multiple of the 256-row / 64-key tiles, causal with Sq != Sk
 both ways (rows that see no key give zeros and -inf), GQA ratios 1, 3 and 8, strided views,
-and varlen batches with empty and single-token sequences.
+and varlen batches with empty and single-token sequences.  Descales one value each, or one a
+(sequence, key/value head): (B, Hkv) arrays, transposed views and views broadcast by zero
+strides, each (sequence, head) through the recipe with its own.
 """
 
 import os
@@ -213,6 +215,122 @@ def test_p_bytes_never_exceed_the_block_max_code_at_extreme_magnitudes(emulator,
     o = out.astype(np.float64)[0]
     assert np.isfinite(o).all()
     assert reference.relative_error(o, mo) <= MODEL_O_BOUND
+
+
+# --------------------------------------------------------------------------------------
+# Descales per (sequence, key/value head)
+
+def quantised_by(rng, shape, hkv, spread, by):
+    """(B, S, H, D) e4m3 codes of normal values of spread ``spread[b, g]`` (B, Hkv) in the heads
+    of key/value head g, and their descales (B, Hkv) float32: one value (``by`` "one"), one a
+    head ("head", the same for every sequence) or one a (sequence, head) ("sequence and head");
+    amax / 448, but for odd heads the power of two at or above it."""
+    b, _, h, _ = shape
+    group = h // hkv
+    x = rng.standard_normal(shape).astype(np.float32) * np.repeat(spread, group, axis=1)[:, None, :, None]
+    heads = np.abs(x).max(axis=(1, 3)).reshape(b, hkv, group).max(axis=2)      # (B, Hkv) amax
+    amax = {"one": np.full((b, hkv), heads.max()), "head": np.broadcast_to(heads.max(axis=0), (b, hkv)),
+            "sequence and head": heads}[by]
+    d = (amax / 448.0).astype(np.float32)
+    if by != "one":
+        d = np.where(np.arange(hkv) % 2 == 1, np.float32(2.0) ** np.ceil(np.log2(d)), d).astype(np.float32)
+    return (x / np.repeat(d, group, axis=1)[:, None, :, None]).astype(F8), d
+
+
+def descale_view(d: np.ndarray, form: str) -> np.ndarray:
+    """The (B, Hkv) descale ``d`` as the caller passes it: "rows" (C order), "transposed" (a
+    view of the (Hkv, B) transpose), "broadcast" (zero strides where ``d`` repeats: a head's
+    value over the sequences, or one value)."""
+    if form == "rows":
+        return np.ascontiguousarray(d)
+    if form == "transposed":
+        return np.ascontiguousarray(d.T).T
+    if (d == d[0, 0]).all():
+        return np.broadcast_to(d[:1, :1], d.shape)
+    assert (d == d[:1]).all()
+    return np.broadcast_to(d[:1], d.shape)
+
+
+#: per tensor (q, k, v): the descales' granularity and the form they are passed in
+DESCALE_FORMS = {
+    "q by sequence and head, k transposed, v by head broadcast": (
+        ("sequence and head", "rows"), ("sequence and head", "transposed"), ("head", "broadcast")),
+    "q one value broadcast, k by head, v by sequence and head": (
+        ("one", "broadcast"), ("head", "rows"), ("sequence and head", "rows")),
+}
+
+
+@pytest.mark.parametrize("form", DESCALE_FORMS)
+@pytest.mark.parametrize("v", sweep(VARIANTS))
+def test_descales_per_sequence_and_head_are_each_heads_own(emulator, v, form):
+    """Two sequences x two key/value heads (GQA 2) whose magnitudes differ by up to 2^5, each
+    (sequence, head) quantised with its own descale (a power of two on odd heads, amax / 448
+    on even ones): every P byte is the recipe's for that (sequence, head)'s c (the kernel's c
+    bit for bit), O and the LSE within the model bounds, O within the recipe's error of the
+    fp64 reference on the dequantised inputs."""
+    rng = np.random.default_rng(zlib.crc32((v.name + form).encode()))
+    b, sq, sk, hq, hkv = 2, 70, 90, 4, 2
+    # spreads of q and k apart by up to 2^5 between heads, their products (the scores') at most 4
+    spread_q, spread_k = np.float32([[1.0, 8.0], [0.25, 2.0]]), np.float32([[2.0, 0.5], [1.0, 0.25]])
+    (fq, vq), (fk, vk), (fv, vv_) = DESCALE_FORMS[form]
+    q, dq = quantised_by(rng, (b, sq, hq, v.d_qk), hkv, spread_q, fq)
+    k, dk = quantised_by(rng, (b, sk, hkv, v.d_qk), hkv, spread_k, fk)
+    vv, dv = quantised_by(rng, (b, sk, hkv, v.d_v), hkv, spread_q, fv)
+    # the score scale c and the output factor differ between heads
+    assert len({float(x) for x in (dq * dk).flat}) >= 2 and len({float(x) for x in dv.flat}) >= 2
+    rec = PBytes(v)
+    emulator.machine.observers.append(rec)
+    try:
+        out = np.full((b, sq, hq, v.d_v), np.nan, ml_dtypes.bfloat16)
+        _, lse = flash_attn_func(q, k, vv, causal=v.causal, out=out, return_lse=True,
+                                 descale_q=descale_view(dq, vq), descale_k=descale_view(dk, vk),
+                                 descale_v=descale_view(dv, vv_))
+    finally:
+        emulator.machine.observers.remove(rec)
+    scale = float(np.float32(1 / np.sqrt(v.d_qk)))
+    ds = dict(descale_q=dq, descale_k=dk, descale_v=dv)
+    mo, ml = reference.fp8_attention(q, k, vv, recipe="gfx950", causal=v.causal, softmax_scale=scale,
+                                     return_lse=True, **ds)
+    ro, rl = reference.attention(q.astype(np.float64), k.astype(np.float64), vv.astype(np.float64),
+                                 causal=v.causal, softmax_scale=scale, return_lse=True, **ds)
+    check_outputs(dict(out=out.astype(np.float64), lse=lse.numpy().astype(np.float64), model=(mo, ml),
+                       ref=(ro, rl)))
+    for i in range(b):
+        for h in range(hq):
+            g = h // (hq // hkv)
+            s, codes = rec.head(0, h, i, sq, sk)
+            res = fp8_models.head_forward(q[i, :, h], k[i, :, g], vv[i, :, g], "gfx950",
+                                          descale_q=dq[i, g], descale_k=dk[i, g], descale_v=dv[i, g],
+                                          causal=v.causal, softmax_scale=scale, scores=s)
+            assert np.array_equal(codes, res.p_codes), (i, h)
+
+
+@pytest.mark.parametrize("v", sweep(VARIANTS))
+def test_packed_descales_are_one_a_sequence_and_head(emulator, v):
+    """Packed: descale row b is sequence b's (an empty sequence's included)."""
+    rng = np.random.default_rng(zlib.crc32(("packed descales" + v.name).encode()))
+    seq_q, seq_k, hq, hkv = [40, 0, 70], [50, 30, 90], 2, 2
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (seq_q, seq_k))
+    spread_q, spread_k = np.float32([[1.0, 4.0], [2.0, 0.5], [0.125, 2.0]]), np.float32([[0.5, 1.0], [2.0, 4.0], [8.0, 0.25]])
+    parts = []
+    for n, t, d, spread in ((cu_q, hq, v.d_qk, spread_q), (cu_k, hkv, v.d_qk, spread_k), (cu_k, hkv, v.d_v, spread_q)):
+        codes, ds = zip(*(quantised_by(rng, (1, max(n[i + 1] - n[i], 1), t, d), hkv, spread[i:i + 1],
+                                       "sequence and head") for i in range(3)))
+        parts.append((np.concatenate([c[0, :n[i + 1] - n[i]] for i, c in enumerate(codes)]),
+                      np.concatenate(ds)))
+    (q, dq), (k, dk), (vv, dv) = parts
+    out = np.full((cu_q[-1], hq, v.d_v), np.nan, ml_dtypes.bfloat16)
+    _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(seq_q),
+                                    max_seqlen_k=max(seq_k), causal=v.causal, out=out, return_lse=True,
+                                    descale_q=dq, descale_k=descale_view(dk, "transposed"), descale_v=dv)
+    scale = float(np.float32(1 / np.sqrt(v.d_qk)))
+    ds = dict(descale_q=dq, descale_k=dk, descale_v=dv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    mo, ml = reference.fp8_attention(q, k, vv, recipe="gfx950", causal=v.causal, softmax_scale=scale,
+                                     return_lse=True, **ds)
+    ro, rl = reference.attention(q.astype(np.float64), k.astype(np.float64), vv.astype(np.float64),
+                                 causal=v.causal, softmax_scale=scale, return_lse=True, **ds)
+    check_outputs(dict(out=out.astype(np.float64), lse=lse.numpy().astype(np.float64), model=(mo, ml),
+                       ref=(ro, rl)))
 
 
 VARLEN = {   # name: (seq_q, seq_k, hq, hkv)
