@@ -6,6 +6,9 @@ SmolLM2-135M's real activations, per layer and end to end.
     python bench/accuracy.py --quick         # smaller shapes, fewer layers (a minute)
     python bench/accuracy.py --adaptive      # gfx950's adaptive merge, swept (about 30 min)
     python bench/accuracy.py --adaptive --unit wave --layers 1,9,17,25   # decided per wave
+    python bench/accuracy.py --granularity all   # quantize_fp8's granularities (about 25 min)
+    python bench/accuracy.py --granularity tensor,block+smooth_k --quick
+    python bench/accuracy.py --input-errors     # quantisation alone, per granularity (2 min)
 
 Every number is ||out - ref|| / ||ref|| against the fp64 reference, computed two ways:
 "deq" on the dequantised FP8 inputs (the error of the attention arithmetic alone) and
@@ -37,7 +40,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from zyfa_runtime import e4m3, reference  # noqa: E402
+from zyfa_runtime import e4m3, quantize_model, reference  # noqa: E402
 from zyfa_runtime.fp8_models import sequence_forward  # noqa: E402
 
 #: The recipes of the study: the two baselines, the chosen targets, the first zyfa design
@@ -144,12 +147,16 @@ def log_softmax(x):
 
 def e2e_task(args):
     """One (attention, prompt) forward; with ``ref_file`` the per-position KL to the log
-    probabilities stored there and top-1 agreement, else the log probabilities to store."""
+    probabilities stored there and top-1 agreement, else the log probabilities to store.
+    ``name``: "fp64", "fp64 on e4m3 inputs", a recipe (per-tensor amax / 448 descales), or
+    "attention|case" of the granularity study (:func:`granular_attention`)."""
     name, prompt, tokens, ref_file = args
     from bench.llm import load_prompt, load_smollm2
     model = load_smollm2()
     ids = model.encode(load_prompt(prompt))[:tokens]
-    if name == "fp64":
+    if "|" in name:
+        attention = granular_attention(*name.split("|"))
+    elif name == "fp64":
         attention = None
     elif name == "fp64 on e4m3 inputs":
         def attention(q, k, v, *, causal=True, softmax_scale=None):
@@ -252,6 +259,175 @@ def adaptive(args) -> int:
 
 
 # ------------------------------------------------------------------------------------
+# 5. Granularity (issue 48): Q, K, V quantised by quantize_fp8's model per tensor, per
+#    (sequence, KV head) or per block (128 queries, 64 keys; V per (sequence, KV head)), with
+#    or without K's mean subtracted, power-of-two descales (the default, and what gfx950's
+#    E8M0 operand scales take); each through fp64 attention and the target recipes.
+
+#: case -> (granularity, smooth_k)
+GRANULARITY_CASES = {"tensor": ("tensor", False), "head": ("head", False), "head+smooth_k": ("head", True),
+                     "block": ("block", False), "block+smooth_k": ("block", True)}
+GRANULARITY_ATTENTION = ["fp64 on e4m3 inputs", "gfx950", "sm_90a", "aiter"]
+
+
+def granular_attention(name: str, case: str):
+    """The model's attention callable: q (1, T, Hq, D), k, v quantised by quantize_model at
+    ``case``, then fp64 attention on the codes times their descales, or recipe ``name`` with
+    those descales.  smooth_k leaves the output unchanged in exact arithmetic (every score of
+    a row shifts by the same q . mean); only the LSE moves, which the model does not use."""
+    granularity, smooth_k = GRANULARITY_CASES[case]
+
+    def attention(q, k, v, *, causal=True, softmax_scale=None):
+        z = quantize_model.quantize_fp8(q, k, v, granularity=granularity, smooth_k=smooth_k)
+        kw = dict(descale_q=z.descale_q, descale_k=z.descale_k, descale_v=z.descale_v, causal=causal,
+                  softmax_scale=softmax_scale)
+        if name == "fp64 on e4m3 inputs":
+            return reference.attention(*(e4m3.decode(c) for c in (z.q, z.k, z.v)), **kw)
+        return reference.fp8_attention(z.q, z.k, z.v, recipe=name, **kw)
+    return attention
+
+
+def granular_layer_task(args):
+    """One captured layer: per (case, attention) the per-head errors against fp64 on the
+    dequantised inputs of that case ("deq") and on the unquantised inputs ("orig")."""
+    key, q, k, v, cases = args
+    q, k, v = (x.astype(np.float64)[None] for x in (q, k, v))
+    kw = dict(causal=True, softmax_scale=1.0 / np.sqrt(64.0))
+    orig = reference.attention(q, k, v, **kw)[0]
+    res = {}
+    for case in cases:
+        outs = {n: granular_attention(n, case)(q, k, v, **kw)[0] for n in GRANULARITY_ATTENTION}
+        deq = outs["fp64 on e4m3 inputs"]
+        for n, out in outs.items():
+            res[(case, n)] = (per_head_errors(out, deq), per_head_errors(out, orig))
+    return key, res
+
+
+def input_errors(args) -> int:
+    """What quantisation alone does to SmolLM2's Q, K, V (one prompt, every layer, 2,048 tokens):
+    per case and power_of_two, the relative error ||deq - x|| / ||x|| of each tensor (with
+    smooth_k: of K reconstructed as its codes' values plus the mean), mean over layers, and the
+    share of elements whose dequantised value differs from the per-tensor one (power-of-two
+    descales; "-" where every value moves: fp32 descales, K plus its fp32 mean); prints a table."""
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else range(30)
+    caps = capture(["technical_storage"], 2048)["technical_storage"]
+    rows = {}
+    for layer in layers:
+        x = [a[None].astype(np.float32) for a in caps[layer]]
+        deq = {}
+        for p2 in (True, False):
+            for case, (g, smooth) in GRANULARITY_CASES.items():
+                z = quantize_model.quantize_fp8(*x, granularity=g, smooth_k=smooth, power_of_two=p2)
+                group = 1 if g == "block" else x[0].shape[2] // x[1].shape[2]    # block: per query head
+                d = [quantize_model.dequantize(z.q, z.descale_q, granularity=g, block=quantize_model.Q_BLOCK,
+                                               heads_of_group=group),
+                     quantize_model.dequantize(z.k, z.descale_k, granularity=g, block=quantize_model.K_BLOCK)
+                     + z.mean[:, None],
+                     quantize_model.dequantize(z.v, z.descale_v, granularity=g)]
+                deq[(case, p2)] = d
+                errs = [rel(a, b) for a, b in zip(d, x)]
+                # a power-of-two descale moves no value that stays in e4m3's normal range
+                moved = [float(np.mean(a != b)) if p2 and not (smooth and t == 1) else np.nan
+                         for t, (a, b) in enumerate(zip(d, deq[("tensor", p2)]))]
+                rows.setdefault((case, p2), []).append(errs + moved)
+    print("| granularity | descales | Q error | K error | V error | Q moved | K moved | V moved |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for (case, p2), vals in rows.items():
+        m = np.mean(vals, axis=0)
+        print(f"| {case} | {'2^e' if p2 else 'amax / 448'} | " + " | ".join(f"{100 * e:.2f} %" for e in m[:3])
+              + " | " + " | ".join("-" if np.isnan(e) else f"{100 * e:.3f} %" for e in m[3:]) + " |", flush=True)
+    return 0
+
+
+def granularity(args) -> int:
+    """Per-head error on SmolLM2's layers and end-to-end KL for every (case, attention);
+    writes its table between the ``<!-- granularity:begin/end -->`` markers of docs/numerics.md
+    and its numbers under "granularity" in docs/numerics.json (other keys kept)."""
+    cases = list(GRANULARITY_CASES) if args.granularity == "all" else args.granularity.split(",")
+    unknown = set(cases) - set(GRANULARITY_CASES)
+    if unknown:
+        raise SystemExit(f"unknown granularity cases {sorted(unknown)}; known: {list(GRANULARITY_CASES)}")
+    layer_tokens = 512 if args.quick else 2048
+    layers = range(0, 30, 10) if args.quick else range(30)
+    if args.layers:
+        layers = [int(x) for x in args.layers.split(",")]
+    prompts_layers = ["technical_storage"] if args.quick else ["technical_storage", "dialogue_garden"]
+    e2e_prompts = ["prose_lighthouse"] if args.quick else ["prose_lighthouse", "technical_storage",
+                                                          "dialogue_garden"]
+    e2e_tokens = 128 if args.quick else 400
+    t0 = time.monotonic()
+    data = {"settings": dict(quick=args.quick, cases=cases, layer_tokens=layer_tokens, layers=list(layers),
+                             prompts=prompts_layers, e2e_prompts=e2e_prompts, e2e_tokens=e2e_tokens,
+                             descales="power of two (quantize_fp8's default)", inputs="fp32 activations")}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        # End to end first: the fp64 model's log probabilities, then each (case, attention).
+        with tempfile.TemporaryDirectory() as tmp:
+            ref_files = {}
+            for _, p, lp in pool.map(e2e_task, [("fp64", p, e2e_tokens, None) for p in e2e_prompts]):
+                ref_files[p] = os.path.join(tmp, f"{p}.npy")
+                np.save(ref_files[p], lp)
+            keys = [(c, n, p) for c in cases for n in GRANULARITY_ATTENTION for p in e2e_prompts]
+            e2e = {(c, n, p): res for (c, n, p), (_, _, res) in
+                   zip(keys, pool.map(e2e_task, [(f"{n}|{c}", p, e2e_tokens, ref_files[p]) for c, n, p in keys]))}
+        t_e2e = time.monotonic() - t0
+        print(f"end to end done {t_e2e:.0f}s", flush=True)
+        caps = capture(prompts_layers, layer_tokens)
+        tasks = [((p, layer), *caps[p][layer], cases) for p in prompts_layers for layer in layers]
+        layer_res = dict(pool.map(granular_layer_task, tasks))
+        print(f"layers done {time.monotonic() - t0:.0f}s", flush=True)
+
+    today = json.loads((ROOT / "docs" / "numerics.json").read_text())
+    today_kl_aiter = today["end_to_end"]["aiter"]["fp64"]["kl"]
+    rows, out = [], {}
+    for c in cases:
+        for n in GRANULARITY_ATTENTION:
+            kl = float(np.mean(np.concatenate([e2e[(c, n, p)][0] for p in e2e_prompts])))
+            top1 = float(np.mean(np.concatenate([e2e[(c, n, p)][1] for p in e2e_prompts])))
+            errs = [layer_res[key][(c, n)] for key in layer_res]
+            deq = float(np.median([e for e_deq, _ in errs for e in e_deq]))
+            orig = float(np.median([e for _, e_orig in errs for e in e_orig]))
+            out[f"{n}|{c}"] = dict(kl=kl, top1=top1, median_deq=deq, median_orig=orig,
+                                   today_median_orig=today["smollm2_layers"][f"{n}|d64|orig"][0])
+    base = out.get("aiter|tensor", {}).get("kl")
+    for key, r in out.items():
+        n, c = key.split("|")
+        vs_run = f"{r['kl'] / base:.2f}x" if base else "-"
+        rows.append(f"| `{n}` | {c} | {r['kl']:.3e} | {vs_run} | {r['kl'] / today_kl_aiter:.2f}x | "
+                    f"{100 * r['top1']:.1f}% | {r['median_orig']:.4f} | "
+                    f"{r['median_orig'] / r['today_median_orig']:.2f}x | {r['median_deq']:.4f} |")
+    data["results"] = out
+    data["today"] = dict(aiter_kl=today_kl_aiter)
+    data["seconds"] = dict(end_to_end=t_e2e, total=time.monotonic() - t0)
+    n_pos = e2e_tokens * len(e2e_prompts)
+    table = "\n".join([
+        f"_Generated by `python bench/accuracy.py --granularity {args.granularity}"
+        f"{' --quick' if args.quick else ''}{' --layers ' + args.layers if args.layers else ''}` "
+        f"({data['seconds']['total'] / 60:.0f} min on {args.jobs} processes; raw numbers under \"granularity\" in `docs/numerics.json`). KL(p_fp64 || p) in nats "
+        f"over {n_pos} next-token positions of {len(e2e_prompts)} prompts, every layer's attention "
+        f"quantised and computed so; per-head relative error over {len(prompts_layers)} prompts x "
+        f"{len(list(layers))} layers x {layer_tokens} tokens x 9 heads, median, against fp64 attention "
+        f"on the unquantised inputs (\"orig\") and on the dequantised ones (\"deq\"); \"today\": the "
+        f"per-tensor amax / 448 figures of the tables above (AITER's KL {today_kl_aiter:.3e})._",
+        "",
+        "| attention | granularity | KL | KL / AITER per tensor (this run) | KL / AITER today | top-1 "
+        "| median error orig | / today's per-tensor | median error deq |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows])
+    md = args.out.read_text()
+    if "<!-- granularity:begin -->" in md and not args.quick:
+        head, rest = md.split("<!-- granularity:begin -->", 1)
+        _, tail = rest.split("<!-- granularity:end -->", 1)
+        args.out.write_text(head + "<!-- granularity:begin -->\n" + table + "\n<!-- granularity:end -->" + tail)
+    if not args.quick:
+        js = args.out.with_suffix(".json")
+        full = json.loads(js.read_text())
+        full["granularity"] = data
+        js.write_text(json.dumps(full, indent=1) + "\n")
+    print(table)
+    return 0
+
+
+# ------------------------------------------------------------------------------------
 
 def median_table(rows: dict, cols: list[str]) -> str:
     out = ["| recipe | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
@@ -271,10 +447,21 @@ def main(argv=None) -> int:
     ap.add_argument("--unit", choices=("row", "wave"), default="row",
                     help="--adaptive: who decides exact or lattice, each row or each 32-row wave")
     ap.add_argument("--layers", default="",
-                    help="--adaptive: SmolLM2 layers, comma-separated (default 1, 5, ..., 29)")
+                    help="--adaptive, --granularity: SmolLM2 layers, comma-separated (default 1, 5, ..., 29 "
+                         "and all 30)")
+    ap.add_argument("--granularity", default="",
+                    help="the granularity study: 'all' or cases, comma-separated, of "
+                         + ", ".join(GRANULARITY_CASES) + " (writes only its own table and JSON key; "
+                         "with --quick writes nothing)")
+    ap.add_argument("--input-errors", action="store_true",
+                    help="what quantize_fp8's model does to SmolLM2's Q, K, V per granularity (prints a table)")
     args = ap.parse_args(argv)
+    if args.input_errors:
+        return input_errors(args)
     if args.adaptive:
         return adaptive(args)
+    if args.granularity:
+        return granularity(args)
 
     gauss_seq, gauss_heads = (256, 2) if args.quick else (1024, 4)
     layer_tokens = 512 if args.quick else 2048

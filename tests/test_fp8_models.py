@@ -554,3 +554,86 @@ def test_adaptive_merge_by_wave_takes_a_block_exactly_for_all_32_rows_when_one_r
     assert mixed["wave_err"] <= mixed["row_err"] * 1.001, mixed
     with pytest.raises(ValueError, match="exact_unit"):
         RECIPES["gfx950"].replace(exact_within=0.5, exact_unit="block")
+
+
+# Block descales (quantize_model's "block" granularity: 128 queries, 64 keys a descale).
+
+def blocked(d, n_blocks):
+    """A per-tensor descale as (1, heads, n_blocks) block descales, every block the same."""
+    return lambda heads: np.full((1, heads, n_blocks), d, np.float32)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 20.0])
+@pytest.mark.parametrize("name", ["gfx950", "sm_90a", "aiter", "fa3"])
+def test_equal_block_descales_give_the_per_tensor_bits(name, softcap):
+    """Every block with the per-tensor descale: out and LSE bit for bit the per-tensor call's,
+    for the E8M0 fold (gfx950: powers of two) and the per-tile fold of c (fp32 descales too)."""
+    rng = np.random.default_rng(20)
+    q, k, v, ds = gaussian_problem(rng, sq=300, sk=330, hq=4, hkv=2)
+    if RECIPES[name].descale_blocks == "e8m0":
+        ds = dict(descale_q=np.float32(2.0 ** -6), descale_k=np.float32(2.0 ** -5), descale_v=ds["descale_v"])
+    kw = dict(recipe=name, causal=True, return_lse=True, softcap=softcap)
+    want = reference.fp8_attention(q, k, v, **ds, **kw)
+    got = reference.fp8_attention(q, k, v, descale_q=blocked(ds["descale_q"], 3)(4),
+                                  descale_k=blocked(ds["descale_k"], 6)(2), descale_v=ds["descale_v"], **kw)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    one = fp8_models.head_forward(q[0, :, 1], k[0, :, 0], v[0, :, 0], name, causal=True, softcap=softcap, **ds)
+    blk = fp8_models.head_forward(q[0, :, 1], k[0, :, 0], v[0, :, 0], name, causal=True, softcap=softcap,
+                                  descale_q=np.full(3, ds["descale_q"]), descale_k=np.full(6, ds["descale_k"]),
+                                  descale_v=ds["descale_v"])
+    for f in ("out", "lse", "p_codes", "ref_max"):
+        np.testing.assert_array_equal(getattr(one, f), getattr(blk, f))
+
+
+def block_quantised(rng, power_of_two, b=2, sq=300, sk=330, hq=4, hkv=2, d=64):
+    """Gaussian q, k, v whose rows vary in magnitude (so blocks get different descales),
+    quantised per block by quantize_model; the codes, descales and dequantised values."""
+    from zyfa_runtime import quantize_model
+    x = [rng.standard_normal((b, s, h, d)) * np.exp(rng.normal(0, 1.5, (b, s, h, 1)))
+         for s, h in ((sq, hq), (sk, hkv), (sk, hkv))]
+    z = quantize_model.quantize_fp8(*x, granularity="block", smooth_k=False, power_of_two=power_of_two)
+    deq = [quantize_model.dequantize(z.q, z.descale_q, granularity="block", block=quantize_model.Q_BLOCK),
+           quantize_model.dequantize(z.k, z.descale_k, granularity="block", block=quantize_model.K_BLOCK),
+           quantize_model.dequantize(z.v, z.descale_v, granularity="block", heads_of_group=1)]
+    return z, deq
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name,power_of_two", [("gfx950", True), ("sm_90a", True), ("sm_90a", False),
+                                               ("aiter", True), ("aiter", False)])
+def test_block_descales_are_within_each_recipes_bound_of_fp64_on_the_dequantised_inputs(name, power_of_two,
+                                                                                        causal):
+    rng = np.random.default_rng(21)
+    z, (qd, kd, vd) = block_quantised(rng, power_of_two)
+    assert len(np.unique(z.descale_q)) >= 3 and len(np.unique(z.descale_k)) >= 3   # blocks differ
+    out = reference.fp8_attention(z.q, z.k, z.v, recipe=name, causal=causal, descale_q=z.descale_q,
+                                  descale_k=z.descale_k, descale_v=z.descale_v)
+    ref = reference.attention(qd, kd, vd, causal=causal)
+    vis = visible(300, 330, causal)
+    for bi in range(2):
+        for h in range(4):
+            vmax = np.array([np.abs(vd[bi, row, h // 2]).max() for row in vis])
+            bound = row_bound(RECIPES[name], vis.sum(axis=1), vmax)
+            err = np.abs(out[bi, :, h] - ref[bi, :, h]).max(axis=1)
+            assert np.all(err <= bound), (name, float((err / bound).max()))
+    assert reference.relative_error(out, ref) > 0      # the recipe's own arithmetic, not fp64
+
+
+def test_gfx950_takes_block_descales_as_e8m0_powers_of_two_only():
+    """gfx950 folds block descales into the scaled MFMA's E8M0 operand scales: an fp32 descale
+    is refused; for powers of two the per-tile fold of c (sm_90a's way) gives the same bits,
+    since S c is the same real number either way."""
+    rng = np.random.default_rng(22)
+    z, _ = block_quantised(rng, power_of_two=False)
+    kw = dict(descale_q=z.descale_q, descale_k=z.descale_k, descale_v=z.descale_v, causal=True)
+    with pytest.raises(ValueError, match="powers of two"):
+        reference.fp8_attention(z.q, z.k, z.v, recipe="gfx950", **kw)
+    z, _ = block_quantised(rng, power_of_two=True)
+    kw = dict(descale_q=z.descale_q, descale_k=z.descale_k, descale_v=z.descale_v, causal=True, return_lse=True)
+    e8m0 = reference.fp8_attention(z.q, z.k, z.v, recipe="gfx950", **kw)
+    tile = reference.fp8_attention(z.q, z.k, z.v, recipe=RECIPES["gfx950"].replace(descale_blocks="tile"), **kw)
+    for a, b in zip(e8m0, tile):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="descale_blocks"):
+        RECIPES["gfx950"].replace(descale_blocks="fp32")

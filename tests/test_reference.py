@@ -108,6 +108,52 @@ def test_descales_per_sequence_and_kv_head_scale_each_group_of_heads(packed):
         reference.attention(q, k, v, descale_k=np.ones((hkv, b), np.float32), **kw)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_block_descales_scale_each_block_of_128_queries_and_64_keys_from_each_sequences_start(packed):
+    """descale_q (B, Hq, nQ), descale_k (B, Hkv, nK): row i of query head h in sequence b times
+    descale_q[b, h, i // 128], key j of head g times descale_k[b, g, j // 64], v per (b, g): the
+    same as attention over the values scaled so; blocks that do not cover a sequence are refused."""
+    rng = np.random.default_rng()
+    b, hq, hkv, d = 2, 4, 2, 8
+    lens_q, lens_k = (130, 260), (200, 70)
+    dq = rng.uniform(0.5, 2.0, (b, hq, 3)).astype(np.float32)
+    dk = rng.uniform(0.5, 2.0, (b, hkv, 4)).astype(np.float32)
+    dv = rng.uniform(0.5, 2.0, (b, hkv)).astype(np.float32)
+    if packed:
+        cq, ck = np.concatenate([[0], np.cumsum(lens_q)]), np.concatenate([[0], np.cumsum(lens_k)])
+        q, k, v = (rng.standard_normal((n, h, d)) for n, h in ((cq[-1], hq), (ck[-1], hkv), (ck[-1], hkv)))
+        seq_q = [np.arange(cq[i], cq[i + 1]) for i in range(b)]
+        seq_k = [np.arange(ck[i], ck[i + 1]) for i in range(b)]
+        kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck)
+    else:
+        lens_q, lens_k = (260, 260), (200, 200)
+        q, k, v = (rng.standard_normal((b, n, h, d)) for n, h in ((260, hq), (200, hkv), (200, hkv)))
+        seq_q = [np.arange(260)] * b
+        seq_k = [np.arange(200)] * b
+        kw = {}
+    qs, ks, vs = q.copy(), k.copy(), v.copy()
+    for i in range(b):
+        rq, rk = seq_q[i], seq_k[i]
+        fq = dq[i][:, np.arange(len(rq)) // 128].T.astype(np.float64)      # (rows, hq)
+        fk = dk[i][:, np.arange(len(rk)) // 64].T.astype(np.float64)
+        if packed:
+            qs[rq] *= fq[:, :, None]
+            ks[rk] *= fk[:, :, None]
+            vs[rk] *= dv[i].astype(np.float64)[None, :, None]
+        else:
+            qs[i] *= fq[:, :, None]
+            ks[i] *= fk[:, :, None]
+            vs[i] *= dv[i].astype(np.float64)[None, :, None]
+    got = reference.attention(q, k, v, causal=True, descale_q=dq, descale_k=dk, descale_v=dv, **kw)
+    want = reference.attention(qs, ks, vs, causal=True, **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert reference.relative_error(got, reference.attention(q, k, v, causal=True, **kw)) > 0.1
+    with pytest.raises(ValueError, match="do not cover"):
+        reference.attention(q, k, v, descale_q=dq[:, :, :2], **kw)
+    with pytest.raises(ValueError, match="per block"):
+        reference.attention(q, k, v, descale_k=np.ones((b, hq, 4), np.float32), **kw)
+
+
 def test_fp8_descales_per_sequence_and_kv_head_go_through_the_recipe_one_group_at_a_time():
     """The exact FP8 model with (B, Hkv) descales: each (sequence, key/value head) with its query
     heads through the recipe with its own scalars; values quantised with those scales are

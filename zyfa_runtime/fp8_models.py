@@ -1,6 +1,7 @@
 """Exact models of FP8 attention forward recipes (zyfa's and the usual baselines).
 
-Inputs are e4m3 codes for Q, K, V with fp32 per-tensor descales ``dq, dk, dv``.  A
+Inputs are e4m3 codes for Q, K, V with fp32 descales ``dq, dk, dv`` (per tensor, per
+key/value head, or per block: "Block descales" below).  A
 :class:`Recipe` fixes every arithmetic choice a kernel makes about P; the model evaluates
 it for all heads and query rows of one sequence at once (numpy, vectorised over heads,
 rows and key blocks; only the fp32 merge of block results runs block by block).
@@ -61,6 +62,18 @@ keeps its recipe, the left edge's blocks take the plain bytes); softcap hands st
 fp32 score in units of softcap (:func:`_capped_scores`); a sink joins the fp32 row state after
 the last block (:func:`_join_sinks`).
 
+Block descales (quantize_model's "block" granularity: Q one a (query head, 128-query block),
+K one a (key/value head, 64-key block), V one a key/value head; blocks counted from each
+sequence's first row) change only step 1, in the way each target takes them
+(``Recipe.descale_blocks``, :func:`_scored`): gfx950 ("e8m0") feeds each 32-row Q and 64-key K
+operand block's 2^e to the scaled MFMA as its E8M0 scale, so the fp32 scores are ``2^(eq + ek)
+S`` exactly and ``c`` is that of descales 1 (powers of two only); sm_90a ("tile") keeps the
+scores of the codes and rounds ``c = fp32(softmax_scale log2(e) dq dk)`` per (128-query,
+64-key) tile pair, a key tile of 128 keys taking one ``c`` per half.  A block's max ``T_b`` is
+then the max of the rounded ``S c`` (rounding is monotonic: the per-tensor ``fp32(max S c)``
+when c is one value).  Either way, all block descales equal give the per-tensor call's bits;
+for powers of two the two folds give the same bits (``S c`` is the same real number).
+
 Cost per P element of each rounding is in :mod:`zyfa_runtime.e4m3`.  Per element, the row
 max costs one ``v_max3_f32`` half-slot (gfx950) or one FMNMX (sm_90a) for every recipe;
 ``"unrounded"`` sums add a ``v_pk_add_f32`` half-slot or an FADD, ``"rounded"`` sums none
@@ -79,12 +92,14 @@ import numpy as np
 
 from . import e4m3
 from . import window as windows
+from .quantize_model import K_BLOCK, Q_BLOCK, descale_rows
 
 __all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "ASHR_EXP", "log2_scale",
            "sequence_forward", "head_forward", "HeadResult"]
 
 MAX_KINDS = ("running_fp32", "running_integer", "block_integer", "block_fp32")
 SUMS = ("rounded", "unrounded")
+DESCALE_BLOCKS = ("tile", "e8m0")
 BYTE_FORMS = ("fma", "pk_u8", "ashr_u8", "quad_fold", "quad_h2", "lean_h2")
 #: The ``ashr_u8`` byte's fp32 scale: ``z = y 2^-ASHR_EXP`` is a subnormal whose bits hold
 #: ``y`` to 1/256 code unit (2^-149 = 2^-ASHR_EXP / 256).
@@ -163,6 +178,12 @@ class Recipe:
     ``exact_unit``  "row" (each row decides alone) or "wave": a block is exact for all 32 rows
                     of a kernel wave (query rows 32w .. 32w + 31 of a sequence) when it is for
                     one of them (the wave rescales O anyway), on the lattice otherwise.
+    ``descale_blocks`` how the target takes block descales (quantize_model's "block"
+                    granularity: one a 128-query block of a query head, one a 64-key block of
+                    a key/value head; module docstring, "Block descales"): "tile" (sm_90a's:
+                    folded into the score scale, ``c`` rounded to fp32 per (query block, key
+                    block)) or "e8m0" (gfx950's: powers of two only, as E8M0 operand scales of
+                    the scaled MFMA; ``c`` stays that of descales 1).
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
 
@@ -179,6 +200,7 @@ class Recipe:
     diagonal_dv: int = 128
     exact_within: float | None = None
     exact_unit: str = "row"
+    descale_blocks: str = "tile"
 
     def __post_init__(self):
         if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
@@ -204,6 +226,8 @@ class Recipe:
                 self.byte_form == "ashr_u8" and self.diagonal == "same" and -8 < self.exact_within < 64):
             raise ValueError("exact_within (-8 < delta < 64) is defined for byte_form 'ashr_u8' "
                              "without a two-term diagonal")
+        if self.descale_blocks not in DESCALE_BLOCKS:
+            raise ValueError(f"descale_blocks must be one of {DESCALE_BLOCKS}, got {self.descale_blocks!r}")
         if self.exact_unit not in ("row", "wave"):
             raise ValueError(f"exact_unit must be 'row' or 'wave', got {self.exact_unit!r}")
         if self.byte_form == "lean_h2" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
@@ -297,7 +321,7 @@ def _recipes() -> dict[str, Recipe]:
         "lean128": Recipe("lean128", 128, "lean", "block_integer", "rounded", 256.0),
         # The targets (see the docstring).
         "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
-                         "ashr_u8"),
+                         "ashr_u8", descale_blocks="e8m0"),
         "sm_90a": Recipe("sm_90a", 128, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
                          "lean_h2", "hi_lo"),
         # sm_90a's recipe until the kernels showed the quadratic correction's cost.
@@ -345,18 +369,18 @@ def _fp32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).astype(np.float32)
 
 
-def _ashr_u(smax, c8, recipe: Recipe) -> np.ndarray:
-    """``Ub`` of the "ashr_u8" byte for raw block maxima ``smax`` (float64 of fp32 values),
-    as the kernel's fp32 value (scaled by 2^-ASHR_EXP): ``U0 = fp32(Smax 8c - (K + 1/2))``
-    (one FMA), ``Ub = fp32(U0 + |U0| 2^-23)`` (one FMA)."""
-    u0 = e4m3.fma32(np.ldexp(smax * float(c8), -ASHR_EXP), -recipe.ashr_constant)
+def _ashr_u(smax_c8, recipe: Recipe) -> np.ndarray:
+    """``Ub`` of the "ashr_u8" byte for the blocks' largest products ``Smax 8c`` (float64,
+    exact products of fp32 values), as the kernel's fp32 value (scaled by 2^-ASHR_EXP):
+    ``U0 = fp32(Smax 8c - (K + 1/2))`` (one FMA), ``Ub = fp32(U0 + |U0| 2^-23)`` (one FMA)."""
+    u0 = e4m3.fma32(np.ldexp(smax_c8, -ASHR_EXP), -recipe.ashr_constant)
     with np.errstate(invalid="ignore"):
         return e4m3.fma32(np.abs(u0.astype(np.float64)) * 2.0 ** -23, u0)
 
 
 def _ashr_codes(scores, c8, u) -> np.ndarray:
     """The "ashr_u8" bytes of fp32 ``scores`` (..., n) against the kernel's fp32 ``U`` (...)."""
-    return e4m3.ashr_u8_codes(scores.astype(np.float64) * float(c8),
+    return e4m3.ashr_u8_codes(scores.astype(np.float64) * np.asarray(c8, np.float64),
                               np.ldexp(u.astype(np.float64), ASHR_EXP)[..., None])
 
 
@@ -396,7 +420,7 @@ def _adaptive_blocks(sb, v1b, recipe: Recipe, c: np.float32):
             e = (d - kf).astype(np.float32)
             f = np.where(lattice, e, np.float32(0))
         u = e4m3.fma32(f.astype(np.float64) * 2.0 ** (3 - ASHR_EXP),
-                       _ashr_u(sm.astype(np.float64), c8, recipe))
+                       _ashr_u(sm.astype(np.float64) * float(c8), recipe))
         r_new = np.where(exact, (t + kf).astype(np.float32), r)
         with np.errstate(over="ignore"):
             x = np.where(exact, _fp32(np.exp2(e.astype(np.float64))), 1).astype(np.float64)
@@ -418,7 +442,7 @@ _CHUNK = 1 << 17
 
 
 def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None,
-             trace: bool = False, window=None):
+             trace: bool = False, window=None, fold=None):
     """The recipe for H heads of one sequence.
 
     ``q`` (H, Sq, D) and ``kt`` (H, D, Sk) hold decoded e4m3 values (float64), ``v1`` (H,
@@ -430,7 +454,9 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     (H, Sq, Sk) and the reference max per block (H, Sq, blocks).  ``window``: (left, right) as
     window.normalize gives it (None: ``causal``'s); where its right bound is 0 (causal) the
     recipe's ``diagonal`` applies to the blocks the diagonal cuts, the left bound's blocks
-    take the plain bytes.
+    take the plain bytes.  ``fold``: None (``c`` is one constant), or the "tile" fold of
+    block descales ``(base, dq_rows (H, Sq), dk_keys (H, Sk))``, float64: the score of row i
+    and key j has its own ``c = fp32(base dq_i dk_j)`` (:func:`_tile_c`).
     """
     window = window if window is not None else windows.normalize(causal, windows.NONE)
     left, right = window
@@ -451,7 +477,9 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     if scores is not None:
         scores = np.pad(np.asarray(scores, np.float32), ((0, 0), (0, 0), (0, pad)),
                         constant_values=-np.inf)
-    c8, c0 = np.float32(8) * c, recipe.c0 - recipe.code_offset
+    c0 = recipe.c0 - recipe.code_offset
+    if fold is not None:
+        fold = (fold[0], fold[1], np.pad(fold[2], ((0, 0), (0, pad)), constant_values=1.0))
     off = sk - sq
     o = np.zeros((h, sq, dv), np.float32)
     l = np.zeros((h, sq), np.float32)
@@ -480,6 +508,9 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             seen = (cols < sk) & ((right < 0) | (cols <= pos + right)) & ((left < 0) | (cols >= pos - left))
             s[:, :, j_lo:] = np.where(seen, s[:, :, j_lo:], -np.inf)
         sb = s.reshape(h, r1 - r0, nb, n)
+        if fold is not None:
+            c = _tile_c(fold, r0, r1, nb * n).reshape(sb.shape)      # one c a score
+        c8 = np.float32(8) * c
         if recipe.exact_within is not None:
             oc, lc, mc, codes, ref, resc = _adaptive_blocks(sb, v1b[:, :nb], recipe, c)
             o[:, r0:r1], l[:, r0:r1], m[:, r0:r1] = oc, lc, mc
@@ -488,7 +519,10 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
                 ref_all[:, r0:r1, :nb] = ref
                 resc_all[:, r0:r1, :nb] = resc
             continue
-        t_max = _fp32(sb.max(axis=3) * np.float64(c))               # (H, R, nb)
+        if fold is None:
+            t_max = _fp32(sb.max(axis=3) * np.float64(c))           # (H, R, nb)
+        else:   # rounding is monotonic: the max of the rounded products is T_b
+            t_max = _fp32(sb.astype(np.float64) * c).max(axis=3)
         if recipe.max_kind == "running_fp32":
             ref = big = np.maximum.accumulate(t_max, axis=2)
         elif recipe.max_kind == "running_integer":
@@ -506,14 +540,18 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
         w_bias = w_bias_at(recipe.w_constant)
         if recipe.byte_form == "ashr_u8":
             with np.errstate(invalid="ignore"):
-                u = _ashr_u(sb.max(axis=3).astype(np.float64), c8, recipe)
+                smax_c8 = sb.max(axis=3).astype(np.float64) * float(c8) if fold is None else \
+                    (sb.astype(np.float64) * c8).max(axis=3)
+                u = _ashr_u(smax_c8, recipe)
                 codes = _ashr_codes(sb, c8, u)
-                y = _fp32(sb.astype(np.float64) * float(c8) - 0.5
+                y = _fp32(sb.astype(np.float64) * np.asarray(c8, np.float64) - 0.5
                           - np.ldexp(u.astype(np.float64), ASHR_EXP)[..., None])
         elif recipe.byte_form == "pk_u8":
             kc = np.float32(c0)
             with np.errstate(invalid="ignore"):
-                u = np.nextafter(e4m3.fma_f32(sb.max(axis=3), c8, -kc), np.float32(np.inf))
+                top = e4m3.fma_f32(sb.max(axis=3), c8, -kc) if fold is None else \
+                    e4m3.fma32((sb.astype(np.float64) * c8).max(axis=3), -kc)
+                u = np.nextafter(top, np.float32(np.inf))
                 y = e4m3.fma_f32(sb, c8, -u[..., None])
             codes = np.clip(np.rint(np.nan_to_num(y, nan=0.0, neginf=0.0)), 0, 255).astype(np.uint8)
         elif recipe.byte_form in ("quad_fold", "quad_h2", "lean_h2"):
@@ -535,7 +573,8 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             cut = (np.arange(nb)[None, :] * n + n - 1) > (g0 + off)[:, None]        # (R, nb)
             sel = np.broadcast_to(cut[None, :, :, None], pd.shape)
             w_diag = w_bias_at(_fp32(16.0 + recipe.c0 / 8.0))     # no centring offset
-            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c, np.broadcast_to(w_diag, sb.shape)[sel]))
+            c_sel = c if fold is None else c[sel]
+            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c_sel, np.broadcast_to(w_diag, sb.shape)[sel]))
             codes[sel] = hi
             pd[sel] = e4m3.decode(hi) + e4m3.decode(lo)
             if trace:
@@ -568,15 +607,16 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
     return o, l, m, codes_all, ref_all, lo_all, resc_all
 
 
-def _finish(o, l, m, recipe: Recipe, dv: float, sinks=None):
-    """out (H, Sq, Dv) and natural-log lse (H, Sq) in float64 from the fp32 state; ``sinks``
-    (H,) fp32 logits or None (:func:`_join_sinks`)."""
+def _finish(o, l, m, recipe: Recipe, dv, sinks=None):
+    """out (H, Sq, Dv) and natural-log lse (H, Sq) in float64 from the fp32 state; ``dv`` one
+    value or one a head (H,); ``sinks`` (H,) fp32 logits or None (:func:`_join_sinks`)."""
     if sinks is not None:
         o, l, m = _join_sinks(o, l, m, recipe, sinks)
     l64 = l.astype(np.float64)
     live = l64 > 0
     safe = np.where(live, l64, 1.0)
-    out = np.where(live[..., None], o.astype(np.float64) / safe[..., None] * float(np.float32(dv)), 0.0)
+    dv = float(np.float32(dv)) if np.ndim(dv) == 0 else np.asarray(dv, np.float32).astype(np.float64)[:, None, None]
+    out = np.where(live[..., None], o.astype(np.float64) / safe[..., None] * dv, 0.0)
     lse = np.where(live, math.log(2) * (np.where(live, m, 0.0) + np.log2(safe)
                                         - math.log2(recipe.p_shift) + recipe.lse_offset),
                    -np.inf)
@@ -605,15 +645,19 @@ def _join_sinks(o, l, m, recipe: Recipe, sinks):
     return o, l, np.where(above, zs, m)
 
 
-def _capped_scores(qh, kt, scale: float, dq: float, dk: float, softcap: float):
+def _capped_scores(qh, kt, scale: float, dq, dk, softcap: float):
     """The softcapped scores a kernel hands the recipe, and its log2 constant: ``S`` the fp32
     score (exact, as step 1), ``x = fp32(S a)`` with ``a = fp32(scale dq dk / softcap)``, the
     capped score ``fp32(tanh(x))`` (float64 tanh: a kernel's hardware tanh is within its
     documented error of it, not byte for byte), in units of ``softcap``: the recipe's ``c`` is
-    then ``fp32(softcap log2 e)``."""
-    a = np.float32(float(scale) * float(np.float32(dq)) * float(np.float32(dk)) / float(softcap))
+    then ``fp32(softcap log2 e)``.  ``dq``, ``dk``: one value each, or with the "tile" fold of
+    block descales (H, Sq, 1) and (H, 1, Sk): ``a`` per score."""
+    if np.ndim(dq) == 0 and np.ndim(dk) == 0:
+        a = np.float32(float(scale) * float(np.float32(dq)) * float(np.float32(dk)) / float(softcap))
+    else:
+        a = _fp32(float(scale) * _f32_64(dq) * _f32_64(dk) / float(softcap))
     s = (qh @ kt).astype(np.float32)
-    x = _fp32(s.astype(np.float64) * float(a))
+    x = _fp32(s.astype(np.float64) * np.asarray(a, np.float64))
     return _fp32(np.tanh(x.astype(np.float64))), np.float32(float(softcap) * _LOG2E)
 
 
@@ -640,8 +684,90 @@ def _check_scalars(softmax_scale, descales):
     if not softmax_scale > 0:
         raise ValueError(f"softmax_scale must be positive, got {softmax_scale!r}")
     for d in descales:
-        if not (np.isfinite(np.float32(d)) and np.float32(d) > 0):
+        a = np.asarray(d, np.float32)
+        if not (np.isfinite(a).all() and (a > 0).all()):
             raise ValueError(f"descales must be positive and finite, got {d!r}")
+
+
+def _f32_64(x) -> np.ndarray:
+    """fp32-rounded values as float64 (how a kernel reads an fp32 descale)."""
+    return np.asarray(x, np.float32).astype(np.float64)
+
+
+def _tile_c(fold, r0: int, r1: int, width: int) -> np.ndarray:
+    """The "tile" fold's ``c`` of rows r0..r1 and keys 0..width: (H, R, width) fp32, ``c =
+    fp32(softmax_scale log2(e) dq_i dk_j)`` with the products in :func:`log2_scale`'s order."""
+    base, dq_rows, dk_keys = fold
+    return _fp32(base * dq_rows[:, r0:r1, None] * dk_keys[:, None, :width])
+
+
+def _block_descales(descale_q, descale_k, descale_v, sq: int, sk: int, kv) -> tuple:
+    """Block descales of one sequence as the recipe reads them: ``descale_q`` one value or
+    (Hq, nQ) (a 128-query block each), ``descale_k`` one value or (Hkv, nK) (64 keys each),
+    ``descale_v`` one value or (Hkv,); ``kv`` (Hq,): each query head's key/value head.
+    Returns float64 (Hq, Sq) and (Hq, Sk) per row and key, and descale_v (Hq,)."""
+
+    hq = len(kv)
+    dq = _f32_64(descale_q)
+    dq = np.full((hq, sq), dq) if dq.ndim == 0 else descale_rows(dq, sq, Q_BLOCK)
+    dk = _f32_64(descale_k)
+    dk = np.full((hq, sk), dk) if dk.ndim == 0 else descale_rows(dk, sk, K_BLOCK)[kv]
+    dv = _f32_64(descale_v)
+    dv = np.full(hq, dv) if dv.ndim == 0 else dv[kv]
+    if dq.shape != (hq, sq):
+        raise ValueError(f"descale_q blocks have {dq.shape[0]} heads, not heads_q = {hq}")
+    return dq, dk, dv
+
+
+def _is_pow2(x) -> bool:
+    m, _ = np.frexp(np.asarray(x, np.float64))
+    return bool((m == 0.5).all())
+
+
+def _scored(qh, kt, recipe: Recipe, scale: float, descale_q, descale_k, descale_v, softcap, kv):
+    """What step 1 hands ``_forward`` for one sequence's heads (qh (H, Sq, D), kt (H, D, Sk),
+    decoded e4m3): ``(qh, kt, scores, c, fold, dv)``.  One value each: ``c`` from
+    :func:`log2_scale`.  Block descales (:func:`_block_descales`), by ``recipe.descale_blocks``:
+
+    * "e8m0" (gfx950): every descale a power of two 2^e, the E8M0 scale of its operand block
+      (a 128-query block is four 32-row A blocks, a 64-key block one B block): the MFMA's
+      scores are ``2^(eq_i + ek_j) S_ij`` exactly (scaling a float64 operand by 2^e is exact,
+      and so is the fp32 rounding of the scaled sum), and ``c = log2_scale(scale, 1, 1)``, the
+      kernel's constant for descales 1.  With all descales equal to 2^e this is the per-tensor
+      call bit for bit: ``S c`` is the same real number either way.
+    * "tile" (sm_90a): the fp32 scores of the codes, and per (query block, key block) ``c =
+      fp32(scale log2(e) dq dk)`` (``fold``; with softcap the fold goes into the cap's ``a``):
+      the kernel loads the descales of its 128-row Q tile and of the two 64-key halves of its
+      key tile and multiplies them into the score scale before the tile's FMAs.  With all
+      descales equal this is the per-tensor call's ``c`` everywhere, bit for bit.
+
+    ``dv``: descale_v per query head (its key/value head's) or one value."""
+    blocks = np.ndim(descale_q) > 0 or np.ndim(descale_k) > 0
+    if not blocks:
+        if softcap:
+            scores, c = _capped_scores(qh, kt, scale, descale_q, descale_k, softcap)
+        else:
+            scores, c = None, log2_scale(scale, descale_q, descale_k)
+        dv = descale_v if np.ndim(descale_v) == 0 else _block_descales(1.0, 1.0, descale_v, 0, 0, kv)[2]
+        return qh, kt, scores, c, None, dv
+    if recipe.exact_within is not None:
+        raise ValueError("block descales are not defined for the adaptive merge (exact_within)")
+    dq, dk, dv = _block_descales(descale_q, descale_k, descale_v, qh.shape[1], kt.shape[2], kv)
+    fold = None
+    if recipe.descale_blocks == "e8m0":
+        if not (_is_pow2(dq) and _is_pow2(dk)):
+            raise ValueError(f"recipe {recipe.name!r} takes block descales as E8M0 scales: powers of two only")
+        qh, kt = qh * dq[:, :, None], kt * dk[:, None, :]
+        dq0 = dk0 = 1.0
+    else:
+        fold = (float(scale) * _LOG2E, dq, dk)
+        dq0, dk0 = dq[:, :, None], dk[:, None, :]
+    if softcap:
+        scores, c = _capped_scores(qh, kt, scale, dq0, dk0, softcap)
+        fold = None
+    else:
+        scores, c = None, log2_scale(scale, 1.0, 1.0)
+    return qh, kt, scores, c, fold, dv
 
 
 def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0,
@@ -653,6 +779,9 @@ def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v
     Query head h reads key/value head ``h // (Hq // Hkv)``; causal is bottom-right aligned.
     ``window_size`` (left, right) limits the keys a row sees (window.py); ``softcap`` > 0 caps
     the scores (:func:`_capped_scores`); ``sinks`` (Hq,) join each row's sum (:func:`_join_sinks`).
+    Descales: one value each, or per block: ``descale_q`` (Hq, nQ), one a 128-query block,
+    ``descale_k`` (Hkv, nK), one a 64-key block, ``descale_v`` (Hkv,) (blocks past the
+    sequence's end are not read); the recipe's ``descale_blocks`` says how (:func:`_scored`).
     """
     recipe = _recipe(recipe)
     qd, kd, vd = (e4m3.decode(e4m3.as_codes(x)) for x in (q, k, v))
@@ -675,12 +804,9 @@ def sequence_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v
     kt = np.ascontiguousarray(kd.transpose(1, 2, 0)[kv])
     v1 = np.concatenate([vd.transpose(1, 0, 2), np.ones((hkv, sk, 1))], axis=2)[kv]
     window = windows.normalize(causal, window_size)
-    if softcap:
-        scores, c = _capped_scores(qh, kt, scale, descale_q, descale_k, softcap)
-    else:
-        scores, c = None, log2_scale(scale, descale_q, descale_k)
-    o, l, m, _, _, _, _ = _forward(qh, kt, v1, recipe, c, causal, scores=scores, window=window)
-    out, lse = _finish(o, l, m, recipe, descale_v, sinks)
+    qh, kt, scores, c, fold, dv = _scored(qh, kt, recipe, scale, descale_q, descale_k, descale_v, softcap, kv)
+    o, l, m, _, _, _, _ = _forward(qh, kt, v1, recipe, c, causal, scores=scores, window=window, fold=fold)
+    out, lse = _finish(o, l, m, recipe, dv, sinks)
     return out.transpose(1, 0, 2), lse
 
 
@@ -714,7 +840,8 @@ def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0
     float32, if given, replaces the model's fp32 ``q . k`` (pass a kernel's own scores to
     check its P bytes and block maxima byte for byte; with ``softcap``, the capped ones, in
     units of softcap).  ``window_size``, ``softcap`` and ``sink`` (one logit) as
-    :func:`sequence_forward`'s."""
+    :func:`sequence_forward`'s; descales one value each, or per block ``descale_q`` (nQ,)
+    and ``descale_k`` (nK,) (:func:`_scored`)."""
     recipe = _recipe(recipe)
     qd, kd, vd = (e4m3.decode(e4m3.as_codes(x)) for x in (q, k, v))
     scale = 1.0 / math.sqrt(qd.shape[1]) if softmax_scale is None else float(softmax_scale)
@@ -724,12 +851,12 @@ def head_forward(q, k, v, recipe, *, descale_q=1.0, descale_k=1.0, descale_v=1.0
     sinks = None if sink is None else np.full(1, sink, np.float32)
     _check_features(window_size, softcap, sinks, 1)
     v1 = np.concatenate([vd, np.ones((vd.shape[0], 1))], axis=1)[None]
-    c = log2_scale(scale, descale_q, descale_k)
-    if softcap:
-        capped, c = _capped_scores(qd[None], kd.T[None], scale, descale_q, descale_k, softcap)
-        scores = capped if scores is None else scores
-    o, l, m, codes, ref, lo, resc = _forward(qd[None], kd.T[None], v1, recipe, c, causal,
+    blocks = [np.asarray(d, np.float32)[None] if np.ndim(d) else d for d in (descale_q, descale_k)]
+    qh, kt, capped, c, fold, _ = _scored(qd[None], kd.T[None], recipe, scale, *blocks, descale_v, softcap,
+                                         np.zeros(1, int))
+    scores = capped if scores is None else scores
+    o, l, m, codes, ref, lo, resc = _forward(qh, kt, v1, recipe, c, causal,
                                    scores=scores, trace=True,
-                                   window=windows.normalize(causal, window_size))
+                                   window=windows.normalize(causal, window_size), fold=fold)
     out, lse = _finish(o, l, m, recipe, descale_v, sinks)
     return HeadResult(out[0], lse[0], codes[0], ref[0], m[0], lo[0], resc[0])

@@ -53,6 +53,16 @@ class Quantized:
     mean: np.ndarray
 
 
+def descale_rows(d, n: int, block: int) -> np.ndarray:
+    """(heads, n): the descale of each of a sequence's n rows from its (heads, blocks) block
+    descales, blocks counted from the sequence's first row as quantize_fp8 makes them (the fp64
+    reference and the FP8 models read them so); ValueError when the blocks do not cover the rows."""
+    d = np.asarray(d)
+    if d.shape[-1] * block < n:
+        raise ValueError(f"{d.shape[-1]} descale blocks of {block} rows do not cover {n} rows")
+    return d[:, np.arange(n) // block]
+
+
 def pow2_descale(amax) -> np.ndarray:
     """2^e with e the least integer such that amax <= 448 2^e (exact: frexp, no logarithm);
     1 where amax is 0."""

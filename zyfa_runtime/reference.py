@@ -20,7 +20,12 @@ softmax of the full score matrix.  Semantics (shared by every kernel):
   API, (B, Hq, Sq) or (Hq, Tq) for varlen: ``out * exp(lse)`` is the row's weighted sum.
 * FP8 descales: one value each, or one a sequence and key/value head ((B, Hkv)): query head
   h of sequence b reads ``q * descale_q[b, h // group]``, key/value head g ``k * descale_k[b, g]``
-  and ``v * descale_v[b, g]``.
+  and ``v * descale_v[b, g]``.  Or per block (quantize_model's ``"block"`` granularity):
+  descale_q (B, Hq, nQ), one a block of ``Q_BLOCK`` = 128 queries of query head h, and
+  descale_k (B, Hkv, nK), one a block of ``K_BLOCK`` = 64 keys, blocks counted from each
+  sequence's first row: row i of sequence b reads ``q * descale_q[b, h, i // 128]``, key j
+  ``k * descale_k[b, g, j // 64]`` (blocks past a sequence's end are not read); V stays one
+  value or (B, Hkv).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import functools
 import numpy as np
 
 from . import window as windows
+from .quantize_model import K_BLOCK, Q_BLOCK, descale_rows
 
 
 def _one_sequence(q, k, v, scale: float, window=windows.NONE, softcap: float = 0.0, sinks=None):
@@ -85,11 +91,19 @@ def attention(q, k, v, *, causal: bool = False, softmax_scale: float | None = No
     batch = q.shape[0] if cu_seqlens_q is None else len(cu_seqlens_q) - 1
     hkv = k.shape[-2]
     group = q.shape[-2] // hkv
-    dq, dk, dv = (descales_per_head(n, d, batch, hkv)
-                  for n, d in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)))
+    dq, dk = (descales_per_head_or_block(n, d, batch, hkv, h, blk) for n, d, h, blk in
+              (("descale_q", descale_q, q.shape[-2], Q_BLOCK), ("descale_k", descale_k, hkv, K_BLOCK)))
+    dv = descales_per_head("descale_v", descale_v, batch, hkv)
+
+    def rows(d, b, n):
+        """The (n, heads, 1) factors of a sequence's n rows (per head: the same for every row)."""
+        if d.ndim == 2:
+            return d[b][None, :, None]
+        return descale_rows(d[b], n, Q_BLOCK if d is dq else K_BLOCK).T[:, :, None]
 
     def one(b, qs, ks, vs):
-        return _one_sequence(qs * np.repeat(dq[b], group)[:, None], ks * dk[b][:, None], vs * dv[b][:, None],
+        fq = rows(dq, b, len(qs)) if dq.ndim == 3 else np.repeat(dq[b], group)[:, None]
+        return _one_sequence(qs * fq, ks * rows(dk, b, len(ks)), vs * dv[b][:, None],
                              scale, window, float(softcap), sinks)
     out, lse = _over_sequences(one, q, k, v, cu_seqlens_q, cu_seqlens_k)
     return (out, lse) if return_lse else out
@@ -103,6 +117,18 @@ def descales_per_head(name: str, d, batch: int, hkv: int) -> np.ndarray:
         a = np.full((batch, hkv), a.reshape(()), np.float32)
     if a.shape != (batch, hkv):
         raise ValueError(f"{name} has shape {a.shape}: one value or ({batch}, {hkv}) (batch, heads_kv)")
+    return a.astype(np.float64)
+
+
+def descales_per_head_or_block(name: str, d, batch: int, hkv: int, heads: int, block: int) -> np.ndarray:
+    """A Q or K descale as float64, fp32-rounded: (batch, hkv) as :func:`descales_per_head`
+    gives it, or a 3-d (batch, heads, blocks) array of ``block``-row blocks kept as it is
+    (``heads``: Hq for Q, Hkv for K); any other shape raises ValueError."""
+    if d is None or np.ndim(d) != 3:
+        return descales_per_head(name, d, batch, hkv)
+    a = np.asarray(d, dtype=np.float32)
+    if a.shape[:2] != (batch, heads):
+        raise ValueError(f"{name} has shape {a.shape}: per block it is ({batch}, {heads}, blocks of {block} rows)")
     return a.astype(np.float64)
 
 
@@ -142,7 +168,9 @@ def fp8_attention(q, k, v, *, recipe, descale_q=1.0, descale_k=1.0, descale_v=1.
     uint8 codes) with fp32 descales, each one value (a number or a one-element array) or one
     a sequence and key/value head ((B, Hkv)): the values attended to are ``q * descale_q``
     and so on, each (sequence, key/value head) through the recipe with its own (the kernels
-    fold them into each CTA's score scale and output factor).  Layouts, grouped-query heads,
+    fold them into each CTA's score scale and output factor).  Or per block (module
+    docstring: descale_q (B, Hq, nQ), descale_k (B, Hkv, nK)), each sequence through the
+    recipe with its blocks (how each target folds them: ``Recipe.descale_blocks``).  Layouts, grouped-query heads,
     bottom-right causal masking, rows without keys and the LSE are those of
     :func:`attention`, and so are ``window_size``, ``softcap`` and ``sinks`` (how a recipe
     takes them: fp8_models.sequence_forward).  ``recipe`` is a name of ``fp8_models.RECIPES`` ("aiter", "fa3",
@@ -157,14 +185,26 @@ def fp8_attention(q, k, v, *, recipe, descale_q=1.0, descale_k=1.0, descale_v=1.
     batch = q.shape[0] if cu_seqlens_q is None else len(cu_seqlens_q) - 1
     hkv = k.shape[-2]
     group = q.shape[-2] // hkv
-    ds = [descales_per_head(n, d, batch, hkv)
-          for n, d in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v))]
+    ds = [descales_per_head_or_block(n, d, batch, hkv, h, blk) for n, d, h, blk in
+          (("descale_q", descale_q, q.shape[-2], Q_BLOCK), ("descale_k", descale_k, hkv, K_BLOCK))]
+    ds.append(descales_per_head("descale_v", descale_v, batch, hkv))
+    blocks = ds[0].ndim == 3 or ds[1].ndim == 3
     uniform = all((d == d.flat[0]).all() for d in ds)
     scale = 1.0 / np.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     sinks = None if sinks is None else np.asarray(sinks, np.float32).reshape(-1)
     features = dict(window_size=window_size, softcap=softcap)
 
+    def per_block(d, b, n, repeat, block):
+        """Sequence b's descales as (heads, blocks) covering n rows (a per-head one repeated)."""
+        return d[b] if d.ndim == 3 else np.repeat(np.repeat(d[b], repeat)[:, None], max(1, -(-n // block)), axis=1)
+
     def one(b, qs, ks, vs):
+        if blocks:
+            return fp8_models.sequence_forward(qs, ks, vs, recipe,
+                                               descale_q=per_block(ds[0], b, len(qs), group, Q_BLOCK),
+                                               descale_k=per_block(ds[1], b, len(ks), 1, K_BLOCK),
+                                               descale_v=ds[2][b], causal=causal, softmax_scale=scale,
+                                               sinks=sinks, **features)
         if uniform:
             return fp8_models.sequence_forward(qs, ks, vs, recipe, descale_q=ds[0].flat[0], descale_k=ds[1].flat[0],
                                                descale_v=ds[2].flat[0], causal=causal, softmax_scale=scale,
