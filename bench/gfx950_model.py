@@ -12,6 +12,7 @@ docs/gfx950_calibration.md fits against AMD's published measurements of its own 
     python bench/gfx950_model.py             # docs/gfx950_fp8_figures.{md,json}
     python bench/gfx950_model.py --table     # the steady-state table of the BF16 kernels
     python bench/gfx950_model.py --table --dtype fp8_e4m3 --only d128
+    python bench/gfx950_model.py --windows   # windows, softcap, sinks beside dense (BF16)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("ZYFA_BACKEND", "emulator")
 
 from zyfa_emulator import cycles  # noqa: E402
+from zyfa_runtime import window as windows  # noqa: E402
 from zyfa_runtime.catalogue import HEAD_DIMS, Variant, work_of  # noqa: E402
 
 #: FP8 shapes of the figures page: name, Hq, Hkv, d_qk, d_v (B = 1).
@@ -43,6 +45,18 @@ SHAPES = [
 PUBLISHED = {("d128", 32768): "headline: 2,672 at 32k tokens (53 % of peak)",
              ("mla", 32768): "MLA 192/128: 2,464 (AITER 1,237)"}
 TOKENS = (16384, 32768)
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """A launch's runtime features, as a call passes them: ``window`` (left, right) before
+    ``window.normalize`` (-1 no bound), ``softcap`` (0 off), ``sinks`` (one logit a head)."""
+    window: tuple = windows.NONE
+    softcap: float = 0.0
+    sinks: bool = False
+
+
+PLAIN = Features()
 
 
 # --------------------------------------------------------------------------------------
@@ -59,8 +73,9 @@ class Traced:
 
 
 def trace(variant: Variant, batch=1, seqlen_q=256, seqlen_k=1024, heads=4, heads_k=None,
-          seed=0) -> Traced:
-    """Run ``variant`` once on the emulator through ``flash_attn_func`` and record it."""
+          seed=0, features: Features = PLAIN) -> Traced:
+    """Run ``variant`` once on the emulator through ``flash_attn_func`` and record it, with
+    the runtime ``features`` of the call (the kernel picks its loop from them)."""
     import ml_dtypes
     import numpy as np
 
@@ -82,17 +97,19 @@ def trace(variant: Variant, batch=1, seqlen_q=256, seqlen_k=1024, heads=4, heads
     q, k, v = (inputs((batch, seqlen_q, heads, dq)), inputs((batch, seqlen_k, hk, dq)),
                inputs((batch, seqlen_k, hk, dv)))
     descales = {f"descale_{t}": np.ones(1, np.float32) / 64 for t in "qkv"} if fp8 else {}
+    sinks = rng.standard_normal(heads).astype(np.float32) if features.sinks else None
     rec = cycles.TraceRecorder()
     m = drv.machine
     seen = []
     real_launch = drv.launch
     drv.launch = lambda *a, **kw: seen.append(a) or real_launch(*a, **kw)
     m.observers.append(rec)
-    host = (q, k, v, *descales.values())
+    host = (q, k, v, *descales.values(), *([] if sinks is None else [sinks]))
     for arr in host:                   # exact bounds (the host fallback needs none)
         drv.register_host(arr)
     try:
-        flash_attn_func(q, k, v, causal=variant.causal, **descales)
+        flash_attn_func(q, k, v, causal=variant.causal, window_size=features.window,
+                        softcap=features.softcap, sinks=sinks, **descales)
     finally:
         m.observers.remove(rec)
         del drv.launch
@@ -106,15 +123,51 @@ def trace(variant: Variant, batch=1, seqlen_q=256, seqlen_k=1024, heads=4, heads
                   cycles.occupancy(kernel, len(workgroups[0])))
 
 
-def traced_tiles(variant: Variant, keys: list, seqlen_q: int, seqlen_k: int) -> list:
+def traced_tiles(variant: Variant, keys: list, seqlen_q: int, seqlen_k: int,
+                 window_size=windows.NONE) -> list:
     """KV tiles of each workgroup of one of our launches (grid x: a query block,
-    ``catalogue.work_of``)."""
-    t = variant.tile
-    blocks = -(-seqlen_q // t.block_m)
+    ``catalogue.work_of``) under the call's ``window_size``."""
+    blocks = -(-seqlen_q // variant.tile.block_m)
     heads, batch = max(k[1] for k in keys) + 1, max(k[2] for k in keys) + 1   # the whole grid
-    return [cycles.kv_tiles(qb * t.block_m, (qb + 1) * t.block_m, seqlen_q, seqlen_k, t.block_n,
-                            variant.causal)
-            for qb in (work_of(variant, *key, blocks, heads, batch)[0] for key in keys)]
+    per_block = [n for _, n in visited_tiles(variant, seqlen_q, seqlen_k, window_size)]
+    return [per_block[work_of(variant, *key, blocks, heads, batch)[0]] for key in keys]
+
+
+# --------------------------------------------------------------------------------------
+# Which key tiles a launch visits, and the FLOPs inside its window
+
+def launch_window(variant: Variant, window_size, seqlen_q: int, seqlen_k: int) -> tuple:
+    """The window the kernel runs: the call's (``window.normalize``: causal sets right = 0)
+    less the bounds that cut no key (``window.reduce``, as the runtime drops them)."""
+    return windows.reduce(windows.normalize(variant.causal, window_size), seqlen_q, seqlen_k)
+
+
+def visited_tiles(variant: Variant, seqlen_q: int, seqlen_k: int,
+                  window_size=windows.NONE) -> list:
+    """Per query block: (first key tile, tiles) the kernel's loop visits -- those meeting
+    ``window.key_range`` of the block's rows, the rule flash_fwd.hip's loop bounds follow
+    (``KeyWindow.first`` of its first row to ``end`` of its last; none where they cross)."""
+    bm, bn = variant.tile.block_m, variant.tile.block_n
+    win = launch_window(variant, window_size, seqlen_q, seqlen_k)
+    out = []
+    for m0 in range(0, seqlen_q, bm):
+        first, end = windows.key_range(m0, min(m0 + bm, seqlen_q), seqlen_q, seqlen_k, win)
+        out.append((first // bn, -(-end // bn) - first // bn) if end > first else (0, 0))
+    return out
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, window: tuple) -> int:
+    """(query, key) pairs inside ``window`` (as ``window.normalize`` gives it) of one sequence:
+    row by row, ``window.key_range`` of the single row (exactly ``window.visible``'s count)."""
+    return sum(max(0, e - f) for f, e in
+               (windows.key_range(i, i + 1, seqlen_q, seqlen_k, window) for i in range(seqlen_q)))
+
+
+def window_flops(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
+                 window_size=windows.NONE) -> float:
+    """The FLOPs inside the window (the issue's measure): 2 (d_qk + d_v) a visible pair."""
+    pairs = visible_pairs(seqlen_q, seqlen_k, windows.normalize(variant.causal, window_size))
+    return 2.0 * batch * heads_q * pairs * (variant.d_qk + variant.d_v)
 
 
 # --------------------------------------------------------------------------------------
@@ -182,16 +235,51 @@ def cost_from_trace(tr: Traced, tiles: list, params=None) -> cycles.WorkgroupCos
     return cycles.workgroup_cost(runs, tiles)
 
 
-def kernel_cost(variant: Variant, params: cycles.Params | None = None) -> cycles.WorkgroupCost:
-    """The cost of one workgroup of ``variant`` under ``params`` (traced at ``cost_shape``;
-    the trace is kept for other parameters)."""
+def has_bound(variant: Variant, window: tuple) -> bool:
+    """Whether a (normalized, reduced) window has a bound the plain loop lacks: a left one,
+    or a right one of a non-causal kernel (the causal kernels' right = 0 is their own)."""
+    return window[0] >= 0 or (not variant.causal and window[1] >= 0)
+
+
+#: Windowed traces: causal, Sq 512 / Sk 4,096 (two workgroups, both with a left edge and the
+#: diagonal) with the left bound at most 2,047 (18 tiles a workgroup); non-causal, Sq = Sk =
+#: 2,048 (eight workgroups) with each bound at most 1,023.
+WINDOW_SHAPES = {True: (dict(seqlen_q=512, seqlen_k=4096, heads=1), 2047),
+                 False: (dict(seqlen_q=2048, seqlen_k=2048, heads=1), 1023)}
+
+
+def fit_bound(bound: int, cap: int, block_n: int) -> int:
+    """A window bound for the trace: itself up to ``cap``, else the largest value <= ``cap``
+    congruent to it modulo ``block_n``, so the edge tiles are cut at the same key as in the
+    launch (partial edge tiles, hence their masks, are the same) over a shorter loop."""
+    return bound if bound <= cap else cap - (cap - bound) % block_n
+
+
+def trace_setup(variant: Variant, features: Features) -> tuple:
+    """(shape, features) to trace ``variant`` at for the cost of a launch with ``features``
+    (its window as ``launch_window`` gives it): no bound, ``cost_shape`` and the plain window
+    (softcap alone runs the features' loop; sinks alone the plain loop and the sink's
+    epilogue); with one, ``WINDOW_SHAPES`` and the bounds fitted into it (``fit_bound``)."""
+    win = tuple(features.window)
+    if not has_bound(variant, win):
+        return cost_shape(variant), dataclasses.replace(features, window=windows.NONE)
+    shape, cap = WINDOW_SHAPES[variant.causal]
+    bn = variant.tile.block_n
+    fitted = (fit_bound(win[0], cap, bn), 0 if variant.causal else fit_bound(win[1], cap, bn))
+    return shape, dataclasses.replace(features, window=fitted)
+
+
+def kernel_cost(variant: Variant, params: cycles.Params | None = None,
+                features: Features = PLAIN) -> cycles.WorkgroupCost:
+    """The cost of one workgroup of ``variant`` under ``params`` for a launch with ``features``
+    (traced as ``trace_setup`` says; the trace is kept for other parameters)."""
     params = params or cycles.Params()
-    key = (variant, dataclasses.astuple(params))
+    shape, traced = trace_setup(variant, features)
+    key = (variant, traced, dataclasses.astuple(params))
     if key not in _COSTS:
-        shape = cost_shape(variant)
-        tr = _trace_cached(variant)
+        tr = _trace_cached(variant, traced)
         _COSTS[key] = cost_from_trace(tr, traced_tiles(variant, tr.keys, shape["seqlen_q"],
-                                                       shape["seqlen_k"]), params)
+                                                       shape["seqlen_k"], traced.window), params)
     return _COSTS[key]
 
 
@@ -199,38 +287,49 @@ _COSTS: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _trace_cached(variant: Variant) -> Traced:
-    return trace(variant, **cost_shape(variant))
+def _trace_cached(variant: Variant, features: Features = PLAIN) -> Traced:
+    shape, traced = trace_setup(variant, features)
+    return trace(variant, **shape, features=traced)
 
 
-def grid_tiles(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int) -> list:
+def grid_tiles(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
+               window_size=windows.NONE) -> list:
     """KV tiles per workgroup of one of our launches, in dispatch order (x: a query block,
-    ``catalogue.work_of``; y: query head; z: sequence)."""
-    t = variant.tile
-    blocks = -(-seqlen_q // t.block_m)
-    per_block = [cycles.kv_tiles(qb * t.block_m, (qb + 1) * t.block_m, seqlen_q, seqlen_k,
-                                 t.block_n, variant.causal) for qb in range(blocks)]
+    ``catalogue.work_of``; y: query head; z: sequence), under the call's ``window_size``
+    (``visited_tiles``)."""
+    per_block = [n for _, n in visited_tiles(variant, seqlen_q, seqlen_k, window_size)]
+    blocks = len(per_block)
     return [per_block[work_of(variant, x, y, z, blocks, heads_q, batch)[0]]
             for z in range(batch) for y in range(heads_q) for x in range(blocks)]
 
 
 def predict(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
             params: cycles.Params | None = None, ghz: float | None = None,
-            band=cycles.LDS_BAND) -> dict:
-    """Modelled MI355X figures of one launch of ``variant``: the mean over the LDS band
-    (``cycles.LDS_BAND``) and its spread.  GQA does not change the work of a workgroup:
-    K/V bandwidth beyond the CU is not modelled."""
+            band=cycles.LDS_BAND, features: Features = PLAIN) -> dict:
+    """Modelled MI355X figures of one launch of ``variant`` with ``features``: the mean over
+    the LDS band (``cycles.LDS_BAND``) and its spread.  ``tflops`` counts every (query, key)
+    pair (halved when causal, as published figures do); ``tflops_window`` only those inside
+    the window (``window_flops``; without a window: the causal diagonal counted exactly).
+    GQA does not change the work of a workgroup: K/V bandwidth beyond the CU is not
+    modelled."""
     params = params or cycles.CALIBRATED
     ghz = ghz or cycles.SUSTAINED_GHZ
-    tiles = grid_tiles(variant, batch, heads_q, seqlen_q, seqlen_k)
+    win = launch_window(variant, features.window, seqlen_q, seqlen_k)
+    launch = dataclasses.replace(features, window=win)
+    tiles = grid_tiles(variant, batch, heads_q, seqlen_q, seqlen_k, win)
     flops = cycles.attention_flops(batch, heads_q, seqlen_q, seqlen_k, variant.d_qk,
                                    variant.d_v, variant.causal)
+    inside = window_flops(variant, batch, heads_q, seqlen_q, seqlen_k, win)
     runs = []
     for p in cycles.banded(params, band):
-        cost = kernel_cost(variant, p)
+        cost = kernel_cost(variant, p, launch)
         run = cycles.device_run(tiles, cost)
         runs.append((cycles.tflops(flops, run.cycles, ghz), run, cost))
-    return summarise(runs)
+    out = summarise(runs)
+    for key in ("tflops", "tflops_min", "tflops_max"):   # the same cycles, other FLOPs
+        out[key.replace("tflops", "tflops_window")] = out[key] * inside / flops
+    out.update(flops=flops, flops_window=inside, window=win)
+    return out
 
 
 def summarise(runs: list) -> dict:
@@ -408,13 +507,80 @@ def table(argv=None) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------------------
+# Windows, softcap and sinks beside the dense kernels (issue 47's bars, modelled)
+
+#: The rows of the windows table: label, features of a causal launch.
+WINDOW_ROWS = [("dense causal", PLAIN),
+               ("window 4096 (4095, 0)", Features(window=(4095, 0))),
+               ("window 1024 (1023, 0)", Features(window=(1023, 0))),
+               ("softcap 30", Features(softcap=30.0)),
+               ("sinks", Features(sinks=True))]
+WINDOW_DIMS = ((64, 64), (128, 128))
+WINDOW_TOKENS = (8192, 16384, 32768)
+
+
+def window_rows(dims=WINDOW_DIMS, tokens=WINDOW_TOKENS, batch=1, heads_q=32) -> list:
+    """Per (dims, tokens, row): the causal launch's prediction and its in-window TFLOP/s
+    over the dense causal launch's (the issue's measure; for dense rows the same pairs)."""
+    out = []
+    for dq, dv in dims:
+        v = Variant("gfx950", "bf16", dq, dv, True)
+        for s in tokens:
+            dense = None
+            for label, feats in WINDOW_ROWS:
+                p = predict(v, batch, heads_q, s, s, features=feats)
+                dense = dense or p
+                out.append(dict(kernel=v.name, dims=(dq, dv), tokens=s, row=label, pred=p,
+                                ratio=p["tflops_window"] / dense["tflops_window"]))
+                print(f"{v.name} {s} {label}: {p['tflops_window']:,.0f} "
+                      f"({out[-1]['ratio']:.3f}x dense)", file=sys.stderr, flush=True)
+    return out
+
+
+def window_table() -> int:
+    """Print the windows table (markdown) and the verdict against the issue's bars: window
+    4096 at the longest length >= 0.9x dense in the window; softcap and sinks <= 5 % slower
+    at every length."""
+    rows = window_rows()
+    print(f"B1 Hq 32 (Hkv 8) causal, Sq = Sk; calibrated model, "
+          f"{cycles.SUSTAINED_GHZ * 1000:,.0f} MHz (modelled, not measured). TFLOP/s in the "
+          "window: only visible (query, key) pairs counted; all pairs: Sq Sk / 2.")
+    print("| kernel | tokens | launch | TFLOP/s in the window | TFLOP/s all pairs / 2 "
+          "| tiles visited | x dense (in window) |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        p = r["pred"]
+        tiles = sum(grid_tiles(Variant("gfx950", "bf16", *r["dims"], True), 1, 32,
+                               r["tokens"], r["tokens"], p["window"]))
+        print(f"| d{r['dims'][0]} | {r['tokens'] // 1024}k | {r['row']} | "
+              f"{p['tflops_window']:,.0f} ({p['tflops_window_min']:,.0f}-"
+              f"{p['tflops_window_max']:,.0f}) | {p['tflops']:,.0f} | {tiles:,} | "
+              f"{r['ratio']:.3f} |")
+    print()
+    for dims in WINDOW_DIMS:
+        at = {(r["tokens"], r["row"]): r["ratio"] for r in rows if r["dims"] == dims}
+        w = at[(WINDOW_TOKENS[-1], WINDOW_ROWS[1][0])]
+        slow = {label: 1 - min(at[(s, label)] for s in WINDOW_TOKENS)
+                for label in ("softcap 30", "sinks")}
+        verdict = "meets" if w >= 0.9 else "misses"
+        print(f"d{dims[0]}: window 4096 at {WINDOW_TOKENS[-1] // 1024}k {w:.3f}x dense "
+              f"({verdict} >= 0.9x); " + "; ".join(
+                  f"{k} at most {100 * x:.1f} % slower ({'meets' if x <= 0.05 else 'misses'}"
+                  " <= 5 %)" for k, x in slow.items()))
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--windows" in argv:
+        return window_table()
     if "--table" in argv:
         return table(argv)
     if argv:   # the figures page takes no options; anything else (--help) gets the usage
         print("usage: python bench/gfx950_model.py            # writes docs/gfx950_fp8_figures.{md,json}\n"
-              "       python bench/gfx950_model.py --table -h  # one table, its options")
+              "       python bench/gfx950_model.py --table -h  # one table, its options\n"
+              "       python bench/gfx950_model.py --windows   # windows, softcap, sinks (BF16)")
         return 0 if set(argv) <= {"-h", "--help"} else 2
     return fp8_figures()
 
