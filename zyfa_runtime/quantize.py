@@ -6,10 +6,10 @@ exact amax, power-of-two or fp32 descales, round-to-nearest-even saturating code
 subtracted with ``smooth_k``).  The passes (catalogue.QUANTIZE_KINDS, the arithmetic in
 cuda/quantize_fp8.cuh, both arches, docs/quantize.md): K's mean in two (the second writes zeros
 without smooth_k); at block granularity q's and k's blocks in one (``passes``); each tile's amax,
-each descale from its tiles', the codes (v's alone after the blocks pass).  Their scratch (the mean's partial sums, the tiles' amax)
-is a workspace (workspace.hold), or on a stream being captured into a graph the graph's own
-(workspace.captured); every scratch element a pass reads was written by an earlier pass of the
-same call, so nothing needs zeroing.
+each descale from its tiles', the codes (v's alone after the blocks pass).  Their scratch (the
+mean's partial sums, the tiles' amax) is a workspace (workspace.hold), or on a stream being
+captured into a graph the graph's own (workspace.captured); every scratch element a pass reads
+was written by an earlier pass of the same call, so nothing needs zeroing.
 
 The flow is the attention calls': TensorRefs, every rule checked before anything reaches the
 device (``check``), the kernels of the device's arch from the manifest's ``aux_kernels``, their
@@ -25,7 +25,7 @@ import numpy as np
 
 from . import launch, validate, workspace
 from .api import _check_backend, _ref, kernel_table
-from .catalogue import QUANTIZE_MEAN_ROWS, QUANTIZE_THREADS, QUANTIZE_TILE_ROWS
+from .catalogue import QUANTIZE_KINDS, QUANTIZE_MEAN_ROWS, QUANTIZE_THREADS, QUANTIZE_TILE_ROWS
 from .driver import get_driver
 from .memory import DeviceArray
 from .quantize_model import GRANULARITIES, K_BLOCK, Q_BLOCK
@@ -36,8 +36,7 @@ IN_DTYPE, CODE_DTYPES, F32 = "bf16", ("fp8_e4m3", "uint8"), "float32"
 MAX_HEAD_DIM_QK = QUANTIZE_THREADS
 #: mean_of's correctly rounded fp32(S / n) holds for n below this (cuda/quantize_fp8.cuh).
 MAX_KEYS = 1 << 28
-KINDS = ("quantize_fp8_mean", "quantize_fp8_mean_finish", "quantize_fp8_blocks", "quantize_fp8_amax",
-         "quantize_fp8_scales", "quantize_fp8_codes")
+KINDS = tuple(QUANTIZE_KINDS)   # the passes, in the order a call may queue them
 OUT_FIELDS = ("q", "k", "v", "descale_q", "descale_k", "descale_v", "mean")
 
 
