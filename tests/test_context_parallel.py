@@ -331,7 +331,7 @@ def assert_within(out, ref, bound, what):
 
 
 @needs_emulator
-@pytest.mark.parametrize("n,chunk,d", [(2, 32, 64), (3, 16, 128)])
+@pytest.mark.parametrize("n,chunk,d", [(2, 32, 64), pytest.param(3, 16, 128, marks=pytest.mark.slow)])
 def test_bf16_ring_matches_the_single_call_within_n_plus_3_bf16_ulps_of_the_magnitude(emulator, n, chunk, d):
     rng = np.random.default_rng(1000 * n + d)
     length = 2 * n * chunk
@@ -603,6 +603,7 @@ def test_the_nccl_path_runs_on_numpy_stand_ins_for_cupy_and_nccl(stand_in_cupy, 
     nccl_ring_matches_one_device(dtype, chunk=32, d=64)
 
 
+@pytest.mark.slow
 @needs_emulator
 def test_the_benchmark_runs_end_to_end_on_numpy_stand_ins(stand_in_cupy, tmp_path):
     """bench_two_gpus.main on a tiny problem: every run (single call, NCCL ring, one-device

@@ -107,9 +107,11 @@ WINDOWS = {
 #: The default run's (the others with -m slow; the packed test below runs a window, softcap
 #: and sinks together in the default run too).
 QUICK_WINDOWS = ("both bounds",)
+#: The default run's variant (all of them with -m slow).
+QUICK_ONE = {(64, 64, True)}
 
 
-@pytest.mark.parametrize("v", sweep(VARIANTS))
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
 @pytest.mark.parametrize("case", [pytest.param(c, marks=() if c in QUICK_WINDOWS else pytest.mark.slow)
                                   for c in WINDOWS])
 def test_a_window_limits_each_row_to_its_keys(emulator, v, case):
@@ -120,7 +122,7 @@ def test_a_window_limits_each_row_to_its_keys(emulator, v, case):
     check(v, q, k, vv, window_size=(left, right))
 
 
-@pytest.mark.parametrize("v", sweep(VARIANTS))
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
 def test_rows_whose_window_holds_no_key_output_zeros_and_an_lse_of_minus_infinity_or_the_sink(emulator, v):
     # 600 queries over 40 keys: row r sits at key r - 560, so rows below 560 - right see no key
     # (the first two query blocks entirely: their workgroups load no tile).  With sinks their
@@ -136,7 +138,7 @@ def test_rows_whose_window_holds_no_key_output_zeros_and_an_lse_of_minus_infinit
     assert (o[0, :550] == 0).all()
 
 
-@pytest.mark.parametrize("v", sweep(VARIANTS))
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
 def test_sinks_join_each_rows_denominator_and_may_dominate_it(emulator, v):
     # Head 0's sink sits 30 above any scaled score (the keys' weight is e^-30 of the sink's:
     # O shrinks by that factor and must keep its relative accuracy); the others beside the
@@ -148,7 +150,7 @@ def test_sinks_join_each_rows_denominator_and_may_dominate_it(emulator, v):
     assert np.abs(lse[:, 3] - plain[:, 3]).max() <= LSE_BOUND        # -inf: as if none
 
 
-@pytest.mark.parametrize("v", sweep(VARIANTS))
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
 @pytest.mark.parametrize("softcap", [5.0, pytest.param(50.0, marks=pytest.mark.slow)])
 def test_softcap_caps_the_scaled_scores_where_tanh_saturates_and_where_it_barely_bends(emulator, v, softcap):
     # softmax_scale 1 on unit-variance bf16 inputs: scores of tens (d 64-256), so a softcap of
@@ -164,7 +166,7 @@ def test_window_softcap_and_sinks_together(emulator, v):
     check(v, q, k, vv, window_size=(90, 0 if v.causal else 40), softcap=8.0, sinks=sinks(1.0, 2.0, -1.0, 4.0))
 
 
-@pytest.mark.parametrize("v", sweep(VARIANTS))
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
 def test_packed_sequences_each_take_the_window_in_their_own_positions(emulator, v):
     # Three sequences (query lengths 70, 0 and 260 over 150, 90 and 200 keys), packed: the
     # window is bottom-right aligned in each (the last's first rows see no key); LSE (Hq, Tq)

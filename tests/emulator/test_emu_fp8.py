@@ -260,7 +260,8 @@ DESCALE_FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", DESCALE_FORMS)
+@pytest.mark.parametrize("form", [f if i == 0 else pytest.param(f, marks=pytest.mark.slow)
+                                  for i, f in enumerate(DESCALE_FORMS)])   # the second with -m slow
 @pytest.mark.parametrize("v", sweep(VARIANTS))
 def test_descales_per_sequence_and_head_are_each_heads_own(emulator, v, form):
     """Two sequences x two key/value heads (GQA 2) whose magnitudes differ by up to 2^5, each

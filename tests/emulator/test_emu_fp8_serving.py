@@ -82,7 +82,7 @@ ADVERSARIAL = [
 ]
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("cu_q,cu_k", ADVERSARIAL)
 def test_adversarial_cu_seqlens_never_reach_outside_the_tensors(emulator, causal, cu_q, cu_k):
     rng = np.random.default_rng()

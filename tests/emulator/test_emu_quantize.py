@@ -70,8 +70,8 @@ def assert_same_bits(got: QuantizedFP8, ref):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), (name, a, b)
 
 
-@pytest.mark.parametrize("power_of_two", [True, False], ids=["pow2", "fp32"])
-@pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "plain"])
+@pytest.mark.parametrize("power_of_two", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["pow2", "fp32"])
+@pytest.mark.parametrize("smooth_k", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["smooth", "plain"])
 @pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
 def test_dense_codes_descales_and_mean_are_the_models_bits(emulator, granularity, smooth_k, power_of_two):
     """(B, Sq, Hq, D) = (2, 37, 4, 64), (B, Sk, Hkv, D) = (2, 70, 2, 64), Dv 64: Q in one block,
@@ -96,7 +96,9 @@ GRANS = ("tensor", "head", "block")
 
 
 @pytest.mark.parametrize("granularity,smooth_k,power_of_two",
-                         [("block", True, True), ("head", True, False), ("tensor", False, True)])
+                         [pytest.param("block", True, True, marks=pytest.mark.slow),   # with -m slow
+                          pytest.param("head", True, False, marks=pytest.mark.slow),
+                          pytest.param("tensor", False, True, marks=pytest.mark.slow)])
 def test_packed_ragged_sequences_with_an_empty_one_are_the_models_bits(emulator, granularity, smooth_k,
                                                                           power_of_two):
     """Packed (T, H, D) with D 128, Dv 64, Hq 4, Hkv 2: query lengths (1, 0, 300, 45), key
