@@ -324,13 +324,17 @@ def per_head_descales(v: Variant) -> bool:
 FEATURES = ("window", "softcap", "sinks", "kvcache", "paged_kv")
 
 
+#: The FEATURES each (arch, dtype)'s kernels implement, each with its runtime arguments
+#: (_arg_names); absent: none yet.
+FEATURES_OF = {
+    ("gfx950", "bf16"): ("window", "softcap", "sinks"),
+}
+
+
 def features(v: Variant) -> tuple[str, ...]:
-    """The FEATURES variant ``v``'s kernel implements, for its manifest entry's ``features``
-    (absent where none), each with its runtime arguments (_arg_names): the gfx950 BF16 kernels
-    take a window, a softcap and sinks; the others none yet."""
-    if v.arch == "gfx950" and v.dtype == "bf16":
-        return ("window", "softcap", "sinks")
-    return ()
+    """The FEATURES variant ``v``'s kernel implements (FEATURES_OF), for its manifest entry's
+    ``features`` (absent where none)."""
+    return FEATURES_OF.get((v.arch, v.dtype), ())
 
 
 def clamps_cu_seqlens(v: Variant) -> bool:
