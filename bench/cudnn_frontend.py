@@ -79,11 +79,12 @@ CAUSAL_KEYWORDS = {"sdpa_fp8": ("right_bound", "diagonal_band_right_bound"),
 class Graph:
     """One SDPA graph for fixed tensors; ``run()`` executes it on torch's current stream.
 
+    ``left_bound``: a sliding window, the band's left bound (None: none).
     ``q``, ``k``, ``v``: [B, S, H, D] torch tensors (bf16, or float8_e4m3fn with fp32 descale
     tensors of one element ``descales``); ``out``: the [B, S, Hq, Dv] output, bf16, or e4m3 where
     the FP8 graph's bf16 output is refused (``out_dtype``, ``out_scale``)."""
 
-    def __init__(self, q, k, v, causal: bool, sm_scale: float, descales=None):
+    def __init__(self, q, k, v, causal: bool, sm_scale: float, descales=None, left_bound=None):
         import torch
         cudnn = _module()
         if q.shape[1] != k.shape[1] and causal:
@@ -98,7 +99,7 @@ class Graph:
             out = torch.empty(B, S, Hq, Dv, device=q.device,
                               dtype=torch.float8_e4m3fn if out_fp8 else torch.bfloat16)
             try:
-                self._build_any_keyword(cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8)
+                self._build_any_keyword(cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8, left_bound)
             except Exception as e:   # noqa: BLE001  (the graph refused: the next output type)
                 refusals.append(f"{'e4m3' if out_fp8 else 'bf16'} output: {type(e).__name__}: "
                                 + " / ".join(str(e).strip().splitlines())[:600])
@@ -127,24 +128,26 @@ class Graph:
         except Exception:   # noqa: BLE001
             self.plan = None
 
-    def _build_any_keyword(self, cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8):
+    def _build_any_keyword(self, cudnn, dt, q, k, v, out, causal, sm_scale, out_fp8, left_bound=None):
         """``_build`` with the causal bound under each keyword the op may take (a TypeError: the
         binding did not take it)."""
         names = CAUSAL_KEYWORDS["sdpa_fp8" if self.fp8 else "sdpa"] if causal else (None,)
         for i, name in enumerate(names):
             try:
-                return self._build(cudnn, dt, q, k, v, out, sm_scale, out_fp8, name)
+                return self._build(cudnn, dt, q, k, v, out, sm_scale, out_fp8, name, left_bound)
             except TypeError:
                 if i + 1 == len(names):
                     raise
 
-    def _build(self, cudnn, dt, q, k, v, out, sm_scale, out_fp8, bound_keyword):
+    def _build(self, cudnn, dt, q, k, v, out, sm_scale, out_fp8, bound_keyword, left_bound=None):
         io = dt.FP8_E4M3 if self.fp8 else dt.BFLOAT16
         g = cudnn.pygraph(io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
                           handle=self.handle)
         tq, tk, tv = (_bhsd(g, _UID[n], t, io) for n, t in (("q", q), ("k", k), ("v", v)))
         causal_kw = ({"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, bound_keyword: 0}
                      if bound_keyword else {})
+        if left_bound is not None:   # a sliding window: the band's left bound (bench/features.py)
+            causal_kw["diagonal_band_left_bound"] = int(left_bound)
         if self.fp8:
             scalar = lambda n: g.tensor(uid=_UID[n], dim=(1, 1, 1, 1), stride=(1, 1, 1, 1),  # noqa: E731
                                         data_type=dt.FLOAT)

@@ -272,14 +272,16 @@ def test_a_sink_dominating_the_row_scales_the_output_down_and_rows_without_keys_
 
 
 def test_window_helpers_state_each_rows_keys():
-    """window.visible is the rule; key_range holds every key its rows see and no key block
-    wholly outside them; reduce drops exactly the bounds that cut no key."""
+    """window.visible is the rule and visible_count its number of pairs; key_range holds every
+    key its rows see and no key block wholly outside them; reduce drops exactly the bounds that
+    cut no key."""
     from zyfa_runtime import window as w
     rng = np.random.default_rng()
     for _ in range(200):
         sq, sk = int(rng.integers(1, 40)), int(rng.integers(1, 40))
         win = (int(rng.integers(-1, 12)), int(rng.integers(-1, 12)))
         seen = w.visible(sq, sk, win)
+        assert w.visible_count(sq, sk, win) == int(seen.sum())
         lo = int(rng.integers(0, sq))
         hi = int(rng.integers(lo + 1, sq + 1))
         first, end = w.key_range(lo, hi, sq, sk, win)

@@ -12,7 +12,7 @@ Rows may see no key at all (a window that ends before key 0, or Sq > Sk with cau
 
 :func:`normalize` states the window a call means; :func:`reduce` drops bounds that cut
 nothing for sequences up to given lengths (such a window runs the plain kernels);
-:func:`visible` is the mask; :func:`key_range` the keys a block of rows may see (a kernel's
+:func:`visible` is the mask, :func:`visible_count` its number of pairs; :func:`key_range` the keys a block of rows may see (a kernel's
 first and last key block per query tile).
 """
 
@@ -62,6 +62,16 @@ def visible(sq: int, sk: int, window: tuple[int, int]) -> np.ndarray:
     if left >= 0:
         seen &= j >= pos - left
     return seen
+
+
+def visible_count(sq: int, sk: int, window: tuple[int, int]) -> int:
+    """The (query, key) pairs :func:`visible` holds, row by row without building the mask (a
+    windowed launch's FLOPs count these pairs only)."""
+    left, right = window
+    pos = np.arange(sq, dtype=np.int64) + (sk - sq)
+    first = np.maximum(pos - left, 0) if left >= 0 else np.zeros(sq, np.int64)
+    end = np.minimum(pos + right + 1, sk) if right >= 0 else np.full(sq, sk, np.int64)
+    return int(np.maximum(end - first, 0).sum())
 
 
 def key_range(row_lo: int, row_hi: int, sq: int, sk: int, window: tuple[int, int]) -> tuple[int, int]:
