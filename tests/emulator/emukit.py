@@ -5,6 +5,8 @@ Each snippet becomes a kernel of its own (symbol = its name) with a minimal kern
 descriptor and metadata, so one assembler run serves a whole test module.  ``run``
 executes one snippet with registers set up by the test (ignoring the descriptor);
 ``dispatch`` goes through the full dispatch path (descriptor, kernarg segment, grid).
+The tests of whole kernels take the ``emulator`` fixture (the runtime on the emulator backend
+over PREBUILT, hazard checker on) and ``bf16`` from here.
 Expected values in the tests are worked out by hand from the ISA guide's definitions;
 the assembler only provides the encodings.
 """
@@ -12,13 +14,32 @@ the assembler only provides the encodings.
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
+from tests.backends import using_backend
 from zyfa_emulator import CodeObject, Config, LoadedCode, Machine
+
+#: The code objects the runtime runs in these tests: the checkout's prebuilt/, or
+#: $ZYFA_PREBUILT_DIR.
+PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or Path(__file__).resolve().parents[2] / "prebuilt")
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    """The runtime's driver on the emulator backend over PREBUILT, the hazard checker on."""
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS="1") as driver:
+        yield driver
+
+
+def bf16(x):
+    """``x`` rounded to bf16 (numpy's ml_dtypes type)."""
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
 _CACHE: dict[str, LoadedCode] = {}
 

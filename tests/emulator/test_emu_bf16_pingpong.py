@@ -4,38 +4,24 @@ longest first) on the emulator, every launch hazard-checked, against the float64
 within the BF16 bounds of ``zyfa_runtime.selfcheck`` (O relative error <= 8e-3, LSE absolute
 error <= 1e-3), outputs poisoned with NaN first."""
 
-import os
 import zlib
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
+from emukit import PREBUILT, bf16, emulator  # noqa: F401 (emulator: a fixture)
 from tests.sweeps import sweep
 
 from zyfa_runtime import catalogue, flash_attn_func, reference
 from zyfa_runtime.catalogue import Variant
 from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND
 
-ROOT = Path(__file__).resolve().parents[2]
-PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or ROOT / "prebuilt")
 VARIANTS = [Variant("gfx950", "bf16", dq, dv, causal)
             for dq, dv in ((64, 64), (128, 128), (192, 128), (256, 256)) for causal in (False, True)]
 pytestmark = pytest.mark.skipif(
     not all((PREBUILT / f"{v.name}.hsaco").exists() for v in VARIANTS),
     reason="gfx950 code objects not built (python build.py --arch gfx950)")
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS="1") as driver:
-        yield driver
-
-
-def bf16(x):
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
 
 def check(q, k, v, causal, **kw):

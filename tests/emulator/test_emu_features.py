@@ -12,23 +12,19 @@ Outputs are poisoned with NaN first; rows that see no key must come back as zero
 -inf (with sinks: the sink), exactly where the reference has them.
 """
 
-import os
 import zlib
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
+from emukit import PREBUILT, bf16, emulator  # noqa: F401 (emulator: a fixture)
 from tests.sweeps import sweep
 
 from zyfa_runtime import catalogue, flash_attn_func, flash_attn_varlen_func, reference
 from zyfa_runtime.catalogue import Variant
 from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND
 
-ROOT = Path(__file__).resolve().parents[2]
-PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or ROOT / "prebuilt")
 DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
 VARIANTS = [Variant("gfx950", "bf16", dq, dv, causal) for dq, dv in DIMS for causal in (False, True)]
 
@@ -47,16 +43,6 @@ def _built_with_features() -> bool:
 pytestmark = pytest.mark.skipif(not _built_with_features(),
                                 reason="gfx950 BF16 code objects with window, softcap and sinks not built "
                                        "(python build.py --arch gfx950 --only bf16)")
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS="1") as driver:
-        yield driver
-
-
-def bf16(x):
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
 
 def inputs(v: Variant, seed: int, sq: int, sk: int, batch=1, hq=4, hkv=2):

@@ -7,33 +7,18 @@ equality with the model leaves no poison.  Inputs are random bf16 with outlier c
 channel offset (what smooth_k removes), an all-zero group and a constant K head (zero after
 smoothing): descale 1."""
 
-import os
-from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
+from emukit import PREBUILT, bf16, emulator  # noqa: F401 (emulator: a fixture)
 
 from zyfa_runtime import quantize_model
 from zyfa_runtime.catalogue import AuxKernel
 from zyfa_runtime.quantize import KINDS, QuantizedFP8, quantize_fp8
 
-ROOT = Path(__file__).resolve().parents[2]
-PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or ROOT / "prebuilt")
 pytestmark = pytest.mark.skipif(not all((PREBUILT / AuxKernel(k, "gfx950").filename).exists() for k in KINDS),
                                 reason="quantize_fp8 gfx950 kernels not built (python build.py --arch gfx950)")
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS="1") as driver:
-        yield driver
-
-
-def bf16(x):
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
 
 def qkv(rng, q_shape, k_shape, dv):
