@@ -126,7 +126,8 @@ def test_tensor_and_head_groups_are_whole_sequences_and_head_groups(fake, granul
 def test_a_packed_call_reads_its_sequences_from_cu_seqlens(fake):
     cu_q, cu_k = np.array([0, 5, 5, 300], np.int32), np.array([0, 70, 71, 100], np.int32)
     q, k, v = bf16((300, 4, 64)), bf16((100, 2, 64)), bf16((100, 2, 64))
-    got = quantize_fp8(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=295, max_seqlen_k=70)
+    got = quantize_fp8(q, k, v, granularity="block", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=295,
+                       max_seqlen_k=70)
     args = args_of(fake.launches[0])
     assert (args["cu_seqlens_q"], args["cu_seqlens_k"]) == (cu_q.ctypes.data, cu_k.ctypes.data)
     assert [args[f"k_stride_{d}"] for d in "bsh"] == [0, 128, 64]
@@ -145,12 +146,12 @@ def test_under_a_graph_capture_the_scratch_is_the_graphs_own_and_out_is_required
         q, k, v = (DeviceArray(gpu, 0, s, "bf16") for s in shapes.values())
         out = QuantizedFP8(*(DeviceArray(gpu, 0, s, "fp8_e4m3") for s in shapes.values()),
                            *(DeviceArray(gpu, 0, s, "float32") for s in ((1, 4, 1), (1, 2, 1), (1, 2), (1, 2, 64))))
-        quantize_fp8(q, k, v, out=out, stream=3)        # a warm-up: modules loaded, the stream's workspace
+        quantize_fp8(q, k, v, granularity="block", out=out, stream=3)        # a warm-up: modules loaded, the stream's workspace
         held = workspace.held_bytes()
         gpu.ops.clear()
         gpu.launches.clear()
         gpu.capturing.add(5)
-        assert quantize_fp8(q, k, v, out=out, stream=5) is out
+        assert quantize_fp8(q, k, v, granularity="block", out=out, stream=5) is out
         ops = gpu.ops
         assert ops[0][0] == "alloc_async" and ops[0][3] == 5 and ops[-1] == ("free_async", ops[0][1], 5)
         assert [op[0] for op in ops[1:-1]] == ["launch"] * 6
@@ -165,7 +166,7 @@ def test_under_a_graph_capture_the_scratch_is_the_graphs_own_and_out_is_required
 
 
 def _out(q, k, v, /, groups=((2, 4, 1), (2, 2, 1), (2, 2)), mean_shape=(2, 2, 64), **change):
-    """Outputs of the default (block) call's shapes, fields replaced by ``change``."""
+    """Outputs of a block call's shapes (_refused's), fields replaced by ``change``."""
     out = QuantizedFP8(np.zeros(q.shape, np.uint8), np.zeros(k.shape, np.uint8), np.zeros(v.shape, np.uint8),
                        *(np.zeros(s, np.float32) for s in (*groups, mean_shape)))
     for name, value in change.items():
@@ -174,7 +175,7 @@ def _out(q, k, v, /, groups=((2, 4, 1), (2, 2, 1), (2, 2)), mean_shape=(2, 2, 64
 
 
 def _refused(fake, exc, match, **change):
-    args = dict(q=bf16((2, 9, 4, 64)), k=bf16((2, 11, 2, 64)), v=bf16((2, 11, 2, 64)))
+    args = dict(q=bf16((2, 9, 4, 64)), k=bf16((2, 11, 2, 64)), v=bf16((2, 11, 2, 64)), granularity="block")
     args.update({key: (val(args) if callable(val) else val) for key, val in change.items()})
     with pytest.raises(exc, match=match):
         quantize_fp8(**args)

@@ -106,6 +106,14 @@ def test_block_descales_keep_an_outlier_block_from_costing_the_rest_of_the_seque
     assert errors["block"] < 0.04 < 4 * errors["block"] < errors["tensor"], errors
 
 
+def test_the_default_granularity_gives_the_descales_every_fp8_kernel_takes():
+    """(B, Hkv) for q, k and v: a default call's outputs go straight into flash_attn_func."""
+    rng = np.random.default_rng(0)
+    q, k, v = bf16(rng, (2, 8, 4, 64)), bf16(rng, (2, 8, 2, 64)), bf16(rng, (2, 8, 2, 64))
+    got = quantize_fp8(q, k, v)
+    assert got.descale_q.shape == got.descale_k.shape == got.descale_v.shape == (2, 2)
+
+
 def test_non_finite_inputs_and_unknown_granularities_are_refused():
     rng = np.random.default_rng(0)
     q, k, v = bf16(rng, (1, 8, 1, 64)), bf16(rng, (1, 8, 1, 64)), bf16(rng, (1, 8, 1, 64))

@@ -315,7 +315,7 @@ def _host_values(t: TensorRef | None, x):
     return np.asarray(x) if t is not None and isinstance(x, np.ndarray) else None
 
 
-def quantize_fp8(q, k, v, *, granularity: str = "block", smooth_k: bool = True, power_of_two: bool = True,
+def quantize_fp8(q, k, v, *, granularity: str = "head", smooth_k: bool = True, power_of_two: bool = True,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                  out=None, stream=None) -> QuantizedFP8:
     """Quantise bf16 q, k, v to e4m3 with their descales, as quantize_model.quantize_fp8
@@ -324,8 +324,9 @@ def quantize_fp8(q, k, v, *, granularity: str = "block", smooth_k: bool = True, 
     q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv), or packed (T, H, D) with
     ``cu_seqlens_q`` / ``cu_seqlens_k`` (int32, B + 1) and ``max_seqlen_q`` / ``max_seqlen_k``
     (the block descales have ceil(max_seqlen / block) blocks a sequence: give the longest
-    sequence's length to get the model's shapes).  ``granularity``: "tensor", "head" or
-    "block" (quantize_model's groups); ``smooth_k``: subtract K's mean over each sequence
+    sequence's length to get the model's shapes).  ``granularity``: "tensor", "head" (the
+    default: (B, Hkv) descales, which every FP8 attention kernel takes) or "block" (not taken
+    by the attention kernels yet; quantize_model's groups); ``smooth_k``: subtract K's mean over each sequence
     first (returned as ``mean``); ``power_of_two``: descales 2^e (free to apply), else fp32
     amax / 448.  Returns a QuantizedFP8 of DeviceArrays, or ``out`` itself where given (an
     object with the seven fields, e.g. a QuantizedFP8 of tensors, filled in place).  Inputs

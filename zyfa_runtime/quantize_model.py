@@ -91,7 +91,7 @@ def _encode(x32: np.ndarray, descale: np.ndarray, power_of_two: bool) -> np.ndar
     return e4m3.encode(y, saturate=True)
 
 
-def quantize_fp8(q, k, v, *, granularity: str = "block", smooth_k: bool = True, power_of_two: bool = True,
+def quantize_fp8(q, k, v, *, granularity: str = "head", smooth_k: bool = True, power_of_two: bool = True,
                  cu_seqlens_q=None, cu_seqlens_k=None) -> Quantized:
     """The model of quantize_fp8 on host arrays: dense q (B, Sq, Hq, D), k (B, Sk, Hkv, D),
     v (B, Sk, Hkv, Dv), or packed (T, H, D) with ``cu_seqlens_q`` / ``cu_seqlens_k``."""
