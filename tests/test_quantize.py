@@ -237,3 +237,26 @@ def test_a_tensor_descale_may_be_given_as_shape_one_as_flash_attn_func_takes_it(
     assert quantize_fp8(q, k, v, granularity="tensor", out=out) is out
     args = args_of(fake.launches[0])
     assert (args["descale_q"], args["descale_k"]) == (out.descale_q.ctypes.data, out.descale_k.ctypes.data)
+
+
+def test_a_repeated_dense_call_into_the_same_outputs_queues_its_launches_again_unplanned(fake, monkeypatch):
+    """The same tensors, options and stream: the launches as before, with no validation; other
+    options or another output: planned (validated) anew."""
+    from zyfa_runtime import quantize
+    q, k, v = bf16((1, 64, 4, 64)), bf16((1, 64, 2, 64)), bf16((1, 64, 2, 64))
+    out = quantize_fp8(q, k, v)
+    assert quantize_fp8(q, k, v, out=out) is out
+    fake.launches.clear()
+    assert quantize_fp8(q, k, v, out=out) is out
+    first = [(ln.symbol, ln.grid, args_of(ln)) for ln in fake.launches]
+    fake.launches.clear()
+
+    def planned(*a, **kw):
+        raise AssertionError("planned again")
+    monkeypatch.setattr(quantize, "check", planned)
+    assert quantize_fp8(q, k, v, out=out) is out
+    assert [(ln.symbol, ln.grid, args_of(ln)) for ln in fake.launches] == first
+    for change in (dict(granularity="tensor"), dict(smooth_k=False),
+                   dict(out=_out(q, k, v, groups=((1, 2),) * 3, mean_shape=(1, 2, 64)))):
+        with pytest.raises(AssertionError, match="planned again"):
+            quantize_fp8(q, k, v, **{"out": out, **change})
