@@ -47,6 +47,10 @@ constexpr int kTileRows = 32;     // rows of a tile: catalogue.QUANTIZE_TILE_ROW
 constexpr int kMeanRows = 64;     // keys of a mean chunk: catalogue.QUANTIZE_MEAN_ROWS
 constexpr int kMaxHeadDim = 256;  // a mean thread a channel: head dims up to kQThreads
 static_assert(kQThreads == kMaxHeadDim, "a mean workgroup covers a head's channels");
+// mean_finish: a workgroup kFinishChannels channels, each summed by kQThreads / kFinishChannels
+// threads over every such chunk (catalogue.QUANTIZE_FINISH_CHANNELS).
+constexpr int kFinishChannels = 32;
+constexpr int kFinishSlices = kQThreads / kFinishChannels;
 
 __device__ inline float bf16_to_f32(u16 h) { return zyfa_as_f32(u32(h) << 16); }
 
@@ -244,20 +248,28 @@ __device__ inline void quantize_mean(const P& p) {
   sums[((i64(b) * p.heads_k + h) * p.mean_chunks + chunk) * p.d_qk + c] = acc;
 }
 
-// mean_finish: grid (cdiv(heads_k d_qk, kQThreads), batch); a thread a (head, channel): its
-// chunks' sums in chunk order (exact sums: any order gives these bits), then fp32(S / n); a
-// sequence without keys has mean 0, and so has every one without smooth_k (the pass then
-// reads nothing: the mean output's zeros, written in stream order, not by the host).
+// mean_finish: grid (cdiv(heads_k d_qk, kFinishChannels), batch); kFinishChannels (head,
+// channel)s a workgroup, each summed by kFinishSlices threads (slice r: chunks r, r +
+// kFinishSlices, ...), their partial sums then added by slice 0 (exact sums: any order and any
+// grouping give these bits), then fp32(S / n); a sequence without keys has mean 0, and so has
+// every one without smooth_k (the pass then reads nothing: the mean output's zeros, written in
+// stream order, not by the host).
 template <class P>
 __device__ inline void quantize_mean_finish(const P& p) {
-  const int i = zyfa_block(0) * kQThreads + zyfa_thread(), b = zyfa_block(1);
-  if (i >= p.heads_k * p.d_qk) return;
-  const int h = i / p.d_qk, c = i % p.d_qk;
+  __shared__ double part[kFinishSlices][kFinishChannels];
+  const int lane = zyfa_thread() % kFinishChannels, slice = zyfa_thread() / kFinishChannels;
+  const int i = zyfa_block(0) * kFinishChannels + lane, b = zyfa_block(1);
+  const bool live = i < p.heads_k * p.d_qk;   // no return before the barrier
+  const int h = live ? i / p.d_qk : 0, c = live ? i % p.d_qk : 0;
   const Seq s = seq_of(p.cu_seqlens_k, b, p.seqlen_k, p.max_seqlen_k);
   const double* sums = static_cast<const double*>(p.sums) + (i64(b) * p.heads_k + h) * p.mean_chunks * p.d_qk + c;
-  const int n = p.smooth_k ? s.len : 0;
+  const int n = p.smooth_k && live ? s.len : 0;
   double acc = 0.0;
-  for (int j = 0; j * kMeanRows < n; ++j) acc += sums[i64(j) * p.d_qk];
+  for (int j = slice; j * kMeanRows < n; j += kFinishSlices) acc += sums[i64(j) * p.d_qk];
+  part[slice][lane] = acc;
+  zyfa_barrier();
+  if (slice != 0 || !live) return;
+  for (int r = 1; r < kFinishSlices; ++r) acc += part[r][lane];
   float* mean = static_cast<float*>(const_cast<void*>(p.mean));
   mean[(i64(b) * p.heads_k + h) * p.d_qk + c] = n > 0 ? mean_of(acc, n) : 0.0f;
 }

@@ -17,8 +17,8 @@ import build
 from tests.backends import using_backend
 
 from zyfa_runtime import quantize_fp8, quantize_model, workspace
-from zyfa_runtime.catalogue import (AUX_KINDS, QUANTIZE_ARGS, QUANTIZE_MEAN_ROWS, QUANTIZE_TILE_ROWS, AuxKernel,
-                                    kernargs)
+from zyfa_runtime.catalogue import (AUX_KINDS, QUANTIZE_ARGS, QUANTIZE_FINISH_CHANNELS, QUANTIZE_MEAN_ROWS,
+                                    QUANTIZE_TILE_ROWS, AuxKernel, kernargs)
 from zyfa_runtime.launch import unpack_args
 from zyfa_runtime.quantize import KINDS, QuantizedFP8
 
@@ -34,6 +34,7 @@ def test_the_passes_share_one_argument_list_and_the_headers_tile_constants():
     header = (ROOT / "cuda" / "quantize_fp8.cuh").read_text()
     assert int(re.search(r"kTileRows = (\d+);", header).group(1)) == QUANTIZE_TILE_ROWS
     assert int(re.search(r"kMeanRows = (\d+);", header).group(1)) == QUANTIZE_MEAN_ROWS
+    assert int(re.search(r"kFinishChannels = (\d+);", header).group(1)) == QUANTIZE_FINISH_CHANNELS
     # a tile lies inside one block of either tensor: the amax of a block is a max over whole tiles
     assert quantize_model.Q_BLOCK % QUANTIZE_TILE_ROWS == 0 and quantize_model.K_BLOCK % QUANTIZE_TILE_ROWS == 0
 
@@ -85,7 +86,8 @@ def test_a_dense_block_call_queues_the_mean_the_blocks_and_vs_tile_passes_with_t
     got = quantize_fp8(q, k, v, granularity="block")
     assert symbols(fake) == [AuxKernel(kind, ARCH).symbol for kind in KINDS]
     grids = [ln.grid for ln in fake.launches]
-    assert grids == [(2, 2, 2), (1, 2, 1), (2, 10, 2), (7, 2, 2), (2 * 2, 1, 1), (7, 2, 2)]
+    assert grids == [(2, 2, 2), (2 * 128 // QUANTIZE_FINISH_CHANNELS, 2, 1), (2, 10, 2), (7, 2, 2), (2 * 2, 1, 1),
+                     (7, 2, 2)]
     args = args_of(fake.launches[0])
     assert all(args_of(ln) == args for ln in fake.launches)     # one argument buffer for every pass
     assert args["q"] == q.ctypes.data and args["q8"] == got.q.ptr and args["mean"] == got.mean.ptr

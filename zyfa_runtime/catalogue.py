@@ -403,6 +403,8 @@ MERGE_KIND = AuxKind(
 #: the combined q | k | v axis from ``tile_y0``), each descale from its tiles' amax, the codes.
 #: A workgroup 256 threads.
 QUANTIZE_TILE_ROWS, QUANTIZE_MEAN_ROWS, QUANTIZE_THREADS = 32, 64, 256
+#: Channels a mean_finish workgroup totals (cuda/quantize_fp8.cuh kFinishChannels).
+QUANTIZE_FINISH_CHANNELS = 32
 QUANTIZE_ARGS = (
     *((name, "ptr") for name in ("q", "k", "v", "q8", "k8", "v8", "descale_q", "descale_k", "descale_v",
                                  "mean", "cu_seqlens_q", "cu_seqlens_k", "sums", "amax")),
@@ -418,7 +420,7 @@ QUANTIZE_KINDS = {
     "quantize_fp8_mean": AuxKind(QUANTIZE_ARGS, {"x": "mean_chunks", "y": "heads_k", "z": "batch"},
                                  QUANTIZE_THREADS, QUANTIZE_MEAN_ROWS),
     "quantize_fp8_mean_finish": AuxKind(QUANTIZE_ARGS, {"x": {"cdiv": [{"mul": ["heads_k", "d_qk"]},
-                                                                       QUANTIZE_THREADS]},
+                                                                       QUANTIZE_FINISH_CHANNELS]},
                                                         "y": "batch", "z": 1}, QUANTIZE_THREADS, 1),
     "quantize_fp8_blocks": AuxKind(QUANTIZE_ARGS, {"x": "block_x", "y": "block_heads", "z": "batch"},
                                    QUANTIZE_THREADS, 128),
