@@ -192,15 +192,9 @@ def check(q, k, v, out: dict, *, granularity, smooth_k, power_of_two, cu_seqlens
     for name, t in named:
         _check_rows(name, t)
     if packed:
-        cus = {"cu_seqlens_q": validate._check_tensor("cu_seqlens_q", cu_seqlens_q),
-               "cu_seqlens_k": validate._check_tensor("cu_seqlens_k", cu_seqlens_k)}
+        cus = {"cu_seqlens_q": validate.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q),
+               "cu_seqlens_k": validate.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)}
         for name, t in cus.items():
-            if t.dtype != "int32":
-                raise TypeError(f"{name} must be int32, got {t.dtype}")
-            if t.ndim != 1 or t.shape[0] < 2:
-                raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {t.shape}")
-            if t.strides[0] != 1:
-                raise ValueError(f"{name} must be contiguous, got stride {t.strides[0]}")
             if t.ptr % 4:
                 raise ValueError(f"{name} data pointer {t.ptr:#x} is not 4-byte aligned")
         batch = cus["cu_seqlens_q"].shape[0] - 1

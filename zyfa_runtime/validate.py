@@ -47,7 +47,7 @@ from . import window as windows
 from .tensors import TensorRef
 
 __all__ = ["Problem", "check_addresses", "check_dense", "check_descale", "check_kvcache", "check_varlen",
-           "check_window", "check_softcap", "check_sinks", "features_of"]
+           "check_window", "check_softcap", "check_sinks", "check_cu_seqlens", "features_of"]
 
 INPUT_DTYPES = catalogue.DTYPES
 OUTPUT_DTYPE = "bf16"
@@ -164,17 +164,8 @@ def check_varlen(q, k, v, out, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         raise ValueError(f"out shape {out.shape} must be (total_q, heads_q, head_dim_v)"
                          f" = {(tq, hq, dv)}")
 
-    cu = {"cu_seqlens_q": _check_tensor("cu_seqlens_q", cu_seqlens_q),
-          "cu_seqlens_k": _check_tensor("cu_seqlens_k", cu_seqlens_k)}
-    for name, t in cu.items():
-        if t.dtype != "int32":
-            raise TypeError(f"{name} must be int32, got {t.dtype}")
-        if t.ndim != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {t.shape}")
-        if t.shape[0] < 2:
-            raise ValueError(f"{name} must have batch + 1 >= 2 entries, got {t.shape[0]}")
-        if t.shape[0] > 1 and t.strides[0] != 1:
-            raise ValueError(f"{name} must be contiguous, got stride {t.strides[0]}")
+    cu = {"cu_seqlens_q": check_cu_seqlens("cu_seqlens_q", cu_seqlens_q),
+          "cu_seqlens_k": check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)}
     batch = cu["cu_seqlens_q"].shape[0] - 1
     if cu["cu_seqlens_k"].shape[0] != batch + 1:
         raise ValueError(f"cu_seqlens_k has {cu['cu_seqlens_k'].shape[0]} entries but "
@@ -276,13 +267,7 @@ def check_kvcache(q, k_cache, v_cache, out, *, cache_seqlens, page_table=None, c
     # the sequences and their queries
     scalars = []
     if packed:
-        cu = _check_tensor("cu_seqlens_q", cu_seqlens_q)
-        if cu.dtype != "int32":
-            raise TypeError(f"cu_seqlens_q must be int32, got {cu.dtype}")
-        if cu.ndim != 1 or cu.shape[0] < 2:
-            raise ValueError(f"cu_seqlens_q must be 1-D with batch + 1 >= 2 entries, got shape {cu.shape}")
-        if cu.strides[0] != 1:
-            raise ValueError(f"cu_seqlens_q must be contiguous, got stride {cu.strides[0]}")
+        cu = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
         batch, tq = cu.shape[0] - 1, q.shape[0]
         max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
         if cu_values_q is not None:
@@ -379,6 +364,18 @@ def _check_cache_values(cache_values, table_values, batch, capacity, page_size, 
             i = int(np.argmax(bad))
             raise ValueError(f"page_table[{b}, {i}] = {used[i]} is not a page of k_cache (0 .. {num_pages - 1}); "
                              f"sequence {b} uses its first {used.size} entries for {n[b]} keys")
+
+
+def check_cu_seqlens(name: str, x) -> TensorRef:
+    """A cu_seqlens tensor: int32, 1-D with batch + 1 >= 2 entries, contiguous."""
+    t = _check_tensor(name, x)
+    if t.dtype != "int32":
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.ndim != 1 or t.shape[0] < 2:
+        raise ValueError(f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {t.shape}")
+    if t.strides[0] != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.strides[0]}")
+    return t
 
 
 # --------------------------------------------------------------------------------------
