@@ -43,7 +43,7 @@ using u32 = unsigned int;
 using i64 = long long;
 
 constexpr int kQThreads = zyfa_cfg::kThreads;
-constexpr int kTileRows = 32;     // rows of a tile: catalogue.QUANTIZE_TILE_ROWS
+constexpr int kTileRows = 64;     // rows of a tile: catalogue.QUANTIZE_TILE_ROWS
 constexpr int kMeanRows = 64;     // keys of a mean chunk: catalogue.QUANTIZE_MEAN_ROWS
 constexpr int kMaxHeadDim = 256;  // a mean thread a channel: head dims up to kQThreads
 static_assert(kQThreads == kMaxHeadDim, "a mean workgroup covers a head's channels");
@@ -214,17 +214,23 @@ __device__ inline bool wide_rows(const View& w) {
          (reinterpret_cast<unsigned long long>(w.codes) & 7) == 0;
 }
 
-// The max over the workgroup of each thread's u32; every thread gets it.
+// The max over the workgroup of each thread's u32; every thread gets it.  Two levels (three
+// barriers): kWide threads take the max of kQThreads / kWide values each, then every thread the
+// max of those kWide (broadcast reads).
 __device__ inline u32 workgroup_max(u32 m) {
-  __shared__ u32 red[kQThreads];
+  constexpr int kWide = 32;
+  __shared__ u32 red[kQThreads], wide[kWide];
   const int t = zyfa_thread();
   red[t] = m;
   zyfa_barrier();
-  for (int half = kQThreads / 2; half > 0; half /= 2) {
-    if (t < half) red[t] = red[t] > red[t + half] ? red[t] : red[t + half];
-    zyfa_barrier();
+  if (t < kWide) {
+    u32 x = red[t];
+    for (int i = 1; i < kQThreads / kWide; ++i) x = red[t + kWide * i] > x ? red[t + kWide * i] : x;
+    wide[t] = x;
   }
-  const u32 out = red[0];
+  zyfa_barrier();
+  u32 out = 0;
+  for (int i = 0; i < kWide; ++i) out = wide[i] > out ? wide[i] : out;
   zyfa_barrier();
   return out;
 }

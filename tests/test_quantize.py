@@ -80,14 +80,15 @@ def symbols(fake):
 
 def test_a_dense_block_call_queues_the_mean_the_blocks_and_vs_tile_passes_with_their_grids(fake):
     """(B, Sq, Hq, D) = (2, 200, 8, 128), Sk 100, Hkv 2, Dv 64, block granularity: Q blocks of
-    128 (2) and K blocks of 64 (2) a workgroup each (heads q | k); v's tiles of 32 rows over
+    128 (2) and K blocks of 64 (2) a workgroup each (heads q | k); v's tiles of QUANTIZE_TILE_ROWS rows over
     max(Sq, Sk) (its heads alone: from 8 + 2), its descales after q's 32 and k's 8."""
     q, k, v = bf16((2, 200, 8, 128)), bf16((2, 100, 2, 128)), bf16((2, 100, 2, 64))
     got = quantize_fp8(q, k, v, granularity="block")
     assert symbols(fake) == [AuxKernel(kind, ARCH).symbol for kind in KINDS]
     grids = [ln.grid for ln in fake.launches]
-    assert grids == [(2, 2, 2), (2 * 128 // QUANTIZE_FINISH_CHANNELS, 2, 1), (2, 10, 2), (7, 2, 2), (2 * 2, 1, 1),
-                     (7, 2, 2)]
+    tiles = -(-200 // QUANTIZE_TILE_ROWS)
+    assert grids == [(2, 2, 2), (2 * 128 // QUANTIZE_FINISH_CHANNELS, 2, 1), (2, 10, 2), (tiles, 2, 2), (2 * 2, 1, 1),
+                     (tiles, 2, 2)]
     args = args_of(fake.launches[0])
     assert all(args_of(ln) == args for ln in fake.launches)     # one argument buffer for every pass
     assert args["q"] == q.ctypes.data and args["q8"] == got.q.ptr and args["mean"] == got.mean.ptr
@@ -117,7 +118,7 @@ def test_tensor_and_head_groups_are_whole_sequences_and_head_groups(fake, granul
     got = quantize_fp8(q, k, v, granularity=granularity, smooth_k=False, power_of_two=False)
     # no sums without smooth_k (mean_finish writes the zeros); every head's tiles, every descale
     assert symbols(fake) == [AuxKernel(kind, ARCH).symbol for kind in KINDS[1:2] + KINDS[3:]]
-    assert fake.launches[1].grid == (2, 12, 3) and fake.launches[2].grid == (sum(int(np.prod(x)) for x in shapes), 1, 1)
+    assert fake.launches[1].grid == (-(-50 // QUANTIZE_TILE_ROWS), 12, 3) and fake.launches[2].grid == (sum(int(np.prod(x)) for x in shapes), 1, 1)
     args = args_of(fake.launches[0])
     fields = ("ds_batches", "ds_groups", "ds_blocks", "heads_per_group", "block_rows")
     assert [args[f"q_{f}"] for f in fields] == groups_q and [args[f"k_{f}"] for f in fields] == groups_k
@@ -135,7 +136,7 @@ def test_a_packed_call_reads_its_sequences_from_cu_seqlens(fake):
     assert [args[f"k_stride_{d}"] for d in "bsh"] == [0, 128, 64]
     assert (args["batch"], args["seqlen_q"], args["seqlen_k"], args["max_seqlen_q"], args["max_seqlen_k"]) == \
         (3, 300, 100, 295, 70)
-    assert fake.launches[2].grid == (3, 6, 3) and fake.launches[3].grid == (-(-295 // 32), 2, 3)
+    assert fake.launches[2].grid == (3, 6, 3) and fake.launches[3].grid == (-(-295 // QUANTIZE_TILE_ROWS), 2, 3)
     assert got.descale_q.shape == (3, 4, 3) and got.descale_k.shape == (3, 2, 2)
 
 

@@ -402,7 +402,7 @@ MERGE_KIND = AuxKind(
 #: QUANTIZE_TILE_ROWS rows of one head of one sequence: grid y runs over ``tile_heads`` heads of
 #: the combined q | k | v axis from ``tile_y0``), each descale from its tiles' amax, the codes.
 #: A workgroup 256 threads.
-QUANTIZE_TILE_ROWS, QUANTIZE_MEAN_ROWS, QUANTIZE_THREADS = 32, 64, 256
+QUANTIZE_TILE_ROWS, QUANTIZE_MEAN_ROWS, QUANTIZE_THREADS = 64, 64, 256
 #: Channels a mean_finish workgroup totals (cuda/quantize_fp8.cuh kFinishChannels).
 QUANTIZE_FINISH_CHANNELS = 32
 QUANTIZE_ARGS = (
