@@ -9,7 +9,7 @@ variant, file, sha256, symbol, block size, shared memory, kernel-argument layout
 the auxiliary kernels (catalogue.AuxKernel: not attention) in ``aux_kernels``, each
 with its ``kind`` in place of a variant.
 Builds are incremental (a kernel is rebuilt only when its source or compiler
-changed), parallel (--jobs), selectable (--arch, --only) and reproducible: two clean
+changed), parallel (--jobs), selectable (--arch, --only, --skip) and reproducible: two clean
 builds produce byte-identical prebuilt/ (no timestamps, no temp paths).
 """
 
@@ -214,6 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", choices=ARCHES, help="build only this arch")
     ap.add_argument("--only", help="build only variants whose name contains one of these "
                                    "comma-separated substrings")
+    ap.add_argument("--skip", help="leave out variants whose name contains one of these comma-separated "
+                                   "substrings (e.g. _serving: catalogue.Variant.serving)")
     ap.add_argument("--jobs", "-j", type=int, default=0, help="parallel compiles (default: CPUs)")
     ap.add_argument("--out", type=Path, default=ROOT / "prebuilt", help="output directory")
     args = ap.parse_args(argv)
@@ -233,6 +235,8 @@ def main(argv=None) -> int:
     variants = all_variants()
     auxes = all_aux()
     selected = list(iter_select(variants, args.arch, args.only)) + list(iter_select(auxes, args.arch, args.only))
+    skips = [s for s in (args.skip or "").split(",") if s]
+    selected = [v for v in selected if not any(s in v.name for s in skips)]
     archs = sorted({v.arch for v in selected})
     toolchains = {}
     for arch in archs:
@@ -249,7 +253,7 @@ def main(argv=None) -> int:
         if e and e.get("built") and path.exists() and sha256(path.read_bytes()) == e["sha256"]:
             entries[v.name] = e
         else:
-            entries[v.name] = unbuilt_entry(v, "not built: run build.py (see --arch / --only)")
+            entries[v.name] = unbuilt_entry(v, "not built: run build.py (see --arch / --only / --skip)")
 
     n, t0, hits = len(selected), time.monotonic(), 0
     jobs = args.jobs if args.jobs > 0 else max(1, len(__import__("os").sched_getaffinity(0)))

@@ -156,6 +156,132 @@ __device__ __forceinline__ void mask_block(float (&s)[zyfa_cfg::kBlockN / 2], in
   }
 }
 
+// ---- the serving features (zyfa_cfg::kServing: catalogue.Variant.serving) --------------------
+//
+// Sliding windows (zyfa_runtime/window.py, bottom-right aligned): row r of a sequence sits at key
+// position r + diag and sees keys r + diag - left .. r + diag + right, a bound of -1 being none;
+// causal kernels have right = 0.  A CTA's rows row0 .. last see keys [first, end) (first from
+// row0's left bound, end from last's right bound), its key blocks first / kBlockN ..
+// ceil(end / kBlockN) - 1, none where end <= first: blocks wholly outside are never loaded.
+
+struct KeyWindow {
+  int left, right;   // -1: no bound (causal: right = 0)
+};
+template <class P>
+__device__ __forceinline__ KeyWindow key_window(const P& p) {
+  return {p.window_left, zyfa_cfg::kCausal ? 0 : p.window_right};
+}
+// The CTA's window blocks: `count` of them from block `first` (none: 0 and 0).
+struct WindowBlocks {
+  int first, count;
+};
+template <class P>
+__device__ __forceinline__ WindowBlocks window_blocks(const P& p, const CtaWork& w) {
+  using namespace zyfa_cfg;
+  const KeyWindow win = key_window(p);
+  const int sk = w.seq.sk, last = min(w.row0 + kBlockM, w.seq.sq) - 1;
+  const int first = win.left >= 0 ? max(w.row0 + w.diag - win.left, 0) : 0;
+  const int end = win.right >= 0 ? min(last + w.diag + win.right + 1, sk) : sk;
+  if (end <= first) return {0, 0};
+  return {first / kBlockN, (end + kBlockN - 1) / kBlockN - first / kBlockN};
+}
+// The CTA's work narrowed to those blocks (BF16: producer and consumers take the same CtaWork):
+// n_blocks of them from key `shift` = first block x kBlockN on, and the keys counted from there
+// -- seq.sk and diag less shift -- so that block n's first key is n kBlockN and mask_block's
+// tests (the sequence's end, the causal diagonal) hold as they are.  Returns shift.
+template <class P>
+__device__ __forceinline__ int narrow_to_window(const P& p, CtaWork& w) {
+  const WindowBlocks b = window_blocks(p, w);
+  const int shift = b.first * zyfa_cfg::kBlockN;
+  w.n_blocks = b.count;
+  w.seq.sk -= shift;
+  w.diag -= shift;
+  return shift;
+}
+
+// Softcap: each raw score x -> u = 1 / (1 + 2^(-kc x)), kc = 2 log2(e) softcap_scale (the
+// runtime's softcap_scale = softmax_scale / softcap): u is the logistic of 2 t, t = x
+// softmax_scale / softcap, and tanh t = 2u - 1, so the capped logit softcap tanh t is
+// 2 softcap u - softcap.  The softmax takes 2 softcap log2(e) as its score factor and leaves the
+// constant -softcap to the LSE and the sink (no instruction a score spent on it); u in [0, 1]
+// keeps the quad's integer row maximum (quad_row_max) on its fast path, and x of either sign
+// and any size gives no NaN (2^(-kc x) = inf: u = rcp(inf) = 0).  Three instructions a score
+// beside the multiply: ex2.approx.ftz, an add, rcp.approx.ftz.  Runs before any mask (u of a
+// masked -inf would be 0, a weight of e^-softcap, not none).
+// Error: with ex2.approx within 2^-22 and rcp.approx within 2^-23 relative (PTX ISA) and the
+// fp32 roundings of kc x and 1 + E, |du| <= u (1 - u) (ln 2 |kc x| 2^-24 + 2^-22) + u (2^-24 +
+// 2^-23) <= 0.224 x 2^-24 + 2^-24 + 1.5 x 2^-23 < 2.6e-7, so tanh t is within 5.2e-7 and a capped
+// logit within softcap x 5.2e-7 (with the softmax's fp32 multiply by 2 softcap log2(e), softcap
+// x 7e-7): each weight within a factor 1 +- 1.4e-5 at Gemma 2's softcap 50, far below the 2^-9
+// of P's bf16 rounding that the BF16 kernels' bounds (selfcheck: O 8e-3, LSE 1e-3 / 2.5e-3) are
+// made of.
+__device__ __forceinline__ void cap_scores(float (&s)[zyfa_cfg::kBlockN / 2], float kc) {
+#pragma unroll
+  for (int i = 0; i < zyfa_cfg::kBlockN / 2; ++i) {
+    float u;
+    asm("{\n.reg .f32 e;\nmul.ftz.f32 e, %1, %2;\nex2.approx.ftz.f32 e, e;\nadd.ftz.f32 e, e, 0f3F800000;\n"
+        "rcp.approx.ftz.f32 %0, e;\n}\n" : "=f"(u) : "f"(s[i]), "f"(-kc));
+    s[i] = u;
+  }
+}
+
+// The scores of a block outside each row's window -> -inf: keys before the row's left bound
+// (col < row + lo, where `left`) and past its right bound (col > row + hi, where `right`), in
+// the accumulator layout of mask_block (r_lo, quad_col as there; keys counted as the CTA's work
+// counts them).  Each test is of the element's column offset j 8 + (e & 1), an immediate, against
+// a bound a row half (the key offsets relative to the thread's first column, n0 + quad_col): one
+// compare and one select an element.  The causal diagonal and the sequence's end stay mask_block's.
+__device__ __forceinline__ void mask_window(float (&s)[zyfa_cfg::kBlockN / 2], int n0, int r_lo, int lo, int hi,
+                                            bool left, bool right, int quad_col) {
+  using namespace zyfa_cfg;
+  const int base = r_lo - n0 - quad_col;                          // row - col at offset 0
+  int first[2], last[2];                                          // per row half (r_lo, r_lo + 8)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    first[h] = left ? base + lo + 8 * h : -0x7fffffff - 1;
+    last[h] = right ? base + hi + 8 * h : 0x7fffffff;
+  }
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int k = j * 8 + (e & 1);
+      if (k < first[e >> 1] || k > last[e >> 1])
+        s[4 * j + e] = -INFINITY;
+    }
+  }
+}
+
+// A block's window edges (serving), after any softcap: where the block crosses the left or right
+// edge of the window of one of a consumer's 64 rows (from wg_row0: they see keys from
+// (wg_row0 + 63) + lo on, to wg_row0 + hi, lo = diag - left, hi = diag + right), those masks;
+// blocks inside every row's window run none.  The arguments are read from the parameters at
+// each block, not held: the consumers' registers have no room for them across the loop (held,
+// they spill).
+template <class P>
+__device__ __forceinline__ void window_edges(const P& p, int diag, float (&s)[zyfa_cfg::kBlockN / 2], int n0,
+                                             int wg_row0, int r_lo, int quad_col) {
+  using namespace zyfa_cfg;
+  const KeyWindow win = key_window(p);
+  const bool left = win.left >= 0, right = !kCausal && win.right >= 0;   // causal: mask_block's edge
+  const int lo = diag - win.left, hi = diag + win.right;
+  const bool cut = (left && n0 < wg_row0 + kConsumerRows - 1 + lo) || (right && n0 + kBlockN - 1 > wg_row0 + hi);
+  if (cut) mask_window(s, n0, r_lo, lo, hi, left, right, quad_col);
+}
+
+// What a BF16 consumer applies to a block's raw scores before its softmax (serving): the softcap
+// (cap_scores, where softcap > 0), then the window's edges.
+template <class P>
+struct ServingScores {
+  const P& p;
+  int diag;   // the narrowed CtaWork's
+  __device__ ServingScores(const P& p_, int diag_) : p(p_), diag(diag_) {}
+  __device__ void apply(float (&s)[zyfa_cfg::kBlockN / 2], int n0, int wg_row0, int r_lo, int quad_col) const {
+    if (p.softcap > 0.f) cap_scores(s, 2.f * 1.4426950408889634f * p.softcap_scale);   // 2 log2(e) softcap_scale
+    window_edges(p, diag, s, n0, wg_row0, r_lo, quad_col);
+  }
+};
+
 // The maxima of the two rows a thread's accumulator holds (row hr in s[4j + 2hr], s[4j + 2hr +
 // 1]), over the quad's four threads, exactly as fmaxf would give them.  Trees of independent
 // instructions, both rows at once (the plain loop is a chain of kN / 2 dependent maxima per

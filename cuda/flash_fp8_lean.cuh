@@ -433,6 +433,26 @@ __device__ __forceinline__ float log2_scale(const P& p, int b, int h_kv) {
 
 // ---- the epilogue --------------------------------------------------------------------------
 
+// A serving kernel's row at the end (F: its frame, l: its rounded sum, in which a score at F
+// weighs p_shift): query head h's sink z joins it as fp8_models._join_sinks states, at ms =
+// fp32(z fp32(log2 e)) in F's units (the recipe's lse_offset is 0): below F it adds p_shift
+// 2^(ms - F) to l; above, the row moves to it, l = l 2^(F - ms) + p_shift and O times
+// 2^(F - ms), the factor returned (0 for a row that saw no key: zeros, the LSE of the sink
+// alone).  exp2 by ex2.approx, within about an fp32 ulp of the model's float64 one.
+template <class P>
+__device__ __forceinline__ float with_sink(const P& p, int h, float& f, float& l) {
+  if (p.sinks == nullptr) return 1.f;
+  const float ms = static_cast<const float*>(p.sinks)[h] * static_cast<float>(kLog2eD);
+  if (!(ms > f)) {
+    l += kPShift * exp2_ftz(ms - f);
+    return 1.f;
+  }
+  const float a = f == -INFINITY ? 0.f : exp2_ftz(f - ms);
+  l = l * a + kPShift;
+  f = ms;
+  return a;
+}
+
 // A consumer warpgroup's 64 rows of O, scaled by inv[hr] per row half, out as bf16, 16 bytes a
 // thread, through shared memory (store_o_rows, flash_common.cuh, with Q's 64-byte K-blocks as
 // the staging area): four-byte stores straight from the WGMMA accumulators' layout would fill
@@ -454,12 +474,13 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
   float inv[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    const float l = acc_l[2 * hr];
+    float l = acc_l[2 * hr], f = frame[hr], o_factor = 1.f;
+    if constexpr (zyfa_cfg::kServing) o_factor = with_sink(p, w.h, f, l);
     const int row = r_lo + hr * 8;
-    inv[hr] = l > 0.f ? dv_scale / l : 0.f;
+    inv[hr] = l > 0.f ? dv_scale * o_factor / l : 0.f;
     if (p.lse != nullptr && (threadIdx.x % 4) == 0 && row < w.seq.sq) {
       float* glse = lse_rows(p, w.seq, w.b, w.h);
-      glse[row] = l > 0.f ? (frame[hr] + log2f(l) - kLog2Shift) * kLn2 : -INFINITY;
+      glse[row] = l > 0.f ? (f + log2f(l) - kLog2Shift) * kLn2 : -INFINITY;
     }
   }
   store_o_rows<64>(acc_o, inv, sQg,

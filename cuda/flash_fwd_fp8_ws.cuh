@@ -70,6 +70,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace zyfa {
 
 using namespace zyfa_cfg;
@@ -135,7 +137,11 @@ struct Smem {
   __device__ Bars bars() const { return {q + kBars}; }
   __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }         // Q landed (its tail zeroed)
   __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 8; }   // a packed tail's Q copy
+  // Serving: the softcap's factor a (ServingFp8Scores), a float after the mbarriers.
+  __device__ uint32_t softcap_a() const { return q + kBars + Bars::kBytes + 16; }
 };
+static_assert(!kServing || Bars::kBytes + 20 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
+              "the softcap's factor after the mbarriers");
 
 // ---- the producer --------------------------------------------------------------------------
 
@@ -418,6 +424,13 @@ __device__ __forceinline__ bool segment_work(const P& p, uint3 cta, int s, Segme
       if (!cta_work(p, w, cta)) return false;
     }
     g = {0, 0, w.n_blocks, -1};
+    if constexpr (kServing) {
+      // The window's blocks are the segment's [kb0, kb1) (the producer copies from kb0, the
+      // consumers count keys from it), broadcast from lane 0 as the tail's (warp-uniform).
+      const WindowBlocks b = window_blocks(p, w);
+      g = {0, lane0(b.first), lane0(b.first + b.count), -1};
+      w.n_blocks = lane0(b.count);
+    }
     return true;
   } else {
     if (s > 1) return false;
@@ -575,6 +588,81 @@ __device__ __forceinline__ bool finish_piece(const P& p, const Segment& g, float
   return true;
 }
 
+// ---- the serving features (kServing: catalogue.Variant.serving) ------------------------------
+//
+// Compiled only into the serving kernels, the recipe's arithmetic kept (fp8_models: "Serving
+// features"): the window's blocks are the CTA's segment (segment_work: blocks wholly outside are
+// never loaded, the blocks stay aligned at key 0), a block crossing a window edge has those
+// scores -inf before its softmax (the left edge's blocks take the plain bytes; the causal
+// diagonal keeps its recipe); softcap hands the softmax tanh(S a), a = fp32(softmax_scale dq dk
+// / softcap), with c = fp32(softcap log2(e)); a sink joins the row in the epilogue (with_sink).
+
+// The softcap of a block's raw scores: t = tanh(x), x = fp32(S a) (the model's x exactly), as
+// 1 - 2 / (1 + 2^(2 log2(e) x)) by ex2.approx and rcp.approx: |t - fp32(tanh x)| <= 0.45 x 2^-24
+// (the rounding of 2 log2(e) x) + 0.5 x 2^-22 (ex2) + 2^-23 (1 + e) + 2^-22 (rcp) + 2^-24 (the FMA)
+// + 2^-25 (the model's own rounding) < 6e-7, so a logit is within softcap x 6e-7 of the model's and
+// a Lean byte moves only where its y lies that close to a rounding boundary (fp8_models: hardware
+// tanh is within its documented error of the model, not byte for byte).  x of any size gives no
+// NaN (2^(2 log2(e) x) = inf: t = 1).
+__device__ __forceinline__ void cap_tanh(float (&s)[kBlockN / 2], float a) {
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) {
+    float r;
+    asm("{\n.reg .f32 e;\nmul.rn.f32 e, %1, %2;\nmul.ftz.f32 e, e, 0f4038AA3B;\nex2.approx.ftz.f32 e, e;\n"
+        "add.ftz.f32 e, e, 0f3F800000;\nrcp.approx.ftz.f32 e, e;\nfma.rn.f32 %0, e, 0fC0000000, 0f3F800000;\n}\n"
+        : "=f"(r) : "f"(s[i]), "f"(a));
+    s[i] = r;
+  }
+}
+
+// The consumer's pass over a block's raw scores before its softmax: the plain kernels' nothing.
+struct PlainScores {
+  template <class P>
+  __device__ PlainScores(const P&, const Smem&, int, int, int) {}
+  __device__ void apply(float (&)[kBlockN / 2], int, int, int, int) const {}
+};
+// A serving kernel's: the softcap (where softcap > 0), then the window's edges (window_edges).
+// The softcap's factor a = fp32(softmax_scale dq dk / softcap) (the products in double, as the
+// model's) is kept in shared memory (Smem::softcap_a: every consumer thread writes the same
+// value, then reads it at each block), not in a register: held through the loop it spills the
+// three-consumer kernels' O.
+template <class P>
+struct ServingFp8Scores {
+  const P& p;
+  const Smem& sm;
+  int diag;   // counted from the segment's first key, as consume's
+  __device__ ServingFp8Scores(const P& p_, const Smem& sm_, int diag_, int b, int h_kv) : p(p_), sm(sm_), diag(diag_) {
+    if (p.softcap > 0.f) {
+      const float dq = descale_at(p.descale_q, p.descale_q_stride_b, p.descale_q_stride_h, b, h_kv);
+      const float dk = descale_at(p.descale_k, p.descale_k_stride_b, p.descale_k_stride_h, b, h_kv);
+      const float a = static_cast<float>(static_cast<double>(p.softmax_scale) * static_cast<double>(dq) *
+                                         static_cast<double>(dk) / static_cast<double>(p.softcap));
+      asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(sm.softcap_a()), "f"(a) : "memory");
+    }
+  }
+  __device__ void apply(float (&s)[kBlockN / 2], int n0, int wg_row0, int r_lo, int quad_col) const {
+    if (p.softcap > 0.f) {
+      float a;
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(a) : "r"(sm.softcap_a()) : "memory");
+      cap_tanh(s, a);
+    }
+    window_edges(p, diag, s, n0, wg_row0, r_lo, quad_col);
+  }
+};
+// The plain kernels' (PlainScores) or a serving kernel's pass.
+template <class P>
+using Scores = std::conditional_t<kServing, ServingFp8Scores<P>, PlainScores>;
+
+// The factor c that takes a block's scores to log2 units: log2_scale, or for a serving kernel's
+// capped scores (tanh, in units of softcap) fp32(softcap log2(e)) (fp8_models._capped_scores).
+template <class P>
+__device__ __forceinline__ float score_factor(const P& p, int b, int h_kv) {
+  if constexpr (kServing) {
+    if (p.softcap > 0.f) return static_cast<float>(static_cast<double>(p.softcap) * kLog2eD);
+  }
+  return log2_scale(p, b, h_kv);
+}
+
 // The consumers' work on one segment (s) of the CTA: w, its tile's; nb0, its first key block.
 template <bool kTail, class P>
 __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWork& w, int wg, int nb0, int s) {
@@ -586,7 +674,8 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   const ConsumerLane me(wg, row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
-  const float c = log2_scale(p, w.b, w.h_kv);
+  const float c = score_factor(p, w.b, w.h_kv);
+  const Scores<P> scores(p, sm, diag, w.b, w.h_kv);
   const Turns turns{cw};
 
   float acc_o[kDv / 2];
@@ -623,6 +712,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
+      scores.apply(acc_s, n * kBlockN, wg_row0, r_lo, quad_col);
       softmax<false>(pa, pa, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
 
       // ---- turn: PV(n) and P 1, then S(n + 1) ----------------------------------------------
@@ -685,6 +775,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
       for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
         uint32_t pa[kBlockN / 8], pl[kBlockN / 8];
         float factor[2];
+        scores.apply(acc_s, n * kBlockN, wg_row0, r_lo, quad_col);
         softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
         float acc_b[kAccB];
         const int t = n % kVtStages;

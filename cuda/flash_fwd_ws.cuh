@@ -48,6 +48,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace zyfa {
 
 using namespace zyfa_cfg;
@@ -78,6 +80,7 @@ constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's 
 static_assert(kQBuffers * kTileQ + kStages * (kTileK + kTileV + kTileOnes) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 static_assert(!kPersistent || kOverlap, "persistent CTAs: the schedule of d_v <= 128 with two consumers");
+static_assert(!(kServing && kPersistent), "serving kernels: a CTA a tile (catalogue.tile_for)");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -282,6 +285,52 @@ __device__ __forceinline__ void rescale_o(float (&acc_o)[kAccO], const float (&a
   }
 }
 
+// ---- the serving features (kServing: catalogue.Variant.serving) ------------------------------
+//
+// Compiled only into the serving kernels; the plain ones are these functions' constant cases
+// (PlainScores, o_factor 1).  Window bounds and sinks are runtime arguments, the softcap too:
+//   the CTA's key blocks: narrow_to_window (flash_common.cuh), producer and consumers alike;
+//   a block's raw scores: capped, then the window's edges masked (ServingScores), before the
+//     softmax, whose own masks (the sequence's end, the causal diagonal) follow;
+//   the epilogue: the softcap's constant and the sink (with_sink).
+
+// A block's scores as the plain kernels take them: untouched.
+struct PlainScores {
+  template <class P>
+  __device__ PlainScores(const P&, int) {}
+  __device__ void apply(float (&)[kBlockN / 2], int, int, int, int) const {}
+};
+template <class P>
+using Scores = std::conditional_t<kServing, ServingScores<P>, PlainScores>;
+
+// The factor that takes a block's scores to log2 units: softmax_scale log2(e), or where a serving
+// kernel caps them (cap_scores: u in [0, 1]) 2 softcap log2(e).
+template <class P>
+__device__ __forceinline__ float score_factor(const P& p) {
+  if constexpr (kServing) {
+    if (p.softcap > 0.f) return 2.f * p.softcap * kLog2e;
+  }
+  return p.softmax_scale * kLog2e;
+}
+
+// A serving kernel's row at the end (m: its reference in log2 units of the factor's scores, l: its
+// sum of 2^(score - m)): the softcap's constant into m (cap_scores: every capped logit is
+// 2 softcap u - softcap), then query head h's sink, a logit beside the row's: m and l become those
+// of the row with it (m in log2 units of the logits: LSE = ln 2 (m + log2 l)).  Returns the factor
+// on O's sum, 2^(m_old - m_new): 0 for a row that saw no key (its O stays zeros, its LSE becomes
+// the sink's, as the reference's).
+template <class P>
+__device__ __forceinline__ float with_sink(const P& p, int h, float& m, float& l) {
+  if (p.softcap > 0.f) m -= p.softcap * kLog2e;   // -inf stays -inf
+  if (p.sinks == nullptr) return 1.f;
+  const float sink = static_cast<const float*>(p.sinks)[h] * kLog2e;
+  const float m_new = fmaxf(m, sink);
+  const float alpha = m == -INFINITY ? 0.f : exp2_ftz(m - m_new);
+  l = l * alpha + exp2_ftz(sink - m_new);
+  m = m_new;
+  return alpha;
+}
+
 // Epilogue: O / l as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its
 // Q rows at sQg), and LSE = ln 2 (m + log2 l) for the two rows r_lo, r_lo + 8 a thread holds
 // (l: the quad's four partial sums, or with kOnesSum PV's column kDv + quad_col, every one of
@@ -303,10 +352,12 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
       l += __shfl_xor_sync(0xffffffffu, l, 2);
     }
     const int row = r_lo + hr * 8;
-    inv[hr] = l > 0.f ? 1.f / l : 0.f;
+    float m = m_run[hr], o_factor = 1.f;
+    if constexpr (kServing) o_factor = with_sink(p, w.h, m, l);
+    inv[hr] = l > 0.f ? o_factor / l : 0.f;
     if (p.lse != nullptr && (threadIdx.x % 4) == 0 && row < w.seq.sq) {
       float* glse = lse_rows(p, w.seq, w.b, w.h);
-      glse[row] = l > 0.f ? (m_run[hr] + log2f(l)) * kLn2 : -INFINITY;
+      glse[row] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
     }
   }
   store_o_rows<128>(reinterpret_cast<const float (&)[kDv / 2]>(acc_o), inv, sQg,
@@ -322,11 +373,13 @@ __device__ void one_tile(const P& p) {
   const int wg = threadIdx.x / 128;
   CtaWork w;
   if (!cta_work(p, w)) return;
+  int shift = 0;   // serving: the first key of the CTA's first block, keys counted from it (narrow_to_window)
+  if constexpr (kServing) shift = narrow_to_window(p, w);
   const int sq = w.seq.sq, sk = w.seq.sk, row0 = w.row0, diag = w.diag, n_blocks = w.n_blocks;
 
   const Bars bars = sm.bars();
   const bool packed = p.cu_seqlens_k != nullptr;
-  const KvAt kv{w.h_kv, packed ? static_cast<int>(w.seq.k_start) : 0, packed ? 0 : w.b};
+  const KvAt kv{w.h_kv, (packed ? static_cast<int>(w.seq.k_start) : 0) + shift, packed ? 0 : w.b};
   const bool packed_q = p.cu_seqlens_q != nullptr;
   const int rows_q = packed_q ? sq - row0 : kBlockM;   // dense: TMA zero-fills past the sequence's rows
   if (threadIdx.x == 0) {
@@ -353,7 +406,8 @@ __device__ void one_tile(const P& p) {
   const ConsumerLane me(warpgroup_index(), row0);
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 128;     // this warpgroup's rows (in each 128-byte K-block)
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  const float scale_log2 = score_factor(p);
+  const Scores<P> scores(p, diag);
   const Turns turns{cw};
 
   float acc_o[kAccO];
@@ -378,6 +432,7 @@ __device__ void one_tile(const P& p) {
         // landed (as in the persistent kernel, consume_tiles).
         const bool landed = mbar_test2(bars.vfull(s), Bars::vfull_parity(n), bars.kfull(s1), Bars::kfull_parity(n + 1));
         float alpha[2];
+        scores.apply(acc_s, n * kBlockN, wg_row0, r_lo, quad_col);
         const bool moved =
             softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, scale_log2);
         wgmma_wait<0>();                                     // PV(n - 1)
@@ -420,6 +475,7 @@ __device__ void one_tile(const P& p) {
         const int s = n % kStages, s1 = (n + 1) % kStages;
         uint32_t pa[kBlockN / 4];
         float alpha[2];
+        scores.apply(acc_s, n * kBlockN, wg_row0, r_lo, quad_col);
         if (softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col,
                     scale_log2))
           rescale_o(acc_o, alpha);
@@ -451,6 +507,10 @@ __device__ void one_tile(const P& p) {
     }
   }
 
+  // Serving: the epilogue's offsets derived again from the CTA's index (the same work: the
+  // narrowing changes nothing write_rows reads); held across the loop beside the serving
+  // features' registers, they spill.
+  if constexpr (kServing) cta_work(p, w, cta_index_again());
   write_rows(p, w, acc_o, l_run, m_run, r_lo, wg_row0, cw, sQg);
 }
 

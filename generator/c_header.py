@@ -229,7 +229,8 @@ def _kernel(entry: dict) -> list[str]:
         ("DEPENDENT_LAUNCH", "1" if entry.get("dependent_launch") else "0"),
         # the serving features (manifest "features"): 1 where the struct has their arguments
         # (window: window_left = window_right = -1 is no window; a zeroed struct means (0, 0))
-        *((f.upper(), "1" if f in entry.get("features", ()) else "0") for f in ("window", "softcap", "sinks")),
+        *((f.upper(), "1" if f in entry.get("features", ()) else "0")
+          for f in ("window", "softcap", "sinks", "kvcache", "paged_kv")),
     ]
     width = max(len(k) for k, _ in macros)
     out += [f"#define ZYFA_{up}_{k:<{width}} {v}" for k, v in macros]
@@ -281,7 +282,7 @@ def _contract(name: str, args: set) -> list[str]:
 
 def _features_contract(name: str, args: set) -> list[str]:
     """The serving features' arguments a kernel has (catalogue.features: window, softcap,
-    sinks), each stated where present."""
+    sinks, kvcache, paged_kv), each stated where present."""
     out = []
     if {"window_left", "window_right"} <= args:
         out += [f"/* {name}: sliding window: query row i of a sequence of sq queries and sk keys sees keys",
@@ -293,6 +294,18 @@ def _features_contract(name: str, args: set) -> list[str]:
     if "sinks" in args:
         out += [f"/* {name}: sinks: null, or fp32[hq]: query head h's logit sinks[h] (in the scaled-score",
                 " * space) joins every row's softmax denominator with no value; the LSE includes it. */"]
+    if "cache_seqlens" in args:
+        out += [f"/* {name}: KV cache: cache_seqlens null (k and v are tensors), or int32[batch]: sequence b's",
+                " * keys are the first cache_seqlens[b] rows of its part of the cache (k at b * k_stride_b, v",
+                " * alike, seqlen_k rows each), its queries the newest positions; the kernel clamps each count",
+                " * to [0, seqlen_k], so that values never read back stay inside the tensors. */"]
+    if {"page_table", "page_table_stride", "page_size", "num_pages", "max_pages", "page_magic"} <= args:
+        out += [f"/* {name}: paged KV cache (with cache_seqlens): page_table null (not paged), or int32 with",
+                " * sequence b's row at b * page_table_stride: key t of sequence b is row t % page_size of page",
+                " * page_table[b * page_table_stride + t / page_size] of k and v (num_pages, page_size, heads_kv,",
+                " * d): pages at k_stride_b, rows at k_stride_s (v alike), each index clamped to [0, num_pages - 1];",
+                " * page_size a multiple of 16 from 16 to 256, seqlen_k = max_pages * page_size, page_magic",
+                " * = ceil(2^31 / (page_size / 16)) (as int32: 0x80000000 for page_size 16). */"]
     return out
 
 

@@ -54,6 +54,13 @@ keeps O^T and the row sum relative to a per-row reference R with ``T_b - R`` an 
 the power of two ``2^-k`` carried by the scaled MFMA, and O^T is rescaled in fp32 by
 ``2^(R_old - R)`` once per block.
 
+Serving features (runtime arguments; catalogue.FEATURES_OF).  A sliding window moves the
+K and V resources to the workgroup's first key block and sets each wave's block counts
+(stage_window, skipped by a uniform branch without a window): blocks wholly outside the
+workgroup's windows are never loaded, those the window's edges cut are masked (the right edge
+as the causal diagonal; the left edge by a second mask, out of line).  Sinks join each row in
+the epilogue (stage_sink, where the pointer is not null).
+
 Register map, cycle budgets and the stage functions are below; ``plan(v)`` holds every
 number that depends on the variant.
 """
@@ -139,13 +146,21 @@ class Plan:
 #: packed totals into a8) rather than kept beside the others, so that the kernel's SGPRs stay
 #: within 102.  name -> (register, index).
 PROLOGUE_ARGS = {**{f"descale_{t}_stride_{d}": (f"r{t}", 2 * i) for t in "qkv" for i, d in enumerate("bh")},
-                 "total_q": ("a8", 0), "total_k": ("a8", 1)}
+                 "total_q": ("a8", 0), "total_k": ("a8", 1),
+                 # the window's bounds: read by stage_window, before the loop's DMA pair
+                 "window_left": ("dl", 0), "window_right": ("dr", 0)}
+#: Arguments read once straight from the kernarg segment (s[0:1] stays its address), into a
+#: register whose argument is dead by then: the sinks pointer, by stage_descales, into the
+#: descale_v pointer's registers (``sinkp``), for the epilogue.
+EPILOGUE_ARGS = ("sinks",)
 
 
 def kernarg_image(v: Variant) -> list:
     """The dwords of the kernarg segment the kernel keeps in SGPRs, s8 on, in order: all but
-    those of PROLOGUE_ARGS (alignment gaps included, so that the loads run on)."""
-    skip = {a.offset // 4 + i for a in kernargs(v) if a.name in PROLOGUE_ARGS for i in range(a.size // 4)}
+    those of PROLOGUE_ARGS and EPILOGUE_ARGS (alignment gaps included, so that the loads run
+    on)."""
+    skip = {a.offset // 4 + i for a in kernargs(v) if a.name in PROLOGUE_ARGS or a.name in EPILOGUE_ARGS
+            for i in range(a.size // 4)}
     return [d for d in range(-(-kernarg_size(kernargs(v)) // 4)) if d not in skip]
 
 
@@ -153,7 +168,8 @@ def resident_args(v: Variant) -> dict:
     """Kernel argument -> its first SGPR in ``kernarg_image``.  A 64-bit argument stays on an
     even register (the dwords left out come in pairs)."""
     at = {d: KERNARG_SGPR + i for i, d in enumerate(kernarg_image(v))}
-    out = {a.name: at[a.offset // 4] for a in kernargs(v) if a.name not in PROLOGUE_ARGS}
+    out = {a.name: at[a.offset // 4] for a in kernargs(v)
+           if a.name not in PROLOGUE_ARGS and a.name not in EPILOGUE_ARGS}
     odd = [a.name for a in kernargs(v) if a.size == 8 and a.name in out and out[a.name] % 2]
     if odd:
         raise ValueError(f"{v.name}: 64-bit arguments on odd SGPRs: {odd}")
@@ -218,11 +234,16 @@ def plan(v: Variant) -> Plan:
         sg.take(name)
     # set-up values whose registers are free again before their aliases are first written
     for name, alias in (("dq", "p"), ("dk", "pb"), ("kf", "wfull"), ("hk", "nb"),
-                        ("wchunk", "m0row")):
+                        ("wchunk", "m0row"), ("kb0", "qb")):
         sg.names[name] = sg.names[alias]
     if sg.next > 102:
         raise ValueError(f"{v.name}: {sg.next} SGPRs")
     args = resident_args(v)
+    # the loop's window values (stage_window) in the kernarg registers of the q, k and v
+    # pointers, dead once stage_constants has made the buffer resources
+    for name, (arg, i) in (("wlo_p", ("q", 0)), ("lcut_p", ("q", 1)), ("wnbv", ("k", 0)),
+                           ("wleft", ("k", 1)), ("wfr", ("v", 0)), ("sinkp", ("descale_v", 0))):
+        sg.names[name] = (args[arg] + i, 1)
     names = {a.name for a in kernargs(v)}
     args.update({n: sg.names[reg][0] + i for n, (reg, i) in PROLOGUE_ARGS.items() if n in names})
     return Plan(v, qk_steps, pv_chunks, pk, pv, kb // 1024 // DMA_WAVES, vb // 1024 // DMA_WAVES,
@@ -250,6 +271,7 @@ class Asm:
                 if name.startswith(kind + "x"):
                     self.fixed[(f"v{p.vgpr[kind + 'addr']}", int(name[2:]))] = f"v{reg}"
         self.stage = {"k": 0, "v": 0}        # the LDS stage the next K / V reads use
+        self.out_of_line: list = []          # emitters of paths placed after s_endpgm
 
     def __call__(self, text: str) -> None:
         self.lines.append("  " + text)
@@ -460,6 +482,9 @@ def stage_descales(a: Asm) -> None:
         a(f"s_add_u32 {sb}, {sb}, {sh}")
         a(f"s_lshl_b32 {sb}, {sb}, 2")
         a(f"s_load_dword {a.s(d)}, {a.arg(f'descale_{t}', 2)}, {sb}")
+    sink = next((k for k in kernargs(a.p.v) if k.name == "sinks"), None)
+    if sink is not None:   # over the descale_v pointer, read above at issue
+        a(f"s_load_dwordx2 {a.sr('sinkp', 2)}, s[0:1], 0x{sink.offset:x}")
     a("s_waitcnt lgkmcnt(0)")
 
 
@@ -562,6 +587,11 @@ def stage_constants(a: Asm) -> None:
         if shift_round:
             a(f"s_add_u32 {e}, {e}, {BLOCK_N - 1}")
         a(f"s_lshr_b32 {e}, {e}, {int(math.log2(BLOCK_N))}")
+    a.note("the loop's window values without a window (stage_window): blocks relative to no "
+           "left edge, none cut by it (wlo_p = lcut_p = the group's lag), wnbv = wnb")
+    a(f"s_lshr_b32 {a.s('wlo_p')}, {a.s('wave')}, 2")
+    a(f"s_mov_b32 {a.s('lcut_p')}, {a.s('wlo_p')}")
+    a(f"s_mov_b32 {a.s('wnbv')}, {a.s('wnb')}")
 
 
 def stage_lanes(a: Asm) -> None:
@@ -666,6 +696,124 @@ def stage_lanes(a: Asm) -> None:
         a(f"v_mov_b32 {a.v('ls', i)}, 0")
     for i in range(16 * p.pv_chunks):
         a(f"v_mov_b32 {a.v('o', i)}, 0")
+
+
+def _key_bound(a: Asm, dst: str, row: str, extra: int, off: str, up: bool) -> None:
+    """``dst`` = the key block ``clamp(row + extra + off, 0, sk) / 64``, rounded up or down
+    (a row's window bound as a block bound; 4-5 SALU)."""
+    a(f"s_add_i32 {dst}, {row}, {off}")
+    if extra:
+        a(f"s_add_i32 {dst}, {dst}, {extra}")
+    a(f"s_min_i32 {dst}, {dst}, {a.s('sk')}")
+    a(f"s_max_i32 {dst}, {dst}, 0")
+    if up:
+        a(f"s_add_u32 {dst}, {dst}, {BLOCK_N - 1}")
+    a(f"s_lshr_b32 {dst}, {dst}, {int(math.log2(BLOCK_N))}")
+
+
+def stage_window(a: Asm) -> None:
+    """A call with a sliding window (``zyfa_runtime.window``'s rule: row i of the sequence sees
+    keys ``lo(i) = i + diag - left`` to ``hi(i) - 1``, ``hi(i) = min(i + diag + right + 1, sk)``;
+    a bound of -1 is none, the causal kernel's right bound is 0 whatever the argument).  A
+    uniform branch (not taken where the call has none: no left bound, and no right bound or a
+    causal kernel) leads to it, after the kernel's end: the plain loop's values are
+    stage_constants'.
+
+    The workgroup's loop starts at key block ``kb0 = lo(first row) / 64``: the K and V buffer
+    resources move ``kb0`` blocks on, and every block count below is relative to it, so the
+    loop, its LDS stages and its loads are the plain loop's (blocks before ``kb0`` are never
+    loaded).  Per wave (rows ``wrow0 .. wrow0 + 31``), relative to ``kb0``:
+
+    ======== ==================================================================================
+    nb       the workgroup's blocks: those up to ``hi(last row)``
+    wnb      this wave's (matrix phases compute blocks < wnb)
+    wlo      the first block no left edge cuts: ``ceil(lo(wrow0 + 31) / 64)``
+    wfull    vector phases index blocks from wlo (``pb = p - wlo_p``, ``wlo_p = wlo`` plus the
+             group's lag): ``pb < wfull`` (unsigned) is a block no edge cuts,
+             ``floor(hi(wrow0)/64) - wlo`` (0 at least); ``pb < wnbv = wnb - wlo`` one that
+             the right edge cuts; else ``p < lcut_p`` (``min(wlo, wnb)`` plus the lag) one that
+             the left edge cuts (``pb`` negative, masked out of line; the right edge's mask
+             too where ``pb >= wfr``, wfull before its clamp at 0)
+    ======== ==================================================================================
+
+    The masks' limits are keys relative to ``kbase = 64 (kb0 + wlo)``: ``lim0`` per lane
+    (``hi(row) - kbase - 4g``, as stage_lanes' for the plain loop) and ``wleft = lo(wrow0) -
+    kbase`` (the left mask adds the lane's row and -4g).  About 50 SALU and 8 VALU, once."""
+    p, v = a.p, a.p.v
+    if "window_left" not in p.args:
+        return
+    left, right, t = a.arg("window_left"), a.arg("window_right"), a.s("t4")
+    a.note("a window: a left bound, or a right bound in a kernel that is not causal (bounds are "
+           "-1 or >= 0: both -1 iff their AND is negative)")
+    if v.causal:
+        a(f"s_cmp_ge_i32 {left}, 0")
+    else:
+        a(f"s_and_b32 {t}, {left}, {right}")
+        a(f"s_cmp_ge_i32 {t}, 0")
+    a("s_cbranch_scc1 .Lwindow")
+    a.label(".Lwindow_done")
+    a.out_of_line.append(lambda: _window_values(a))
+
+
+def _window_values(a: Asm) -> None:
+    """stage_window's values, placed after the kernel's end (the plain path falls through)."""
+    v = a.p.v
+    left, right = a.arg("window_left"), a.arg("window_right")
+    offl, offr, m0, wlo, t, kb0 = a.s("t0"), a.s("t0", 1), a.s("t2"), a.s("t2", 1), a.s("t4"), a.s("kb0")
+    sk, wrow0 = a.s("sk"), a.s("wrow0")
+    a.label(".Lwindow")
+    if v.causal:
+        a(f"s_mov_b32 {right}, 0")
+    a.note("hi(i) = clamp(i + offr, 0, sk), offr = diag + right + 1 (no right bound: sk); "
+           "lo(i) = i + offl, offl = diag - left (no left bound: -2^30, no row's lo above 0)")
+    a(f"s_add_i32 {offr}, {a.s('diag')}, {right}")
+    a(f"s_add_i32 {offr}, {offr}, 1")
+    a(f"s_cmp_lt_i32 {right}, 0")
+    a(f"s_cselect_b32 {offr}, {sk}, {offr}")
+    a(f"s_sub_i32 {offl}, {a.s('diag')}, {left}")
+    a(f"s_cmp_lt_i32 {left}, 0")
+    a(f"s_cselect_b32 {offl}, 0xc0000000, {offl}")
+    a.note("kb0 = lo(first row) / 64 (<= (sk - 1) / 64: the workgroup has a row); K and V "
+           "start there")
+    a(f"s_lshl_b32 {m0}, s2, {int(math.log2(BLOCK_M))}")
+    a(f"s_add_i32 {kb0}, {m0}, {offl}")
+    a(f"s_max_i32 {kb0}, {kb0}, 0")
+    a(f"s_lshr_b32 {kb0}, {kb0}, {int(math.log2(BLOCK_N))}")
+    for rsrc, stride in (("rk", "kstr64"), ("rv", "vstr64")):
+        a(f"s_mul_i32 {t}, {kb0}, {a.s(stride)}")          # bytes of kb0 blocks (< num_records)
+        a(f"s_add_u32 {a.s(rsrc)}, {a.s(rsrc)}, {t}")
+        a(f"s_addc_u32 {a.s(rsrc, 1)}, {a.s(rsrc, 1)}, 0")
+        a(f"s_sub_u32 {a.s(rsrc, 2)}, {a.s(rsrc, 2)}, {t}")
+    a.note("block counts relative to kb0 (table above)")
+    for dst, row, extra in (("nb", m0, BLOCK_M - 1), ("wnb", wrow0, ROWS - 1)):
+        _key_bound(a, a.s(dst), row, extra, offr, True)
+        a(f"s_sub_i32 {a.s(dst)}, {a.s(dst)}, {kb0}")
+        a(f"s_max_i32 {a.s(dst)}, {a.s(dst)}, 0")
+    _key_bound(a, a.s("wfull"), wrow0, 0, offr, False)
+    _key_bound(a, wlo, wrow0, ROWS - 1, offl, True)
+    a(f"s_sub_i32 {a.s('wfull')}, {a.s('wfull')}, {wlo}")
+    a(f"s_mov_b32 {a.s('wfr')}, {a.s('wfull')}")
+    a(f"s_max_i32 {a.s('wfull')}, {a.s('wfull')}, 0")
+    a(f"s_lshl_b32 {m0}, {wlo}, {int(math.log2(BLOCK_N))}")      # kbase
+    a(f"s_sub_i32 {wlo}, {wlo}, {kb0}")
+    a(f"s_min_u32 {a.s('lcut_p')}, {wlo}, {a.s('wnb')}")
+    a(f"s_add_u32 {a.s('lcut_p')}, {a.s('lcut_p')}, {a.s('wlo_p')}")    # plus the group's lag
+    a(f"s_add_u32 {a.s('wlo_p')}, {a.s('wlo_p')}, {wlo}")
+    a(f"s_sub_i32 {a.s('wnbv')}, {a.s('wnb')}, {wlo}")
+    a(f"s_max_i32 {a.s('wnbv')}, {a.s('wnbv')}, 0")
+    a(f"s_add_i32 {a.s('wleft')}, {wrow0}, {offl}")
+    a(f"s_sub_i32 {a.s('wleft')}, {a.s('wleft')}, {m0}")
+    a.note("lim0 = hi(row) - kbase - 4g")
+    tv, tg = a.v("tmp"), a.v("mn")
+    a(f"s_add_i32 {t}, {wrow0}, {offr}")
+    a(f"v_and_b32 {tv}, 31, v0")
+    a(f"v_add_u32 {tv}, {t}, {tv}")
+    a(f"v_min_i32 {tv}, {sk}, {tv}")
+    a(f"v_bfe_u32 {tg}, v0, 5, 1")
+    a(f"v_lshlrev_b32 {tg}, 2, {tg}")
+    a(f"v_sub_u32 {tv}, {tv}, {tg}")
+    a(f"v_subrev_u32 {a.v('lim0')}, {m0}, {tv}")
+    a("s_branch .Lwindow_done")
 
 
 def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0, regs: str | None = None) -> list:
@@ -991,11 +1139,25 @@ def _key_offset(h: int, r: int) -> int:
     return 32 * h + 8 * (r // 4) + r % 4
 
 
-def _mask(a: Asm, block: str) -> None:
-    """A boundary block: the scores of keys the row must not see become -inf (65 slots)."""
+def _mask(a: Asm, block: str, edge: str) -> None:
+    """A boundary block: the scores of keys the row must not see become -inf, those past its
+    last key (``edge`` "right": key offset < lim0 - 64 block, 65 slots) or before its first
+    (``edge`` "left", the window's: key offset >= wleft + row - 4g - 64 block, 69 slots).
+    Keys and limits are relative to stage_window's kbase (plain: key 0), ``block`` too."""
     s0, t = a.p.vgpr["s"], a.v("tmp")
     a(f"s_lshl_b32 {a.s('t4')}, {block}, {int(math.log2(BLOCK_N))}")
-    a(f"v_subrev_u32 {t}, {a.s('t4')}, {a.v('lim0')}")
+    if edge == "right":
+        a(f"v_subrev_u32 {t}, {a.s('t4')}, {a.v('lim0')}")
+        cmp = "v_cmp_lt_i32_e64"
+    else:
+        g = a.v("mn")
+        a(f"s_sub_u32 {a.s('t5')}, {a.s('wleft')}, {a.s('t4')}")
+        a(f"v_and_b32 {t}, 31, v0")
+        a(f"v_bfe_u32 {g}, v0, 5, 1")
+        a(f"v_lshlrev_b32 {g}, 2, {g}")
+        a(f"v_sub_u32 {t}, {t}, {g}")
+        a(f"v_add_u32 {t}, {a.s('t5')}, {t}")
+        cmp = "v_cmp_ge_i32_e64"
     # compares rotate over three masks so that each is read 2+ wait states after its write
     masks = ("vcc", a.sr("t0", 2), a.sr("t2", 2))
     idx = [(h, r) for h in range(2) for r in range(16)]
@@ -1006,7 +1168,7 @@ def _mask(a: Asm, block: str) -> None:
         a(f"v_cndmask_b32_e64 {reg}, {a.v('ninf')}, {reg}, {masks[i % 3]}")
 
     for i, (h, r) in enumerate(idx):
-        a(f"v_cmp_lt_i32_e64 {masks[i % 3]}, {_key_offset(h, r)}, {t}")
+        a(f"{cmp} {masks[i % 3]}, {_key_offset(h, r)}, {t}")
         if i >= 2:
             select(i - 2)
     select(len(idx) - 2)
@@ -1090,15 +1252,24 @@ def _rescale(a: Asm) -> None:
         a(f"v_pk_mul_f32 {a.vr('o', 2 * i, 2)}, {a.vr('o', 2 * i, 2)}, {a.vr('x', 0, 2)} op_sel_hi:[1,0]")
 
 
-def stage_softmax(a: Asm, block: str, masked: bool) -> None:
+def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False) -> None:
     """Lean P, the row sums and the merge for one block.  VALU slots per wave and 64-key block
     (d_v = 128; a slot is 4 cycles, and a 32 x 128 block is 2 wave-blocks of 4 cycles a slot,
     so cycles per 32 x 128 = 8 x slots): block max 16 + exchange 3 + row sums 2 + U and
     merge 12 + packed FMA 16 + bytes 16 + O rescale d_v / 4 = 97 (776 cycles per 32 x 128);
-    a boundary block (``masked``) adds 69 (the mask 65, NO_KEY 2, the merge's guard 2)."""
+    a boundary block (``masked``) adds 69 (the mask 65, NO_KEY 2, the merge's guard 2), one the
+    window's left edge cuts (``left``) 69 more (its 64 compares and selects, its limit 5)."""
     if masked:
         a.note("boundary block: scores of keys the row must not see become -inf")
-        _mask(a, block)
+        uncut = a.new_label("uncut")
+        if left:    # the right edge's mask where it cuts the block too (block >= wfr, signed)
+            a(f"s_cmp_lt_i32 {block}, {a.s('wfr')}")
+            a(f"s_cbranch_scc1 {uncut}")
+        _mask(a, block, "right")
+        a.label(uncut)
+    if left:
+        a.note("the window's left edge: scores of keys before the row's first become -inf")
+        _mask(a, block, "left")
     a.note("block max of the row: 32 scores in-lane, then lanes l and l^32")
     _block_max(a, masked)
     a.note("U, the merge (R = T + ceil(M - T), x = 2^(R_old - R)) and P's scale")
@@ -1172,7 +1343,11 @@ def stage_loop(a: Asm) -> None:
 
     def vector(block_of_p: int, u_next: int):
         """Barrier, then SM(q), q = p - block_of_p, if this wave computes block q: an
-        interior block (q < wfull, one compare on the common path) or a boundary block.
+        interior block (q < wfull, one compare on the common path), a block the right edge
+        cuts (the causal diagonal, the sequence's end, a window's right bound) or, with a
+        window (stage_window), one its left edge cuts: two compares on the path of no block,
+        the masked path placed after the kernel's end, so that the plain loop's code is as it
+        was but for those two SALU.
         Opened by the reads that :func:`reads_ahead` gives the vector phase (of M(q + 1),
         whose K is in stage u_next)."""
         both = _steps(a.p, True, True)
@@ -1183,7 +1358,8 @@ def stage_loop(a: Asm) -> None:
             for j, part in (reads_ahead(a.p)[1] if a.p.ahead else []):
                 _read(a, both[j], j, (part,))
         masked, no_sm, done = a.new_label("masked"), a.new_label("no_sm"), a.new_label("sm_done")
-        a(f"s_sub_u32 {pb}, {sp}, {block_of_p}")
+        left = a.new_label("left_edge")
+        a(f"s_sub_u32 {pb}, {sp}, {a.s('wlo_p')}")       # q - wlo (stage_window; plain: q)
         a(f"s_cmp_lt_u32 {pb}, {a.s('wfull')}")
         a(f"s_cbranch_scc0 {masked}")
         a("s_barrier")
@@ -1191,15 +1367,27 @@ def stage_loop(a: Asm) -> None:
         stage_softmax(a, pb, masked=False)
         a(f"s_branch {done}")
         a.label(masked)
-        a(f"s_cmp_lt_u32 {pb}, {a.s('wnb')}")
+        a(f"s_cmp_lt_u32 {pb}, {a.s('wnbv')}")
         a(f"s_cbranch_scc0 {no_sm}")
         a("s_barrier")
         reads()
         stage_softmax(a, pb, masked=True)
         a(f"s_branch {done}")
         a.label(no_sm)
+        a.note("q < lcut: the window's left edge cuts the block (never without a window), "
+               "out of line; else no block: the barrier")
+        a(f"s_cmp_lt_u32 {sp}, {a.s('lcut_p')}")
+        a(f"s_cbranch_scc1 {left}")
         a("s_barrier")
         a.label(done)
+
+        def left_edge():
+            a.label(left)
+            a("s_barrier")
+            reads()
+            stage_softmax(a, pb, masked=True, left=True)
+            a(f"s_branch {done}")
+        a.out_of_line.append(left_edge)
 
     def next_iteration(loop: str | None):
         """p += 1; leave the loop after p = nb (or go round when ``loop`` is given)."""
@@ -1213,7 +1401,7 @@ def stage_loop(a: Asm) -> None:
     a.note("group A: phase 2p M(p) with its loads, phase 2p+1 SM(p) and the wait for them; "
            "every phase opens with a barrier; unrolled over the 4 stages (p mod 4 = u)")
     a(f"s_bitcmp1_b32 {wave}, 2")
-    a("s_cbranch_scc1 .Lloop_b")
+    a("s_cbranch_scc1 .Lgroup_b")
     a.label(".Lloop_a")
     for u in range(STAGES):
         matrix(True, u)
@@ -1221,22 +1409,80 @@ def stage_loop(a: Asm) -> None:
         a("s_waitcnt vmcnt(0)")
         next_iteration(".Lloop_a" if u == STAGES - 1 else None)
     a("s_branch .Lloop_end")
-    a.note("group B: phase 2p SM(p-1) and the wait for its loads, phase 2p+1 M(p) with loads")
+    a.note("group B: phase 2p SM(p-1) and the wait for its loads, phase 2p+1 M(p) with loads; "
+           "its first vector phase (p = 0) has no block: a barrier, then the loop from M(0), so "
+           "that every vector phase in the loop has q >= 0")
+    a.label(".Lgroup_b")
+    a("s_barrier")
+    a("s_branch .Lloop_b_m0")
     a.label(".Lloop_b")
     for u in range(STAGES):
         vector(1, u)
         a("s_waitcnt vmcnt(0)")
+        if u == 0:
+            a.label(".Lloop_b_m0")
         matrix(True, u)
         next_iteration(".Lloop_b" if u == STAGES - 1 else None)
     a.label(".Lloop_end")
     a("s_waitcnt vmcnt(0)")       # the loads past the last block land before the end
 
 
+def stage_sink(a: Asm) -> None:
+    """The query head's sink logit z joins the row (``fp8_models._join_sinks``), read where
+    the ("sinks", "ptr") argument is not null (a uniform branch; 14 VALU + the O rescale's
+    d_v / 4 slots, once a workgroup).  In the row's log2 units the sink sits at ``zs = fp32(z
+    fp32(log2 e)) - lse_offset`` (the recipe's offset is 0: zs is the model's, bit for bit).
+    Below the reference R it adds ``256 2^(zs - R)`` to l; above, the row moves to it: O and
+    l times ``a = 2^(R - zs)``, then ``l += 256``, ``R = zs`` (no term overflows, whichever
+    dominates; a row that saw no key gets l = 256, O = 0: zeros, and the sink's LSE).  The
+    model compares zs with M and rounds a float64 exp2; the kernel compares with R (R - M in
+    [0, 1)) and takes v_exp_f32: l differs by fp32 roundings (a few 2^-24 relative), O by
+    the same factor, the LSE by about 2^-23 in log2 units."""
+    if not any(k.name == "sinks" for k in kernargs(a.p.v)):
+        return
+    ptr = a.sr("sinkp", 2)     # loaded by stage_descales
+    a(f"s_cmp_lg_u64 {ptr}, 0")
+    a("s_cbranch_scc1 .Lsink")
+    a.label(".Lsink_done")
+    a.out_of_line.append(lambda: _join_sink(a, ptr))
+
+
+def _join_sink(a: Asm, ptr: str) -> None:
+    """stage_sink's arithmetic, placed after the kernel's end (without sinks the epilogue
+    falls through)."""
+    a.label(".Lsink")
+    z = a.s("t4")
+    a(f"s_lshl_b32 {z}, s3, 2")                       # fp32 sinks[query head]
+    a(f"s_load_dword {z}, {ptr}, {z}")
+    a("s_waitcnt lgkmcnt(0)")
+    zs, e, w, c256 = a.v("d"), a.v("e"), a.v("kf"), a.v("t")
+    r, l, x = a.v("r"), a.v("l"), a.v("x")
+    a(f"v_mov_b32 {zs}, {z}")
+    a(f"v_mul_f32 {zs}, {_hex(np.float32(math.log2(math.e)))}, {zs}")
+    if RECIPE.lse_offset:
+        a(f"v_add_f32 {zs}, {_hex(-RECIPE.lse_offset)}, {zs}")
+    a(f"v_cmp_gt_f32 vcc, {zs}, {r}")                 # the sink is above R: the row moves
+    a(f"v_sub_f32 {e}, {zs}, {r}")
+    a(f"v_exp_f32 {w}, {e}")                          # 2^(zs - R)
+    a(f"v_exp_f32 {x}, -{e}")                         # 2^(R - zs)
+    a(f"v_mov_b32 {c256}, {_hex(RECIPE.p_shift)}")
+    a(f"v_ldexp_f32 {w}, {w}, {int(math.log2(RECIPE.p_shift))}")
+    a(f"v_cndmask_b32 {x}, 1.0, {x}, vcc")
+    a(f"v_cndmask_b32 {w}, {w}, {c256}, vcc")
+    a(f"v_mul_f32 {l}, {l}, {x}")
+    a(f"v_add_f32 {l}, {l}, {w}")
+    a(f"v_cndmask_b32 {r}, {r}, {zs}, vcc")
+    _rescale(a)
+    a("s_branch .Lsink_done")
+
+
 def stage_epilogue(a: Asm) -> None:
-    """out = O^T * dv / l in bf16 (l = 0: zeros), LSE = ln2 (R + log2 l - 8)."""
+    """out = O^T * dv / l in bf16 (l = 0: zeros), LSE = ln2 (R + log2 l - 8), after the sink
+    joins the row (stage_sink)."""
     p, v = a.p, a.p.v
     a.nops(20)     # the last PV MFMA's result
     stage_row_sums(a)
+    stage_sink(a)
     l, t = a.v("l"), a.v("tmp")
     a(f"s_lshl_b32 {a.s('dl')}, s2, {int(math.log2(BLOCK_M))}")      # the first row again
     _resource(a, "rq", "o", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_v, 2, a.s("dl"))
@@ -1366,8 +1612,11 @@ def emit(v: Variant) -> str:
     stage_descales(a)
     stage_constants(a)
     stage_lanes(a)
+    stage_window(a)
     stage_loop(a)
     stage_epilogue(a)
     a.label(".Lend")
     a("s_endpgm")
+    for path in a.out_of_line:
+        path()
     return "\n".join(head + a.lines + [_descriptor(p), _metadata(p)]) + "\n"

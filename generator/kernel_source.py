@@ -107,6 +107,7 @@ def _recipe_constants(v: Variant) -> list[str]:
 
     return [f"constexpr float kCode0 = {float(r.c0)!r}f;       // e4m3 code of p_shift",
             f"constexpr float kLog2Shift = {math.log2(r.p_shift)!r}f;",
+            f"constexpr float kPShift = {float(r.p_shift)!r}f;   // p_shift: a sink's weight at the frame (serving)",
             f"constexpr bool kByteH2 = {'true' if r.byte_form.endswith('_h2') else 'false'};"
             f"   // byte_form {r.byte_form!r}",
             f"constexpr bool kByteQuad = {'true' if r.p_rounding == 'lean_quad' else 'false'};"
@@ -173,7 +174,9 @@ def config(v: Variant) -> str:
                   f"constexpr bool kSplitTail = {'true' if t.split_tail else 'false'};"
                   "   // the tiles past the last whole wave cut by keys (catalogue.Tile.split_tail)",
                   f"constexpr bool kOnesSum = {'true' if t.pv_row_sums else 'false'};"
-                  "   // BF16: the row sums of the rounded P by PV, over a block of ones"]
+                  "   // BF16: the row sums of the rounded P by PV, over a block of ones",
+                  f"constexpr bool kServing = {'true' if v.serving else 'false'};"
+                  "   // window, softcap and sinks compiled in (catalogue.Variant.serving)"]
     if v.vendor == "hip":
         lines.append(f"constexpr bool kLongestFirst = {'true' if catalogue.longest_first(v) else 'false'};"
                      "   // query blocks longest first (catalogue.work_of)")

@@ -18,6 +18,7 @@ namespace zyfa {
 using u16 = unsigned short;
 using u32 = unsigned int;
 using i64 = long long;
+using u64 = unsigned long long;
 
 typedef float f32x2 __attribute__((ext_vector_type(2)));
 typedef float f32x16 __attribute__((ext_vector_type(16)));
@@ -28,6 +29,8 @@ typedef __bf16 bf16x2 __attribute__((ext_vector_type(2)));
 typedef __bf16 bf16x8 __attribute__((ext_vector_type(8)));
 
 #define ZYFA_LDS __attribute__((address_space(3)))
+#define ZYFA_GLOBAL __attribute__((address_space(1)))
+#define ZYFA_CONST __attribute__((address_space(4)))
 
 namespace detail {
 
@@ -106,6 +109,9 @@ __device__ inline void clamped_segment(const int* cu, int b, int total, int max_
   first = lo;
   len = hi - lo < max_len ? hi - lo : max_len;
 }
+
+// A count read from memory (cache_seqlens[b]: a sequence's keys), clamped to [0, cap].
+__device__ inline int clamped_count(int n, int cap) { return n < 0 ? 0 : n > cap ? cap : n; }
 
 }  // namespace detail
 }  // namespace zyfa

@@ -59,6 +59,34 @@ __device__ inline void lds_dma16(u32x4 rsrc, u32 voff, u32 lds) {
                : : "v"(voff), "s"(rsrc), "s"(lds) : "memory", "m0");
 }
 
+// A sequence's pages in a paged KV cache (the arguments' page_table, page_size, num_pages):
+// `table`, its row of page_table (slot i: the page of keys [i page_size, (i + 1) page_size));
+// `units`, page_size / 16 (16-row groups a page, 1 .. 16); `magic` = magic_of(page_size) =
+// ceil(2^31 / units), with which g / units = mul_hi(2 g, magic) exactly for every group
+// g < 2^27 (keys < 2^31: the error magic units - 2^31 < units <= 16, and g x 15 < 2^31);
+// `last_page`, num_pages - 1.  The magic is an argument (page_magic, from the runtime: a
+// division here took 20 VALU ops a tile).  Wave-uniform: SGPRs.
+struct PageMap {
+  const ZYFA_GLOBAL int* table;
+  u32 units, magic;
+  int last_page;
+
+  __device__ PageMap(const ZYFA_GLOBAL int* table_, int page_size, int num_pages, int magic_)
+      : table(table_), units(u32(page_size) >> 4), magic(u32(magic_)), last_page(num_pages - 1) {}
+
+  // The table's slot of 16-row group g of the sequence (keys 16 g ..), and the group's first
+  // row in that slot's page.
+  __device__ u32 slot_of(u32 g) const { return u32(u64(2u * g) * magic >> 32); }
+  __device__ u32 row_of(u32 g, u32 slot) const { return 16u * (g - slot * units); }
+  // A table entry as a page of the cache: clamped to [0, last_page] whatever it holds.
+  // (In two steps: a clamp is a v_med3_i32, which the emulator has not.)
+  __device__ u32 clamp(int page) const {
+    page = page > last_page ? last_page : page;
+    asm("" : "+v"(page));
+    return u32(page < 0 ? 0 : page);
+  }
+};
+
 // The copy of one tile, global -> LDS, by `buffer_load_dwordx4 ... lds`: each lane's 16
 // bytes go to LDS at M0 + 16 lane, so one wave instruction fills 1 KiB of the tile in lane
 // order; lane l of instruction n fills byte 1024 n + 16 l of the tile and fetches the global
@@ -67,12 +95,27 @@ __device__ inline void lds_dma16(u32x4 rsrc, u32 voff, u32 lds) {
 // tile is its wave n % 4's.  Rows past the last key lie past the buffer's range (its
 // num_records ends at the last key's last byte) and land as zeros.  The buffer's base moves
 // with the tile, so its 32-bit offsets span one tile only (kBlockN stride_s 2 < 2^32).
-template <class Layout>
+//
+// kPaged: the keys come from a paged cache (PageMap): key t of the sequence is row
+// t % page_size of page table[t / page_size].  Pages hold whole 16-row groups (page sizes are
+// multiples of 16) and an instruction's KiB lies in one 16-row group of the tile (a group is
+// 16 rows x 2 kWidth bytes: 2, 4, 6 or 8 KiB), so each instruction's buffer is based at its
+// group's first row in that group's page, and a lane's offset is that of its row within the
+// group (row % 16: the same for instructions n and n + kPeriod, as the unpaged offsets are).
+// The instructions' buffers are computed lane-parallel, lane n for instruction n (VALU), and
+// read out with v_readlane; the page-table entries they need were loaded one tile ahead (one
+// global_load_dword a tile, lane n's entry, waited for with the copies).  Cost a tile, each
+// copying wave (d 128: 8 instructions, d 64 and d 256: 4, d 192: 6): about 25 VALU ops (6 of
+// them 32-bit multiplies, quarter rate) and 3 v_readlane an instruction, where the unpaged copy
+// steps its buffers with SALU ops; one VGPR across the loop.  A copy of SALU ops only, each
+// instruction's page by an s_load_dword, took 1.3x the dense tile at d128 (the loads' waits).
+template <class Layout, bool kPaged = false>
 struct KvCopy {
   static constexpr int kCopyWaves = kWaves / 2;  // one group of waves copies a tensor
   static constexpr int kRowBytes = 2 * Layout::kWidth;
   static constexpr int kLoads = kBlockN * kRowBytes / 1024 / kCopyWaves;  // instructions a wave
   static_assert(kBlockN * kRowBytes % (1024 * kCopyWaves) == 0, "a tile is whole KiB per wave");
+  static_assert(16 * kRowBytes % 1024 == 0 && kBlockN % 16 == 0, "an instruction lies in one 16-row group");
   // A wave's instructions n and n + 1 are kStepRows rows apart.  Where that is a whole
   // number of rows dividing 16 or a multiple of it (every swizzle repeats within 16 rows),
   // instruction n's lane offsets are those of n % kPeriod with the buffer based
@@ -92,7 +135,7 @@ struct KvCopy {
       u32 pos = 1024u * u32(n * kCopyWaves + wave) + 16u * u32(lane);  // byte in the LDS tile
       asm("" : "+v"(pos));  // range unknown to the compiler: 32-bit math (no 16-bit VALU ops)
       const u32 r = pos / kRowBytes, slot = pos % kRowBytes / 16u;
-      voff[n] = r * u32(stride) * 2u + 16u * (slot ^ u32(Layout::swizzle(int(r))));
+      voff[n] = (kPaged ? r & 15u : r) * u32(stride) * 2u + 16u * (slot ^ u32(Layout::swizzle(int(r))));
     }
   }
 
@@ -116,6 +159,45 @@ struct KvCopy {
       }
       const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + 2u * Layout::kWidth : 0u;  // none: zeros
       lds_dma16(raw_buffer(base, bytes), voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
+    }
+  }
+
+  // Paged (kPaged; `pages`: the sequence's PageMap): lane n's 16-row group, that of
+  // instruction n of the tile from key n0 (lanes past kLoads: the last instruction's), or the
+  // last group with keys where it starts past sk (whose page is one of the table's row, never
+  // past it: sk <= max_pages page_size).  `raw`: the group as it is, unclamped.
+  __device__ u32 lane_group(int n0, int sk, int lane, u32& raw) const {
+    const int n = lane < kLoads ? lane : kLoads - 1;
+    raw = (u32(n0) >> 4) + u32(1024 * (n * kCopyWaves + wave) / kRowBytes) / 16u;
+    const u32 last = u32(sk - 1) >> 4;  // sk >= 1: a tile is copied only below sk
+    return raw < last ? raw : last;
+  }
+  // The copy of keys [n0, n0 + kBlockN), `entry` lane n's page-table entry for instruction n
+  // (the caller loads them a tile ahead: pages.table[pages.slot_of(lane_group(..))]).
+  // Instruction n's buffer: from its group's first row in its page (the page clamped to the
+  // cache), over the group's rows that exist (rows x stride bytes: no lane reads past its own
+  // row's kWidth; none: zeros).  A row's offset in its page (< 256 rows) times the stride is
+  // taken to fit 32 bits, as a tile's is above.  `page_stride`: elements between two pages of
+  // the tensor (its stride_b).
+  __device__ void issue_paged(u32 lds, int n0, int sk, int entry, const PageMap& pages, i64 page_stride,
+                              int lane) const {
+    u32 raw;
+    const u32 g = lane_group(n0, sk, lane, raw);
+    int left = sk - int(16u * raw) < 16 ? sk - int(16u * raw) : 16;
+    asm("" : "+v"(left));  // (two steps: a clamp is a v_med3_i32, which the emulator has not)
+    const u32 rows = u32(left < 0 ? 0 : left);  // 0 .. 16
+    const u32 row_bytes = 2u * u32(stride);
+    const u64 at = reinterpret_cast<u64>(src) + u64(pages.clamp(entry)) * (2ull * u64(page_stride)) +
+                   pages.row_of(g, pages.slot_of(g)) * row_bytes;
+    const u32 lo = u32(at), hi = u32(at >> 32) & 0xffffu, bytes = rows * row_bytes;
+#pragma unroll
+    for (int n = 0; n < kLoads; ++n) {
+      // (each instruction's read-outs after the previous instruction: hoisted together, they
+      // took 3 kLoads SGPRs at once)
+      __builtin_amdgcn_sched_barrier(0);
+      const u32x4 rsrc = {u32(__builtin_amdgcn_readlane(lo, n)), u32(__builtin_amdgcn_readlane(hi, n)),
+                          u32(__builtin_amdgcn_readlane(bytes, n)), 0x00020000u};
+      lds_dma16(rsrc, voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
     }
   }
 };

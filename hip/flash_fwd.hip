@@ -26,6 +26,15 @@
 // windows meet, and the features' code lives in a second specialisation of the body (attend
 // below), so the plain loop carries none of it.
 //
+// KV caches (flash_attn_with_kvcache) are runtime arguments too: cache_seqlens (int32, a
+// sequence's keys; null: K and V are tensors) gives each sequence its key count, clamped to
+// [0, seqlen_k] -- a contiguous cache (B, seqlen_k, hkv, d) is then read as a dense batch
+// (sequence b at b k_stride_b) by the plain or the features' loop, at the cost of one scalar
+// load a workgroup; page_table (null: not paged) selects a third specialisation whose copies
+// read each 16-row group of keys from its page (KvCopy::issue_paged, PageMap), with every page
+// index clamped to the cache: whatever cache_seqlens and page_table hold, no access leaves k,
+// v or the table's rows.
+//
 // MFMA 32x32x16 bf16 lane layout (lane l, i = l % 32, g = l / 32):
 //   A (32 x 16): lane holds row i, k = 8g + t in bf16 item t = 0..7
 //   B (16 x 32): lane holds col i, k = 8g + t in bf16 item t = 0..7
@@ -54,6 +63,15 @@ __device__ inline const Params& late_params() {
   return *static_cast<const Params*>(segment);
 }
 
+// The same, for values that must stay scalar (a buffer's base): through a constant address
+// space pointer, whose loads are uniform (a generic pointer's may be a lane's scratch: its
+// loads are taken as divergent, and would land in VGPRs).
+__device__ inline const ZYFA_CONST Params* late_constant_params() {
+  auto segment = __builtin_amdgcn_kernarg_segment_ptr();
+  asm volatile("" : "+s"(segment));
+  return (const ZYFA_CONST Params*)segment;
+}
+
 // LDS: K tile 0, K tile 1, V tile 0, V tile 1 (kLdsK, kLdsK, kLdsV, kLdsV bf16).
 using LdsTiles = u16[2 * (kLdsK + kLdsV)];
 
@@ -64,8 +82,12 @@ using LdsTiles = u16[2 * (kLdsK + kLdsV)];
 //     that fold away);
 //   kFeatures = true: the window bounds and the softcap from the arguments.
 // Sinks (one term a row, after the loop) are read in both.
-template <bool kFeatures>
-__device__ __attribute__((always_inline)) inline void attend(const Params& p, LdsTiles& lds) {
+//   kPaged = true (with kFeatures): K and V from a paged cache, through page_table.
+// P: Params, or (paged) the Params of the argument segment read anew (late_constant_params):
+// the paged specialisation's arguments are loaded where it starts, not at the kernel's entry
+// with the others' (held across their branches, they spilled SGPRs).
+template <bool kFeatures, bool kPaged = false, class P = const Params>
+__device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds) {
   constexpr bool kCausal = zyfa_cfg::kCausal;
 
   const u32 lds_addr = u32(reinterpret_cast<unsigned long long>((ZYFA_LDS u16*)lds));
@@ -101,16 +123,23 @@ __device__ __attribute__((always_inline)) inline void attend(const Params& p, Ld
   i64 q_first = 0, k_first = 0;  // packed row of the sequence's row 0 (varlen)
   if (cu_q) clamped_segment(cu_q, b, p.total_q, p.seqlen_q, q_first, sq);
   if (cu_k) clamped_segment(cu_k, b, p.total_k, p.seqlen_k, k_first, sk);
+  // A KV cache: the sequence's first cache_seqlens[b] keys of its part of the cache (seqlen_k
+  // rows: contiguous max_seqlen_k, paged max_pages page_size), the count clamped to it.
+  // (Read from the argument segment here, not loaded at the kernel's entry with the others,
+  // where the extra SGPRs spilled; a scalar load: the counts are not written while it runs.)
+  if (const ZYFA_CONST Params* a = late_constant_params(); a->cache_seqlens)
+    sk = clamped_count(((const ZYFA_CONST int*)a->cache_seqlens)[b], a->seqlen_k);
   const int m0 = mblock * kBlockM;
   if (m0 >= sq) return;  // whole workgroup leaves before any barrier
 
   const int hk = h / (p.hq / p.hkv);  // GQA: query heads share kv heads in groups
   const u16* q = static_cast<const u16*>(p.q) + h * p.q_stride_h +
                  (cu_q ? q_first * p.q_stride_s : b * p.q_stride_b);
+  // (paged: the head's rows of page 0; each copy adds its page's offset, stride_b a page)
   const u16* k = static_cast<const u16*>(p.k) + hk * p.k_stride_h +
-                 (cu_k ? k_first * p.k_stride_s : b * p.k_stride_b);
+                 (kPaged ? 0 : cu_k ? k_first * p.k_stride_s : b * p.k_stride_b);
   const u16* v = static_cast<const u16*>(p.v) + hk * p.v_stride_h +
-                 (cu_k ? k_first * p.v_stride_s : b * p.v_stride_b);
+                 (kPaged ? 0 : cu_k ? k_first * p.v_stride_s : b * p.v_stride_b);
   u16* o = static_cast<u16*>(const_cast<void*>(p.o)) + h * p.o_stride_h +
            (cu_q ? q_first * p.o_stride_s : b * p.o_stride_b);
 
@@ -142,8 +171,8 @@ __device__ __attribute__((always_inline)) inline void attend(const Params& p, Ld
   load_q(qf, q, row < sq ? row : -1, p.q_stride_s, g);
 
   // Group 0 copies K, group 1 V (see the ping-pong below): wave % 4 is a wave's place in it.
-  const KvCopy<KLayout> kcopy(k, int(p.k_stride_s), wave % (kWaves / 2), lane);
-  const KvCopy<VLayout> vcopy(v, int(p.v_stride_s), wave % (kWaves / 2), lane);
+  const KvCopy<KLayout, kPaged> kcopy(k, int(p.k_stride_s), wave % (kWaves / 2), lane);
+  const KvCopy<VLayout, kPaged> vcopy(v, int(p.v_stride_s), wave % (kWaves / 2), lane);
 
   // Softcap (a runtime value, wave-uniform): capped scores are r = -1 / (1 + e^{2x}), logits
   // 2 softcap r + softcap (cap_scores).
@@ -175,12 +204,33 @@ __device__ __attribute__((always_inline)) inline void attend(const Params& p, Ld
   const bool lead = wave < kWaves / 2;
   auto key0 = [&](int t) { return (t_first + t) * kBlockN; };  // first key of tile t
   auto active = [&](int t) { return t >= 0 && t < n_tiles && key0(t) < w_end; };  // wave-uniform
+  // Paged: the sequence's pages (SGPRs held across the loop: read there, a tile's arguments
+  // waited 200 cycles of scalar-load latency a tile); the page stride of the tensor this wave
+  // copies; lane n's page-table entry for instruction n of the tile it copies next, loaded one
+  // tile ahead (after the copies of the tile before, waited for with them; one load outside
+  // the K / V branch: the two loads' results merged after it waited for them at once).
+  const PageMap pages((const ZYFA_GLOBAL int*)(p.page_table) + b * p.page_table_stride, p.page_size, p.num_pages,
+                      p.page_magic);
+  const i64 page_stride = lead ? p.k_stride_b : p.v_stride_b;
+  int page_entry = 0;
+  auto fetch = [&](int t) {
+    u32 raw;
+    const u32 gk = kcopy.lane_group(key0(t), sk, lane, raw), gv = vcopy.lane_group(key0(t), sk, lane, raw);
+    page_entry = pages.table[pages.slot_of(lead ? gk : gv)];
+  };
   auto copy = [&](int t) {  // K(t) for group 0, V(t) for group 1
     if (t >= n_tiles) return;
-    if (lead) kcopy.issue(lds_addr + 2 * k_tile(t & 1), key0(t), sk);
-    else vcopy.issue(lds_addr + 2 * v_tile(t & 1), key0(t), sk);
+    if constexpr (kPaged) {
+      if (lead) kcopy.issue_paged(lds_addr + 2 * k_tile(t & 1), key0(t), sk, page_entry, pages, page_stride, lane);
+      else vcopy.issue_paged(lds_addr + 2 * v_tile(t & 1), key0(t), sk, page_entry, pages, page_stride, lane);
+      if (t + 1 < n_tiles) fetch(t + 1);
+    } else {
+      if (lead) kcopy.issue(lds_addr + 2 * k_tile(t & 1), key0(t), sk);
+      else vcopy.issue(lds_addr + 2 * v_tile(t & 1), key0(t), sk);
+    }
   };
   if (n_tiles > 0) {
+    if constexpr (kPaged) fetch(0);  // the first tile's entries
     copy(0);
     wait_vm_all();
     sync_workgroup();
@@ -242,9 +292,10 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   using namespace detail;
   __shared__ __attribute__((aligned(1024))) LdsTiles lds;
   // The features' loop only where the call has one: a window bound (causal kernels: a left
-  // one) or a softcap.
+  // one) or a softcap; the paged one (which has the features too) for a paged cache.
   const bool features = as_int(p.softcap) > 0 || p.window_left >= 0 || (!zyfa_cfg::kCausal && p.window_right >= 0);
-  if (!features) attend<false>(p, lds);
+  if (p.page_table) attend<true, true>(*late_constant_params(), lds);
+  else if (!features) attend<false>(p, lds);
   else attend<true>(p, lds);
 }
 

@@ -1,28 +1,34 @@
-"""The catalogue: 32 variants, and the one definition of each kernel's argument layout."""
+"""The catalogue: 32 plain variants and 16 serving ones (sm_90a), and the one definition of each
+kernel's argument layout."""
 
 import pytest
 
 import numpy as np
 
-from zyfa_runtime.catalogue import (ARG_TYPES, HEAD_DIMS, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants,
+from zyfa_runtime.catalogue import (ARG_TYPES, FEATURES_OF, HEAD_DIMS, SERVING_FEATURES_OF, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants,
                                     dependent_launch, eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
                                     vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES,
-                                    SM90_MAX_SMEM)
+                                    SM90_MAX_SMEM, features, serving_variant)
 
 
-def test_catalogue_is_the_full_product():
+def test_catalogue_is_the_full_product_and_the_serving_variants_of_sm90a():
     vs = all_variants()
-    assert len(vs) == 32
-    assert len({v.name for v in vs}) == 32 and len({v.symbol for v in vs}) == 32
-    assert {(v.d_qk, v.d_v) for v in vs} == set(HEAD_DIMS)
+    assert len(vs) == 48
+    assert len({v.name for v in vs}) == 48 and len({v.symbol for v in vs}) == 48
+    assert len({v.filename for v in vs}) == 48
+    plain = [v for v in vs if not v.serving]
+    assert len(plain) == 32 and {(v.d_qk, v.d_v) for v in plain} == set(HEAD_DIMS)
+    assert vs[32:] == [serving_variant(v) for v in plain if v.arch == "sm_90a"]
+    assert all(v.name == serving_variant(p).name == p.name + "_serving" for p, v in zip(plain[:16], vs[32:]))
     # The gfx950 FP8 set comes from the assembly generator.
     assert sorted(v.name for v in vs if v.built_from == "asm-generator") == sorted(
         v.name for v in vs if v.arch == "gfx950" and v.dtype == "fp8_e4m3")
 
 
-@pytest.mark.parametrize("bad", [dict(arch="gfx942"), dict(dtype="fp16"), dict(d_qk=96, d_v=96)])
+@pytest.mark.parametrize("bad", [dict(arch="gfx942"), dict(dtype="fp16"), dict(d_qk=96, d_v=96),
+                                 dict(arch="gfx950", dtype="fp8_e4m3", serving=True), dict(arch="gfx950", serving=True)])
 def test_variant_rejects_what_is_not_in_the_catalogue(bad):
     kw = dict(arch="sm_90a", dtype="bf16", d_qk=128, d_v=128, causal=False) | bad
     with pytest.raises(ValueError):
@@ -54,10 +60,11 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():
     assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
         v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
-    # the gfx950 FP8 kernels' argument layout is the FP8 one without V^T and K's tensor map
+    # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without V^T, K's
+    # tensor map and the softcap (window and sinks in the same places)
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
-    nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False))]
-    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_"))]
+    nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True))]
+    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_", "softcap"))]
     # the pre-pass covers every key block of every key/value head and sequence
     v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
     assert v.tile.block_n == VT_BLOCK
@@ -131,11 +138,11 @@ def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a"], ids=lambda v: v.name)
 def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
-    """BF16 d128 is persistent (two Q tiles fit beside the K/V ring): its grid is one CTA an SM,
-    or a tile, where there are fewer; its arguments carry the tiles' grid, their count and the
-    counter.  Every sm_90a argument list ends on 8 bytes: cuLaunchKernel takes a buffer of the
-    cubin's parameter size, and kernarg_size rounds up to 8."""
-    assert v.tile.persistent == (v.dtype == "bf16" and (v.d_qk, v.d_v) == (128, 128))
+    """BF16 d128 (plain, not serving) is persistent (two Q tiles fit beside the K/V ring): its
+    grid is one CTA an SM, or a tile, where there are fewer; its arguments carry the tiles' grid,
+    their count and the counter.  Every sm_90a argument list ends on 8 bytes: cuLaunchKernel takes
+    a buffer of the cubin's parameter size, and kernarg_size rounds up to 8."""
+    assert v.tile.persistent == (v.dtype == "bf16" and (v.d_qk, v.d_v) == (128, 128) and not v.serving)
     names = [a.name for a in kernargs(v)]
     tile_args = ["tiles_x", "tiles_y", "tiles_z", "tile_count"]
     assert ("tile_counter" in names) == v.tile.persistent
@@ -194,7 +201,8 @@ def test_causal_grid_reading_covers_every_block_once_in_any_order(blocks, hq, ba
 
 def test_selection_by_arch_and_substring():
     vs = all_variants()
-    assert len(list(iter_select(vs, arch="sm_90a"))) == 16
+    assert len(list(iter_select(vs, arch="sm_90a"))) == 32
+    assert len(list(iter_select(vs, arch="sm_90a", only="_serving"))) == 16
     sel = list(iter_select(vs, only="d64x64_causal,d256"))
     assert sel and all("d64x64_causal" in v.name or "d256" in v.name for v in sel)
 
@@ -221,7 +229,7 @@ def test_fp8_d256_non_causal_balances_its_last_wave(v):
     tail_ctas CTAs; the tiles' grid, the plan, the partials and the counter are arguments of
     both; no other variant has any of them.  Every sm_90a FP8 kernel (and so its tail) may be
     launched as its pre-pass's dependent; no BF16 one (it has no pre-pass)."""
-    assert v.tile.split_tail == (v.dtype == "fp8_e4m3" and v.d_v == 256 and not v.causal)
+    assert v.tile.split_tail == (v.dtype == "fp8_e4m3" and v.d_v == 256 and not v.causal and not v.serving)
     names = [a.name for a in kernargs(v)]
     tail_args = ["tail_first", "tail_ctas", "tail_gap", "tail_ramp", "partials", "tail_counter"]
     assert all(n in names for n in tail_args) == v.tile.split_tail
@@ -235,3 +243,28 @@ def test_fp8_d256_non_causal_balances_its_last_wave(v):
         # a thread's O / l (d_v / 2 f16) and one 16-byte group of l and frame, 128 threads a consumer
         assert split_tail_slot_bytes(v) == 2 * 128 * (128 * 2 + 16)
         assert split_tail_counter_bytes(v) == 2 * 8      # arrived and stored, a consumer
+
+
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.serving], ids=lambda v: v.name)
+def test_a_serving_variant_is_its_plain_kernel_without_persistence_with_the_features_arguments(v):
+    """The serving variant of an sm_90a kernel: the plain tile, but a CTA a tile (no persistence,
+    no balanced tail), the features of SERVING_FEATURES_OF with their arguments added to the plain
+    kernel's (less a persistent or balanced-tail kernel's tiles, counters and plan); the plain
+    kernel lists none.  The manifest's variant round-trips (an entry without ``serving`` is a
+    plain kernel)."""
+    plain = Variant(v.arch, v.dtype, v.d_qk, v.d_v, v.causal)
+    assert serving_variant(plain) == v and features(v) == SERVING_FEATURES_OF[(v.arch, v.dtype)]
+    assert features(plain) == FEATURES_OF.get((v.arch, v.dtype), ()) == ()
+    assert not v.tile.persistent and not v.tile.split_tail and grid_rule(v) == tiles_rule(v)
+    same = ("block_m", "block_n", "threads", "stages", "pv_row_sums")
+    assert all(getattr(v.tile, f) == getattr(plain.tile, f) for f in same)
+    assert v.tile.dynamic_smem == plain.tile.dynamic_smem - plain.tile.persistent * v.tile.block_m * 2 * v.d_qk
+    names, plain_names = [a.name for a in kernargs(v)], [a.name for a in kernargs(plain)]
+    tiles = ("tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count",
+             "partials", "tail_counter", "tail_first", "tail_ctas", "tail_gap", "tail_ramp")
+    assert [n for n in names if n not in plain_names] == [
+        "sinks", "window_left", "window_right", "softcap", "softcap_scale"]
+    assert [n for n in plain_names if n not in tiles] == [n for n in names if n in plain_names]
+    assert Variant.from_json(v.to_json()) == v and v.to_json()["serving"] is True
+    assert Variant.from_json({k: x for k, x in plain.to_json().items() if k != "serving"}) == plain
+    assert serving_variant(Variant("gfx950", "bf16", v.d_qk, v.d_v, v.causal)) is None

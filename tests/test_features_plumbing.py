@@ -27,8 +27,11 @@ def test_a_kernel_takes_the_arguments_of_exactly_the_features_it_lists(v):
     for feature, args in FEATURE_ARGS.items():
         assert (args <= set(names)) == (feature in catalogue.features(v)), (v.name, feature)
         assert not (args & set(names)) or args <= set(names)
-    assert catalogue.features(v) == (("window", "softcap", "sinks") if (v.arch, v.dtype) == ("gfx950", "bf16")
-                                     else ())
+    expected = {("gfx950", "bf16", False): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
+                ("gfx950", "fp8_e4m3", False): ("window", "sinks"),
+                ("sm_90a", "bf16", True): ("window", "softcap", "sinks"),
+                ("sm_90a", "fp8_e4m3", True): ("window", "softcap", "sinks")}
+    assert catalogue.features(v) == expected.get((v.arch, v.dtype, v.serving), ())
     end = kernargs(v)[-1]
     assert (end.offset + end.size) % 8 == 0, "a C struct of the arguments has no tail padding"
 
@@ -64,17 +67,17 @@ def test_the_c_header_states_each_feature_argument_where_a_kernel_has_it():
             e["features"] = list(catalogue.features(by_name[e["name"]]))   # as build.entry_for writes it
     h = write_header(manifest)
     for v in all_variants():
-        has = bool(catalogue.features(v))
-        assert (f"/* {v.name}: sliding window: query row i" in h) == has
-        assert (f"/* {v.name}: softcap: 0 and 0 off" in h) == has
-        assert (f"/* {v.name}: sinks: null, or fp32[hq]" in h) == has
+        has = {f: f in catalogue.features(v) for f in ("window", "softcap", "sinks")}
+        assert (f"/* {v.name}: sliding window: query row i" in h) == has["window"]
+        assert (f"/* {v.name}: softcap: 0 and 0 off" in h) == has["softcap"]
+        assert (f"/* {v.name}: sinks: null, or fp32[hq]" in h) == has["sinks"]
         for f in ("window", "softcap", "sinks"):
-            assert re.search(rf"^#define ZYFA_{v.name.upper()}_{f.upper()} +{int(has)}$", h, re.M), (v.name, f)
+            assert re.search(rf"^#define ZYFA_{v.name.upper()}_{f.upper()} +{int(has[f])}$", h, re.M), (v.name, f)
 
 
-def test_a_gfx950_fp8_call_needing_a_feature_is_refused_before_any_launch():
-    """The gfx950 FP8 assembly lists no feature: a window, softcap or sinks call is refused
-    naming what the arch's FP8 kernels run (the checkout's manifest)."""
+def test_a_gfx950_fp8_call_needing_softcap_is_refused_before_any_launch():
+    """The gfx950 FP8 assembly takes a window and sinks but no softcap: a softcap call is
+    refused naming what the arch's FP8 kernels run (the checkout's manifest)."""
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((1, 64, 2, 64)).astype(ml_dtypes.float8_e4m3fn) for _ in range(3))
     with using_backend("emulator") as driver:
@@ -82,9 +85,10 @@ def test_a_gfx950_fp8_call_needing_a_feature_is_refused_before_any_launch():
         real = driver.launch
         driver.launch = lambda *a, **kw: launched.append(a) or real(*a, **kw)
         try:
-            for kw in (dict(window_size=(8, 3)), dict(softcap=20.0), dict(sinks=np.zeros(2, np.float32))):
-                with pytest.raises(ValueError, match="fwd_gfx950_fp8_e4m3_d64x64_full does not implement .* the "
-                                                     "gfx950 fp8_e4m3 kernels run causal or full attention"):
+            for kw in (dict(softcap=20.0), dict(softcap=20.0, window_size=(8, 3))):
+                with pytest.raises(ValueError, match="fwd_gfx950_fp8_e4m3_d64x64_full does not implement softcap: "
+                                                     "the gfx950 fp8_e4m3 kernels run causal or full attention .* "
+                                                     "they also take a sliding window"):
                     flash_attn_func(q, k, v, **kw)
         finally:
             del driver.launch

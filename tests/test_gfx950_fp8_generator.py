@@ -93,6 +93,32 @@ def test_vector_phase_slots(v):
         gen.stage_softmax(a, a.s("pb"), masked=masked)
         slots[masked] = sum(1 for line in a.lines if line.strip().startswith("v_"))
     assert slots[False] == 65 + v.d_v // 4 and slots[True] == slots[False] + 69
+    a = gen.Asm(p)
+    gen.stage_softmax(a, a.s("pb"), masked=True, left=True)     # the window's left edge: its mask
+    assert sum(1 for line in a.lines if line.strip().startswith("v_")) == slots[True] + 69
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_window_and_sinks_take_no_sgpr_of_their_own(v):
+    """The window's bounds are read once (into the DMA pair, before the loop uses it), the sinks
+    pointer from the kernarg segment into the descale_v pointer's registers once the descales
+    are loaded; the loop's window values live in the registers of the q, k and v pointers,
+    which nothing reads once they are written."""
+    p = gen.plan(v)
+    image = gen.kernarg_image(v)
+    for arg in kernargs(v):
+        if arg.name in ("window_left", "window_right", "sinks"):
+            assert arg.offset // 4 not in image
+    assert (p.args["window_left"], p.args["window_right"]) == (p.sgpr["dl"], p.sgpr["dr"])
+    src = gen.emit(v)
+    assert f"s_load_dwordx2 s[{p.args['descale_v']}:{p.args['descale_v'] + 1}], s[0:1], " \
+        f"0x{next(a.offset for a in kernargs(v) if a.name == 'sinks'):x}" in src
+    owned = {p.sgpr[n] for n in ("wlo_p", "lcut_p", "wnbv", "wleft", "wfr")}
+    assert owned == {p.args["q"], p.args["q"] + 1, p.args["k"], p.args["k"] + 1, p.args["v"]}
+    lines = [line.split("//")[0].strip() for line in src.splitlines()]
+    first = next(i for i, line in enumerate(lines) if line.startswith(f"s_lshr_b32 s{p.sgpr['wlo_p']},"))
+    pointers = [f"s[{p.args[t]}:{p.args[t] + 1}]" for t in "qkv"]
+    assert not any(ptr in line for line in lines[first:] for ptr in pointers)
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)

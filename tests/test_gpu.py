@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DRIVER is None, reason=WHY)]
 ARCH = DRIVER.arch(0) if DRIVER is not None else None
 
 
-@pytest.mark.parametrize("v", all_variants(), ids=lambda v: v.name)
+@pytest.mark.parametrize("v", [v for v in all_variants() if not v.serving], ids=lambda v: v.name)
 def test_variant_matches_reference(v):
     from zyfa_runtime.selfcheck import check_variant
     if v.arch != ARCH:
@@ -47,7 +47,7 @@ def test_variant_matches_reference(v):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == ARCH],
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == ARCH and not v.serving],
                          ids=lambda v: v.name)
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_output_written_exactly_where_it_lies(v, varlen):
@@ -83,7 +83,7 @@ def test_output_written_exactly_where_it_lies(v, varlen):
     assert not np.isnan(o.view(np.float32)).any(), "elements of O left unwritten (or NaN)"
 
 
-@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == ARCH],
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == ARCH and not v.serving],
                          ids=lambda v: v.name)
 def test_a_packed_sequence_is_blind_to_the_next_ones_queries_keys_and_values(v):
     """In a packed batch the rows past a sequence's end, to the end of its last query or key
@@ -725,7 +725,7 @@ def test_a_balanced_tail_merges_its_pieces_into_whole_tiles(b, hq, hkv, sq, sk, 
         assert plan["tail_gap"] > 0 and plan["tail_ramp"] > 0
 
 
-FP8_HERE = [v for v in all_variants() if v.arch == ARCH and v.dtype == "fp8_e4m3"]
+FP8_HERE = [v for v in all_variants() if v.arch == ARCH and not v.serving and v.dtype == "fp8_e4m3"]
 
 
 @pytest.mark.parametrize("v", FP8_HERE, ids=lambda v: v.name)
@@ -971,7 +971,7 @@ ADVERSARIAL = [
     ([-400, 7, 1 << 30, INT32_MAX], [INT32_MIN, -1, 0, INT32_MAX]),
     ([INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN], [3, INT32_MAX, 2, INT32_MIN]),
 ]
-CLAMPING = [v for v in all_variants() if v.arch == ARCH and clamps_cu_seqlens(v)]
+CLAMPING = [v for v in all_variants() if v.arch == ARCH and not v.serving and clamps_cu_seqlens(v)]
 
 
 @pytest.mark.parametrize("v", CLAMPING, ids=lambda v: v.name)
@@ -1013,7 +1013,7 @@ def test_adversarial_cu_seqlens_never_reach_outside_the_tensors(v):
     assert not np.isnan(got).any() and reference.relative_error(got, ref) <= bound
 
 
-FP8_PER_HEAD = [v for v in all_variants() if v.arch == ARCH and per_head_descales(v)]
+FP8_PER_HEAD = [v for v in all_variants() if v.arch == ARCH and not v.serving and per_head_descales(v)]
 
 
 @pytest.mark.parametrize("v", FP8_PER_HEAD, ids=lambda v: v.name)

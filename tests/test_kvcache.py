@@ -1,7 +1,8 @@
 """flash_attn_with_kvcache: the rules of a KV cache (check_kvcache, one test per rule), and
-the runtime's refusal, before anything is loaded or launched, of what no kernel implements
-yet (sliding windows, softcap, sinks, a KV cache) on sm_90a (the fake driver) and gfx950
-(the emulator)."""
+the runtime's refusal, before anything is loaded or launched, of what a kernel does not
+implement (sliding windows, softcap, sinks, a KV cache) on sm_90a (the fake driver) and gfx950
+FP8 (the emulator); the gfx950 BF16 kernels run KV caches (tests/emulator/test_emu_kvcache.py),
+and the plan of such a call is checked here (its arguments, its caches)."""
 
 import numpy as np
 import pytest
@@ -195,42 +196,45 @@ def backend(request):
         yield request.param, driver
 
 
-def test_calls_with_features_are_refused_before_any_launch_even_after_a_plain_call_was_planned():
+def test_calls_with_features_take_the_serving_kernel_even_after_a_plain_call_was_planned():
     """A plain call's plan and layout are kept; the same tensors with a window, softcap or
-    sinks must not reuse them: each is refused, and nothing more is queued (the sm_90a kernels,
-    which take none of them; the gfx950 BF16 ones run them: tests/emulator/test_emu_features.py;
-    the gfx950 FP8 refusal: tests/test_features_plumbing.py)."""
+    sinks must not reuse them: each runs the serving variant (sm_90a: the features live in
+    kernels of their own, catalogue.SERVING_FEATURES_OF), dense and packed; a window that cuts
+    no key runs the plain kernel again."""
     with using_backend("fake") as driver:
         q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64))
         out = np.empty_like(q)
         sinks = np.zeros(2, np.float32)
         flash_attn_func(q, k, v, causal=True, out=out)                     # planned, kept
-        before = len(driver.launches)
+        plain = driver.launches[-1].symbol
+        assert plain == Variant("sm_90a", "bf16", 64, 64, True).symbol
         for kw in (dict(window_size=(8, 0)), dict(softcap=20.0), dict(sinks=sinks), dict(window_size=(8, 3))):
-            with pytest.raises(ValueError, match="fwd_sm_90a_bf16_d64x64_.* does not implement .* the sm_90a bf16 "
-                                                 "kernels run causal or full attention"):
-                flash_attn_func(q, k, v, causal="window_size" not in kw or kw["window_size"][1] == 0, out=out, **kw)
-            with pytest.raises(ValueError, match="does not implement"):
-                flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=np.array([0, 64], np.int32),
-                                       cu_seqlens_k=np.array([0, 64], np.int32), max_seqlen_q=64, max_seqlen_k=64,
-                                       out=out[0], **kw)
-        assert len(driver.launches) == before
+            causal = "window_size" not in kw or kw["window_size"][1] == 0
+            serving = Variant("sm_90a", "bf16", 64, 64, causal, serving=True).symbol
+            flash_attn_func(q, k, v, causal=causal, out=out, **kw)
+            assert driver.launches[-1].symbol == serving, kw
+            flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=np.array([0, 64], np.int32),
+                                   cu_seqlens_k=np.array([0, 64], np.int32), max_seqlen_q=64, max_seqlen_k=64,
+                                   causal=causal, out=out[0], **kw)
+            assert driver.launches[-1].symbol == serving, kw
         # a window that cuts no key is no window: the plain kernel runs
         flash_attn_func(q, k, v, causal=True, out=out, window_size=(63, 0))
-        assert len(driver.launches) == before + 1
+        assert driver.launches[-1].symbol == plain
 
 
 def test_a_kvcache_call_is_validated_then_refused(backend):
+    """By kernels that do not list a KV cache: sm_90a BF16 (the fake driver) and gfx950 FP8 (the
+    emulator; its BF16 kernels run it)."""
     name, driver = backend
-    arch = "sm_90a" if name == "fake" else "gfx950"
-    q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
-    out = np.empty_like(q)
+    arch, dtype = ("sm_90a", "bf16") if name == "fake" else ("gfx950", "fp8_e4m3")
+    q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64), dtype=dtype)
+    out = np.empty(q.shape, host_dtype("bf16"))
     seqlens, table = SEQLENS.copy(), TABLE.copy()
-    with pytest.raises(ValueError, match=f"fwd_{arch}_bf16_d64x64_causal does not implement a KV cache "
+    with pytest.raises(ValueError, match=f"fwd_{arch}_{dtype}_d64x64_causal(_serving)? does not implement a KV cache "
                                          r"\(flash_attn_with_kvcache\) or a paged KV cache"):
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True, out=out)
     with pytest.raises(ValueError, match="does not implement a KV cache"):
-        flash_attn_with_kvcache(q, np.zeros((3, 48, 2, 64), q.dtype), np.zeros((3, 48, 2, 64), q.dtype),
+        flash_attn_with_kvcache(q, *arrays((3, 48, 2, 64), (3, 48, 2, 64), dtype=dtype),
                                 cache_seqlens=seqlens, out=out)
     # the values are read and checked first
     table[2, 2] = 8
@@ -249,15 +253,18 @@ def test_a_kvcache_call_is_validated_then_refused(backend):
 
 def test_the_manifest_words_and_the_validation_words_name_the_same_features():
     """catalogue.FEATURES (the manifest's ``features``) and validate.FEATURES (the messages) are
-    one list; the gfx950 BF16 kernels list window, softcap and sinks, no other any yet, and the
-    checkout's manifest agrees for every kernel it has built."""
+    one list; the gfx950 BF16 kernels list them all (window, softcap, sinks and both KV caches),
+    every plain kernel those of its (arch, dtype) in FEATURES_OF, and the checkout's manifest
+    agrees for every kernel it has built."""
     import json
     from pathlib import Path
     from zyfa_runtime import catalogue
     assert tuple(validate.FEATURES) == catalogue.FEATURES
     for v in catalogue.all_variants():
-        assert catalogue.features(v) == (("window", "softcap", "sinks") if (v.arch, v.dtype) == ("gfx950", "bf16")
-                                         else ()), v.name
+        if getattr(v, "serving", False):     # a serving variant lists its own (SERVING_FEATURES_OF)
+            continue
+        assert catalogue.features(v) == catalogue.FEATURES_OF.get((v.arch, v.dtype), ()), v.name
+    assert catalogue.FEATURES_OF[("gfx950", "bf16")] == catalogue.FEATURES
     manifest = json.loads((Path(__file__).parents[1] / "prebuilt" / "manifest.json").read_text())
     by_name = {v.name: v for v in catalogue.all_variants()}
     for e in manifest["kernels"]:
@@ -298,3 +305,27 @@ def test_a_captured_kvcache_call_reads_nothing_back():
             flash_attn_with_kvcache(q, k_cache, v_cache, out=np.empty_like(q), check_cache_seqlens=False, **kw)
         assert driver.ops == [] and driver.launches == []
         driver.capturing.clear()
+
+
+# --------------------------------------------------------------------------------------
+# A KV cache call's arguments (plan.kvcache_values): what a kernel that lists "paged_kv" gets.
+
+@pytest.mark.parametrize("page", range(16, 257, 16))
+def test_the_page_magic_divides_every_group_index_by_the_pages_groups_exactly(page):
+    """The kernels' slot of 16-row group g is mul_hi(2 g, page_magic) (hip/bf16_lds.h PageMap):
+    g // (page / 16) for every g < 2^27 (keys < 2^31), the edges and a random sample checked."""
+    magic = plan.page_magic(page) & 0xFFFFFFFF
+    units = page // 16
+    g = np.concatenate([np.arange(4096), 2**27 - 1 - np.arange(4096),
+                        np.random.default_rng(page).integers(0, 2**27, 100_000)]).astype(object)
+    assert all((2 * x * magic) >> 32 == x // units for x in g)
+    assert -2**31 <= plan.page_magic(page) < 2**31
+
+
+def test_a_paged_calls_arguments_are_its_tables_row_stride_and_its_pages():
+    names = {"page_table_stride", "page_size", "num_pages", "max_pages", "page_magic"}
+    args = paged(page_table=ref((3, 3), "int32", 5, strides=(5, 1)))
+    values = plan.kvcache_values(check_kvcache(**args), names, args["page_table"])
+    assert values == {"page_table_stride": 5, "page_size": 16, "num_pages": 8, "max_pages": 3, "page_magic": -2**31}
+    assert plan.kvcache_values(check_kvcache(**contiguous_cache()), names) == dict.fromkeys(names, 0)
+    assert plan.kvcache_values(check_kvcache(**contiguous_cache()), {"window_left"}) == {}

@@ -4,6 +4,8 @@ The SASS below is the shape of what cuobjdump printed for the balanced tail's ke
 return under a 64-bit division's result left its consumer loop "maybe divergent": the row
 max's shuffle behind a BRA.DIV, the WGMMA descriptor moved in by R2UR."""
 
+import pytest
+
 from generator import sass_convergence as sc
 from generator import wgmma_hazards as wh
 from tests.sass_objects import built_sm90a_sass
@@ -28,6 +30,7 @@ def test_a_guarded_shuffle_among_the_wgmmas_is_found_and_one_after_them_is_not()
     assert sc.divergent(wh.parse(LOOP.replace("QGMMA", "FFMA"))) == []   # no WGMMA: nothing to hold
 
 
+@pytest.mark.slow   # cuobjdump of every sm_90a code object, plain and serving: ~14 s
 def test_the_built_sm90a_code_objects_have_none():
     """Every function of every sm_90a code object in prebuilt/ (the kernel, its V^T pre-pass,
     the balanced tail's kernel), where cuobjdump exists."""

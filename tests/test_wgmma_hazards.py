@@ -4,6 +4,8 @@ The SASS below is the shape of what cuobjdump printed for a BF16 body that overl
 softmax with its own PV (P from registers) and was wrong under compute-sanitizer: the next
 block's F2FP wrote R180 on the path back to the loop head, before the wait."""
 
+import pytest
+
 from generator import wgmma_hazards as wh
 from tests.sass_objects import built_sm90a_sass
 
@@ -71,6 +73,7 @@ def test_a_wait_that_leaves_only_newer_groups_retires_the_wgmma():
     assert [h.write_at for h in wh.hazards(wh.parse(open_group))] == [0x260]
 
 
+@pytest.mark.slow   # cuobjdump of every sm_90a code object, plain and serving: ~14 s
 def test_the_built_sm90a_code_objects_have_none():
     """Every function of every sm_90a code object in prebuilt/ (built by build.py), where
     cuobjdump exists."""

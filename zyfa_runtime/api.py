@@ -18,12 +18,11 @@ import threading
 import numpy as np
 
 from . import staging, validate
-from .catalogue import Variant
 from .driver import get_driver
 from .kernels import KernelTable
 from .memory import DeviceArray, device_kind
 from .plan import (cached_layout, cached_plan, instantiate, keep_layout, keep_plan, layout_key, layout_of,
-                   options_key, plan_key, require_features, varlen_layout_key)
+                   options_key, plan_key, varlen_layout_key)
 from .tensors import TensorRef, call_view, stream_handle
 
 _lock = threading.Lock()
@@ -243,11 +242,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, page_table=No
     where the backend's device memory is host memory).  Their values are read back and checked
     (a copy that waits for the GPU) -- every page a sequence uses a page of the cache, no
     sequence longer than its pages -- unless ``check_cache_seqlens=False`` (the choice on a
-    stream being captured, with ``out`` given): then a kernel clamps every page index and
-    sequence length to the cache's extent.
+    stream being captured, with ``out`` given): then they are never read, and the kernel clamps
+    every sequence length to its part of the cache and every page index to the cache, so that
+    values that are not valid give wrong output but never an access outside the tensors.
 
-    No kernel implements a KV cache yet: a valid call is refused (ValueError) naming what the
-    device's kernels run; an invalid one names its problem first.
+    Such an unread call whose layout (shapes, strides, dtypes, devices, options, stream,
+    max_seqlen_q) was planned before has only its addresses checked, and one that repeats its
+    tensors exactly (``out`` given, and ``lse`` with ``return_lse``) queues its launches again.
+    A kernel that does not list the KV cache (the manifest's ``features``: "kvcache", and
+    "paged_kv" with ``page_table``) refuses the call (ValueError naming what it runs); an
+    invalid call names its problem first.
     """
     driver = get_driver()
     s = stream_handle(stream)
@@ -268,21 +272,52 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, page_table=No
                              "index and length to the cache), or call it outside the capture")
         _capturable("flash_attn_with_kvcache", outr, lser, return_lse)
     read = check_cache_seqlens
-    problem = validate.check_kvcache(
-        qr, kr, vr, outr, cache_seqlens=seqr, page_table=tabler, cu_seqlens_q=cq, max_seqlen_q=max_seqlen_q,
-        causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, sinks=sr,
-        descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
-        cache_values=_int32_values(driver, seqr) if read else None,
-        table_values=_int32_values(driver, tabler) if read else None,
-        cu_values_q=_int32_values(driver, cq) if read else None,
-        host_ok=driver.host_memory_is_device, lse=lser)
-    _check_backend(driver, problem)
-    table = kernel_table(driver)
-    variant = Variant(table.device_arch(problem.device[1]), problem.dtype, problem.d_qk, problem.d_v,
-                      problem.causal)
-    require_features(problem, table, variant)
-    # A kernel whose manifest entry lists "kvcache" is planned here once one is built.
-    raise NotImplementedError(f"{variant.name} lists a KV cache, which this runtime cannot plan yet")
+    refs = (qr, kr, vr, outr, lser, dq, dk, dv, sr, seqr, tabler, cq)
+    options = options_key(causal, softmax_scale, return_lse, window_size, softcap)
+    # Values that are not read leave nothing to check but addresses: such a call of a layout
+    # planned before reuses it, and one of the same tensors (out given, lse where asked for,
+    # outside a capture) its Plan.  Read values are checked on every call (they may change).
+    lkey = (("kvcache", layout_key(driver, refs, options, s), max_seqlen_q)
+            if options and not read and type(max_seqlen_q) in (int, type(None)) else None)
+    key = (plan_key(driver, refs, options, s) if lkey is not None and outr is not None and
+           (lser is not None or not return_lse) and not captured else None)
+    if key is not None:
+        plan = cached_plan(key)
+        if plan is not None and plan.queue_again(driver, s):
+            return _result(out, None, lse, return_lse)
+    layout = cached_layout(lkey) if lkey is not None else None
+    if layout is not None:
+        validate.check_addresses({"q": qr, "k_cache": kr, "v_cache": vr}, outr,
+                                 tuple((n, r) for n, r in (("cache_seqlens", seqr), ("page_table", tabler),
+                                                           ("cu_seqlens_q", cq), ("descale_q", dq),
+                                                           ("descale_k", dk), ("descale_v", dv), ("sinks", sr))
+                                       if r is not None), lser)
+    else:
+        problem = validate.check_kvcache(
+            qr, kr, vr, outr, cache_seqlens=seqr, page_table=tabler, cu_seqlens_q=cq, max_seqlen_q=max_seqlen_q,
+            causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, sinks=sr,
+            descale_q=dq, descale_k=dk, descale_v=dv, return_lse=return_lse,
+            cache_values=_int32_values(driver, seqr) if read else None,
+            table_values=_int32_values(driver, tabler) if read else None,
+            cu_values_q=_int32_values(driver, cq) if read else None,
+            host_ok=driver.host_memory_is_device, lse=lser)
+        _check_backend(driver, problem)
+        # LSE (B, Hq, Sq), or (Hq, Tq) for packed queries, as the other entry points'
+        lse_shape, lse_strides = (((problem.hq, problem.total_q),
+                                   (0, lser.strides[0] if lser is not None else problem.total_q))
+                                  if problem.varlen else
+                                  ((problem.batch, problem.hq, problem.seqlen_q),
+                                   tuple(lser.strides[:2]) if lser is not None else
+                                   (problem.hq * problem.seqlen_q, problem.seqlen_q)))
+        layout = layout_of(problem, qr, kr, vr, outr, driver, kernel_table(driver), lse_shape, lse_strides,
+                           (dq, dk, dv), page_table=tabler)
+        if lkey is not None:
+            keep_layout(lkey, layout)
+    out_arr, lse_arr, plan = instantiate(layout, qr, kr, vr, outr, lser, (dq, dk, dv), cq, None, s, driver,
+                                         captured, sinks=sr, cache=(seqr, tabler))
+    if key is not None:
+        keep_plan(key, plan)
+    return _result(out, out_arr, lse if lse is not None else lse_arr, return_lse)
 
 
 def _capturable(fn: str, out, lse, return_lse) -> None:

@@ -75,6 +75,10 @@ class Variant(CodeObject):
     d_qk: int
     d_v: int
     causal: bool
+    #: The serving specialisation (SERVING_FEATURES_OF): the kernel of the same (arch, dtype,
+    #: head dims, causal) with the serving features compiled in, beside a plain kernel that
+    #: stays as measured; the runtime takes it for a call that needs one of them.
+    serving: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHES:
@@ -83,11 +87,14 @@ class Variant(CodeObject):
             raise ValueError(f"unknown dtype {self.dtype!r}; known: {DTYPES}")
         if (self.d_qk, self.d_v) not in HEAD_DIMS:
             raise ValueError(f"unsupported head dims ({self.d_qk}, {self.d_v}); supported: {HEAD_DIMS}")
+        if self.serving and (self.arch, self.dtype) not in SERVING_FEATURES_OF:
+            raise ValueError(f"no serving variants of {self.arch} {self.dtype}; those of "
+                             f"{sorted(SERVING_FEATURES_OF)} only")
 
     @property
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
-        return f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}"
+        return f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}" + ("_serving" if self.serving else "")
 
     @property
     def tile(self) -> "Tile":
@@ -106,13 +113,22 @@ class Variant(CodeObject):
     @classmethod
     def from_json(cls, d: dict) -> "Variant":
         return cls(arch=d["arch"], dtype=d["dtype"], d_qk=int(d["d_qk"]), d_v=int(d["d_v"]),
-                   causal=bool(d["causal"]))
+                   causal=bool(d["causal"]), serving=bool(d.get("serving", False)))   # absent: before serving
 
 
 def all_variants() -> list[Variant]:
-    """The 32 variants of the catalogue, in a fixed order."""
-    return [Variant(a, t, dq, dv, c)
-            for a, t, (dq, dv), c in itertools.product(ARCHES, DTYPES, HEAD_DIMS, (False, True))]
+    """The variants of the catalogue, in a fixed order: the 32 plain ones (every arch, dtype,
+    head dims, causal or full), then the serving ones (SERVING_FEATURES_OF: 8 a listed
+    (arch, dtype), in the plain ones' order)."""
+    plain = [Variant(a, t, dq, dv, c)
+             for a, t, (dq, dv), c in itertools.product(ARCHES, DTYPES, HEAD_DIMS, (False, True))]
+    return plain + [dataclasses.replace(v, serving=True) for v in plain if (v.arch, v.dtype) in SERVING_FEATURES_OF]
+
+
+def serving_variant(v: Variant) -> "Variant | None":
+    """The serving variant of plain ``v``'s (arch, dtype, head dims, causal), None where that
+    (arch, dtype) has none (its plain kernels list their features themselves: FEATURES_OF)."""
+    return dataclasses.replace(v, serving=True) if (v.arch, v.dtype) in SERVING_FEATURES_OF else None
 
 
 # --------------------------------------------------------------------------------------
@@ -162,10 +178,15 @@ def tile_for(v: Variant) -> Tile:
         # 128-key blocks, 64 at d256 (a 128-key S does not fit beside O there).
         # Persistent at d128 (the softmax overlapping the warpgroup's own PV, and room for a
         # second Q tile: the next tile's, copied during this one): Q x 2 first.
+        # Serving variants (the window, softcap and sinks: kServing) are the plain tile without
+        # persistence: a CTA a tile, the schedule where each CTA's key-block range follows from
+        # its own rows alone (the persistent scheduler publishes a tile's work through shared
+        # memory and orders tiles by the causal block counts; a window gives every tile about
+        # the same blocks, and so the simplest correct schedule first).
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
         block_m = SM90_CONSUMER_ROWS * consumers
-        persistent = (v.d_qk, v.d_v) == (128, 128)
+        persistent = (v.d_qk, v.d_v) == (128, 128) and not v.serving
         # The row sums by PV where the ones fit (a 64-column block, block_n x 128 bytes, after
         # each V stage; PV's N = d_v + 8 <= 256): d64 and d128, not d192/128 (the smem) or d256.
         pv_row_sums = v.d_qk == v.d_v <= 128
@@ -194,8 +215,9 @@ def tile_for(v: Variant) -> Tile:
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
         # The balanced tail at d_v = 256 non-causal, where a partial last wave of its long tiles
-        # costs most (docs/sm90a.md, "the balanced tail").
-        split_tail = v.d_v == 256 and not v.causal
+        # costs most (docs/sm90a.md, "the balanced tail"); not in the serving variants, whose
+        # tiles' key ranges follow from the window (a CTA a tile, as BF16's).
+        split_tail = v.d_v == 256 and not v.causal and not v.serving
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
                     dynamic_smem=smem(stages), stages=stages, split_tail=split_tail)
     if v.built_from == "asm-generator":
@@ -260,6 +282,15 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         args += [("descale_q", "ptr"), ("descale_k", "ptr"), ("descale_v", "ptr")]
     if "sinks" in features(v):
         args += [("sinks", "ptr")]   # fp32 (hq,): one logit a query head (scaled-score space), null: none
+    if "kvcache" in features(v):
+        # int32 (batch,): sequence b's keys are the first cache_seqlens[b] rows of its part of
+        # the cache (clamped to [0, seqlen_k]); null: K and V are tensors (no cache)
+        args += [("cache_seqlens", "ptr")]
+    if "paged_kv" in features(v):
+        # int32 at b page_table_stride + i: the page holding keys [i page_size, (i + 1) page_size)
+        # of sequence b, a page of k and v (num_pages, page_size, hkv, d): pages at stride_b, rows
+        # at stride_s (each index clamped to [0, num_pages - 1]); null: not paged
+        args += [("page_table", "ptr")]
     if has_vt_prepass(v):
         args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
     if v.tile.persistent:
@@ -275,6 +306,8 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         ("lse_stride_b", "i64"),     # LSE is (B, Hq, Sq) or (Hq, T): the row stride is 1
         ("lse_stride_h", "i64"),
     ]
+    if "paged_kv" in features(v):
+        args += [("page_table_stride", "i64")]   # elements between the page_table rows of two sequences
     if per_head_descales(v):
         # in elements; 0 and 0 for one value, any strides (zero included) for (B, Hkv)
         args += [(f"descale_{t}_stride_{d}", "i64") for t in "qkv" for d in "bh"]
@@ -289,6 +322,13 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         # the rows of q and of k/v (packed: the packed lengths; dense: batch x seqlen): a packed
         # sequence's rows, from cu_seqlens, are clamped to [0, total) (never read or written outside)
         args += [("total_q", "i32"), ("total_k", "i32")]
+    if "paged_kv" in features(v):
+        # rows a page (a multiple of 16 from 16 to 256), pages of the cache, page_table entries a
+        # sequence (seqlen_k = max_pages page_size) (zeros: not paged); page_magic =
+        # ceil(2^31 / (page_size / 16)), the kernel's division of a 16-row group's index by
+        # page_size / 16 as a multiply-high (plan.page_magic).  Not last: the gfx950 kernels read
+        # them as whole 16-byte words
+        args += [("page_size", "i32"), ("num_pages", "i32"), ("max_pages", "i32"), ("page_magic", "i32")]
     args += [("softmax_scale", "f32")]
     if "window" in features(v):
         # window.py's (left, right), -1: no bound; a causal kernel has right = 0 built in
@@ -327,14 +367,25 @@ FEATURES = ("window", "softcap", "sinks", "kvcache", "paged_kv")
 #: The FEATURES each (arch, dtype)'s kernels implement, each with its runtime arguments
 #: (_arg_names); absent: none yet.
 FEATURES_OF = {
-    ("gfx950", "bf16"): ("window", "softcap", "sinks"),
+    ("gfx950", "bf16"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
+    ("gfx950", "fp8_e4m3"): ("window", "sinks"),
+}
+
+
+#: The FEATURES of the serving variants (Variant.serving) of each (arch, dtype) that has them,
+#: each with its runtime arguments (_arg_names): the features live in kernels of their own where
+#: the plain kernels are tuned without them (sm_90a: kServing in cuda/flash_fwd_ws.cuh, flash_fwd_fp8_ws.cuh);
+#: absent: no serving variants.
+SERVING_FEATURES_OF = {
+    ("sm_90a", "bf16"): ("window", "softcap", "sinks"),
+    ("sm_90a", "fp8_e4m3"): ("window", "softcap", "sinks"),
 }
 
 
 def features(v: Variant) -> tuple[str, ...]:
-    """The FEATURES variant ``v``'s kernel implements (FEATURES_OF), for its manifest entry's
-    ``features`` (absent where none)."""
-    return FEATURES_OF.get((v.arch, v.dtype), ())
+    """The FEATURES variant ``v``'s kernel implements (FEATURES_OF, or SERVING_FEATURES_OF for a
+    serving variant), for its manifest entry's ``features`` (absent where none)."""
+    return (SERVING_FEATURES_OF if v.serving else FEATURES_OF).get((v.arch, v.dtype), ())
 
 
 def clamps_cu_seqlens(v: Variant) -> bool:

@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from . import launch, validate, workspace
-from .catalogue import Variant, eval_grid, vt_columns
+from .catalogue import Variant, eval_grid, serving_variant, vt_columns
 from .memory import DeviceArray
 from .tensors import contiguous_strides
 
@@ -83,14 +83,14 @@ class Plan:
 # A call's layout.
 
 def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape, lse_strides,
-              descales=(None, None, None)) -> Layout:
+              descales=(None, None, None), page_table=None) -> Layout:
     """The kernel (from ``table``, the kernels.KernelTable of ``driver``), the arguments that are
     no address, the tensor maps' geometry and the grids of a validated call: every rule that
     reads sizes or strides is applied here.  ``descales``: the FP8 descales' TensorRefs (None
-    where not given)."""
+    where not given); ``page_table``: a paged KV cache's (its row stride)."""
     kind, device = problem.device
     arch = table.device_arch(device)
-    variant = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
+    variant = variant_for(problem, table, arch)
     require_features(problem, table, variant)
     kernel = table.get(device, variant)
     if variant.built_from == "asm-generator":
@@ -100,6 +100,8 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
     def strides(st: tuple):
         return (st[0] if not problem.varlen else 0, st[b_], st[b_ + 1])
+    def cache_strides(st: tuple):   # a KV cache: (sequences or pages, rows, heads, head dim) whatever q
+        return (st[0], st[1], st[2]) if problem.kvcache else strides(st)
     # out where the call allocates it: contiguous
     o_strides = out.strides if out is not None else contiguous_strides(q.shape[:-1] + (problem.d_v,))
 
@@ -110,7 +112,8 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
         "softmax_scale": problem.softmax_scale,
     }
     for name, st in (("q", q.strides), ("k", k.strides), ("v", v.strides), ("o", o_strides)):
-        values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = strides(st)
+        values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = \
+            (cache_strides if name in "kv" else strides)(st)
     clamps = "total_q" in names
     if clamps:
         # the rows a packed sequence is clamped to (cu_seqlens hold int32: no row past 2^31 - 1
@@ -120,6 +123,7 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     if problem.dtype == "fp8_e4m3":
         values.update(_descale_values(variant, names, descales))
     values.update(_feature_values(problem, names))
+    values.update(kvcache_values(problem, names, page_table))
     maps = {arg: _tensor_map_geometry(problem, values, spec)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
     sm_count, counter, partial_bytes = None, None, 0
@@ -148,6 +152,17 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     launch_grids = grids(driver, kernel, values, sm_count)
     return Layout(problem, kernel, values, maps, launch_grids, vt_bytes, partial_bytes, counter,
                   (lse_shape, lse_strides), dependent, clamps)
+
+
+def variant_for(problem: validate.Problem, table, arch: str) -> Variant:
+    """The variant that runs ``problem`` on ``arch``: for a call that needs a feature
+    (validate.features_of) the serving variant of its (arch, dtype, head dims, causal) where the
+    manifest lists one (catalogue.Variant.serving: the plain kernel stays as tuned, without the
+    features), else the plain variant -- which lists its features itself (gfx950) or is refused
+    by require_features."""
+    plain = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
+    serving = serving_variant(plain) if validate.features_of(problem) else None
+    return serving if serving is not None and table.entry(serving) is not None else plain
 
 
 def require_features(problem: validate.Problem, table, variant: Variant) -> None:
@@ -185,6 +200,30 @@ def _feature_values(problem: validate.Problem, names: set) -> dict:
         out["softcap"] = cap
         out["softcap_scale"] = float(np.float32(problem.softmax_scale / cap)) if cap else 0.0
     return out
+
+
+def kvcache_values(problem: validate.Problem, names: set, page_table=None) -> dict:
+    """The paged KV cache's arguments that are no address, where the kernel takes them
+    (catalogue._arg_names, "paged_kv"): ``page_table_stride`` (elements between two sequences'
+    rows of ``page_table``, its TensorRef), ``page_size``, ``num_pages``, ``max_pages`` and
+    ``page_magic``; zeros
+    for a call without pages (the kernel reads a null page_table as none).  The pointers ``cache_seqlens``
+    and ``page_table`` are the call's addresses (:func:`instantiate`)."""
+    if "page_table_stride" not in names:
+        return {}
+    paged = problem.kvcache == "paged"
+    return {"page_table_stride": int(page_table.strides[0]) if paged and problem.batch > 1 else 0,
+            "page_size": problem.page_size if paged else 0, "num_pages": problem.num_pages if paged else 0,
+            "max_pages": problem.max_pages if paged else 0, "page_magic": page_magic(problem.page_size) if paged else 0}
+
+
+def page_magic(page_size: int) -> int:
+    """ceil(2^31 / u), u = page_size / 16 (1 .. 16): with it a kernel divides a 16-row group's
+    index g < 2^27 (keys < 2^31) by u as mul_hi(2 g, magic), exactly (the error magic u - 2^31 <
+    u <= 16, and g x 15 < 2^31); as an int32 argument, its bits (2^31 for u = 1)."""
+    u = page_size // 16
+    magic = -(-2**31 // u)
+    return magic - 2**32 if magic >= 2**31 else magic
 
 
 #: The gfx950 FP8 kernels read descale element b stride_b + g stride_h at a 32-bit byte offset.
@@ -389,14 +428,15 @@ def workspace_bytes(layout: Layout) -> int:
 
 
 def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream: int, driver,
-                captured: bool = False, sinks=None):
+                captured: bool = False, sinks=None, cache=(None, None)):
     """Queue ``layout``'s launches for these tensors (their addresses checked): the outputs
     the call allocates (out where not given, the LSE where asked for and not given), and the
     Plan that queues the same launches again (None for a ``captured`` call: one on a stream
     being captured into a graph, whose scratch is the graph's own -- workspace.captured -- and
     which allocates nothing else: the caller gives out, and lse where the LSE is asked for).
     ``sinks``: the sinks' TensorRef (None: none; a kernel that takes them reads a null pointer
-    as none)."""
+    as none); ``cache``: a KV cache's (cache_seqlens, page_table) TensorRefs (None: none, as
+    sinks')."""
     problem, kernel = layout.problem, layout.kernel
     device = problem.device[1]
     out_arr = lse_arr = None
@@ -410,8 +450,10 @@ def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream:
     values.update(q=q.ptr, k=k.ptr, v=v.ptr, o=out.ptr, lse=lse.ptr if lse is not None else None,
                   cu_seqlens_q=cu_q.ptr if cu_q is not None else None,
                   cu_seqlens_k=cu_k.ptr if cu_k is not None else None)
-    if any(a["name"] == "sinks" for a in kernel.entry["kernargs"]):   # catalogue.features
-        values["sinks"] = sinks.ptr if sinks is not None else None
+    taken = {a["name"] for a in kernel.entry["kernargs"]}   # catalogue.features
+    for name, ref in (("sinks", sinks), ("cache_seqlens", cache[0]), ("page_table", cache[1])):
+        if name in taken:
+            values[name] = ref.ptr if ref is not None else None
     one = None
     needs_one = problem.dtype == "fp8_e4m3" and any(d is None for d in descales)
     if needs_one:
@@ -419,7 +461,8 @@ def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream:
 
     driver.make_current(device)
     tensors = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
-               "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2], "sinks": sinks}
+               "descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2], "sinks": sinks,
+               "cache_seqlens": cache[0], "page_table": cache[1]}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
     for arg, (tensor, *geometry) in layout.tensor_maps.items():
         values[arg] = driver.tensor_map_u8(values[tensor], *geometry)

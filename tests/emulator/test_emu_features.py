@@ -152,7 +152,9 @@ def test_window_softcap_and_sinks_together(emulator, v):
     check(v, q, k, vv, window_size=(90, 0 if v.causal else 40), softcap=8.0, sinks=sinks(1.0, 2.0, -1.0, 4.0))
 
 
-@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
+# every variant in the full run only (the default run keeps dense windows above and packed
+# queries over a cache in test_emu_kvcache.py)
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=set()))
 def test_packed_sequences_each_take_the_window_in_their_own_positions(emulator, v):
     # Three sequences (query lengths 70, 0 and 260 over 150, 90 and 200 keys), packed: the
     # window is bottom-right aligned in each (the last's first rows see no key); LSE (Hq, Tq)
@@ -180,7 +182,8 @@ def test_the_manifest_lists_the_features_and_their_arguments():
     entries = {e["name"]: e for e in json.loads((PREBUILT / "manifest.json").read_text())["kernels"]}
     for v in VARIANTS:
         e = entries[v.name]
-        assert e["features"] == list(catalogue.features(v)) == ["window", "softcap", "sinks"]
+        assert e["features"] == list(catalogue.features(v))
+        assert {"window", "softcap", "sinks"} <= set(e["features"])
         names = [a["name"] for a in e["kernargs"]]
         assert {"sinks", "window_left", "window_right", "softcap", "softcap_scale"} <= set(names)
         assert e["kernarg_size"] % 8 == 0 and e["scratch_bytes"] == 0
