@@ -187,17 +187,10 @@ def visited_tiles(variant: Variant, seqlen_q: int, seqlen_k: int,
     return out
 
 
-def visible_pairs(seqlen_q: int, seqlen_k: int, window: tuple) -> int:
-    """(query, key) pairs inside ``window`` (as ``window.normalize`` gives it) of one sequence:
-    row by row, ``window.key_range`` of the single row (exactly ``window.visible``'s count)."""
-    return sum(max(0, e - f) for f, e in
-               (windows.key_range(i, i + 1, seqlen_q, seqlen_k, window) for i in range(seqlen_q)))
-
-
 def window_flops(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
                  window_size=windows.NONE) -> float:
     """The FLOPs inside the window (the issue's measure): 2 (d_qk + d_v) a visible pair."""
-    pairs = visible_pairs(seqlen_q, seqlen_k, windows.normalize(variant.causal, window_size))
+    pairs = windows.visible_count(seqlen_q, seqlen_k, windows.normalize(variant.causal, window_size))
     return 2.0 * batch * heads_q * pairs * (variant.d_qk + variant.d_v)
 
 

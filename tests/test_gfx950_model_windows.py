@@ -75,7 +75,7 @@ def test_in_window_flops_are_two_d_qk_plus_d_v_a_visible_pair(model, sq, sk, win
         window_size = (window_size[0], 0)
     v = Variant("gfx950", "bf16", 128, 128, causal)
     pairs = int(windows.visible(sq, sk, windows.normalize(causal, window_size)).sum())
-    assert model.visible_pairs(sq, sk, windows.normalize(causal, window_size)) == pairs
+    assert windows.visible_count(sq, sk, windows.normalize(causal, window_size)) == pairs
     assert model.window_flops(v, 2, 3, sq, sk, window_size) == 2 * 3 * pairs * 2 * (128 + 128)
 
 
