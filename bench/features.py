@@ -197,7 +197,7 @@ def markdown(data: dict) -> str:
             lines.append(f"| {shape} | {r['impl']} | {why} | | | | |")
             continue
         lines.append(f"| {shape} | {r['impl']} | {r['median_ms'] * 1e3:.1f} | {r['tflops_window']:.1f} | "
-                     f"{r['tflops_all']:.1f} | {r.get('vs_dense', float('nan')):.3f} | {r['rel_err']:.2e} |")
+                     f"{r['tflops_all']:.1f} | {format(r['vs_dense'], '.3f') if 'vs_dense' in r else '-'} | {r['rel_err']:.2e} |")
     return "\n".join(lines) + "\n"
 
 
