@@ -59,7 +59,9 @@ K and V resources to the workgroup's first key block and sets each wave's block 
 (stage_window, skipped by a uniform branch without a window): blocks wholly outside the
 workgroup's windows are never loaded, those the window's edges cut are masked (the right edge
 as the causal diagonal; the left edge by a second mask, out of line).  Sinks join each row in
-the epilogue (stage_sink, where the pointer is not null).
+the epilogue (stage_sink, where the pointer is not null).  A contiguous KV cache gives each
+sequence its key count, clamped to its slot of the cache (stage_cache, where the pointer is
+not null), before anything derives from it; paged caches are not implemented here.
 
 Register map, cycle budgets and the stage functions are below; ``plan(v)`` holds every
 number that depends on the variant.
@@ -148,7 +150,9 @@ class Plan:
 PROLOGUE_ARGS = {**{f"descale_{t}_stride_{d}": (f"r{t}", 2 * i) for t in "qkv" for i, d in enumerate("bh")},
                  "total_q": ("a8", 0), "total_k": ("a8", 1),
                  # the window's bounds: read by stage_window, before the loop's DMA pair
-                 "window_left": ("dl", 0), "window_right": ("dr", 0)}
+                 "window_left": ("dl", 0), "window_right": ("dr", 0),
+                 # a KV cache's counts: read by stage_sequence, before _madd64 first uses t2
+                 "cache_seqlens": ("t2", 0)}
 #: Arguments read once straight from the kernarg segment (s[0:1] stays its address), into a
 #: register whose argument is dead by then: the sinks pointer, by stage_descales, into the
 #: descale_v pointer's registers (``sinkp``), for the epilogue.
@@ -444,6 +448,7 @@ def stage_sequence(a: Asm) -> None:
         a(f"s_sub_i32 {a.s(length)}, {a.s('t0', 1)}, {a.s(first)}")
         a(f"s_min_i32 {a.s(length)}, {a.s(length)}, {a.arg(seqarg)}")
         a.label(done)
+    stage_cache(a)
     a.note("the workgroup's first row; a workgroup past the sequence leaves before any barrier")
     a(f"s_lshl_b32 {a.s('m0row')}, s2, {int(math.log2(BLOCK_M))}")
     a(f"s_cmp_ge_i32 {a.s('m0row')}, {a.s('sq')}")
@@ -467,6 +472,35 @@ def stage_sequence(a: Asm) -> None:
     a("s_branch .Lkvhead")
     a.label(".Lkvhead_done")
     a(f"s_sub_i32 {a.s('diag')}, {a.s('sk')}, {a.s('sq')}")
+
+
+def stage_cache(a: Asm) -> None:
+    """A contiguous KV cache (``flash_attn_with_kvcache`` without pages): sequence b's keys are
+    the first ``sk = clamp(cache_seqlens[b], 0, seqlen_k)`` rows of its batch slot (b stride_b,
+    as a dense call's), so the count replaces sk before anything derives from it (diag, the
+    block counts, the K and V resources' extent: whatever int32 the counts hold, no read leaves
+    the slot).  Where the pointer is not null: a uniform branch to the load, placed after the
+    kernel's end (without a cache the prologue falls through: two SALU, the loop unchanged).
+    The pointer sits in t2 (PROLOGUE_ARGS), which nothing writes before stage_constants."""
+    if "cache_seqlens" not in a.p.args:
+        return
+    a.note("a KV cache: sk = clamp(cache_seqlens[b], 0, seqlen_k) (out of line)")
+    a(f"s_cmp_lg_u64 {a.arg('cache_seqlens', 2)}, 0")
+    a("s_cbranch_scc1 .Lcache")
+    a.label(".Lcache_done")
+    a.out_of_line.append(lambda: _cache_count(a))
+
+
+def _cache_count(a: Asm) -> None:
+    """stage_cache's load, after the kernel's end (5 SALU and one scalar load, once)."""
+    sk = a.s("sk")
+    a.label(".Lcache")
+    a(f"s_lshl_b32 {a.s('t4')}, s4, 2")                  # int32 cache_seqlens[b]
+    a(f"s_load_dword {a.s('t0')}, {a.arg('cache_seqlens', 2)}, {a.s('t4')}")
+    a("s_waitcnt lgkmcnt(0)")
+    a(f"s_max_i32 {sk}, {a.s('t0')}, 0")
+    a(f"s_min_i32 {sk}, {sk}, {a.arg('seqlen_k')}")
+    a("s_branch .Lcache_done")
 
 
 def stage_descales(a: Asm) -> None:

@@ -61,10 +61,12 @@ def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone
     assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
         v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
     # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without V^T, K's
-    # tensor map and the softcap (window and sinks in the same places)
+    # tensor map and the softcap (window and sinks in the same places), with the KV cache's
+    # count pointer after the sinks
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
     nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True))]
-    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_", "softcap"))]
+    assert amd[amd.index("sinks") + 1] == "cache_seqlens"
+    assert [n for n in amd if n != "cache_seqlens"] == [n for n in nv if not n.startswith(("vt", "tmap_", "softcap"))]
     # the pre-pass covers every key block of every key/value head and sequence
     v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
     assert v.tile.block_n == VT_BLOCK

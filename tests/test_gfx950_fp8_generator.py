@@ -122,6 +122,33 @@ def test_window_and_sinks_take_no_sgpr_of_their_own(v):
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
+def test_a_kv_cache_takes_no_sgpr_of_its_own_and_two_salu_without_one(v):
+    """The cache_seqlens pointer is loaded with the prologue's arguments into t2 (free until
+    stage_constants' first 64-bit multiply-add), read by stage_sequence before anything derives
+    from sk; without a cache the prologue runs a compare and a branch not taken, the load and
+    the clamp lie after the kernel's end."""
+    p = gen.plan(v)
+    arg = next(a for a in kernargs(v) if a.name == "cache_seqlens")
+    assert arg.offset // 4 not in gen.kernarg_image(v) and p.args["cache_seqlens"] == p.sgpr["t2"]
+    lines = [line.split("//")[0].strip() for line in gen.emit(v).splitlines()]
+    lines = [line for line in lines if line]
+    ptr = f"s[{p.sgpr['t2']}:{p.sgpr['t2'] + 1}]"
+    test = lines.index(f"s_cmp_lg_u64 {ptr}, 0")
+    assert lines[test + 1:test + 3] == ["s_cbranch_scc1 .Lcache", ".Lcache_done:"]
+    assert test < lines.index(f"s_sub_i32 s{p.sgpr['diag']}, s{p.sgpr['sk']}, s{p.sgpr['sq']}")
+    t2 = (f"s{p.sgpr['t2']}", f"s[{p.sgpr['t2']}:")
+    written = [i for i, line in enumerate(lines) if " " in line and line.split(" ")[1].startswith(t2)
+               and not line.startswith("s_cmp")]   # the first operand is the one written
+    assert lines[written[0]] == f"s_load_dwordx2 {ptr}, s[0:1], 0x{arg.offset:x}"
+    assert written[1] > test                       # nothing else writes t2 before the pointer is read
+    cache = lines.index(".Lcache:")
+    assert lines.index("s_endpgm") < cache and lines[cache + 2].startswith(f"s_load_dword s{p.sgpr['t0']}, {ptr},")
+    assert lines[cache + 4:cache + 7] == [f"s_max_i32 s{p.sgpr['sk']}, s{p.sgpr['t0']}, 0",
+                                          f"s_min_i32 s{p.sgpr['sk']}, s{p.sgpr['sk']}, s{p.args['seqlen_k']}",
+                                          "s_branch .Lcache_done"]
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_operands_are_read_a_phase_ahead_where_a_buffer_per_step_fits(v):
     """d <= 192: a buffer per MFMA step, every DS read of a phase's operands made once in the
     phase pair before it, each after the MFMA that frees its buffer; where the vector phase
