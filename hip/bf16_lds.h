@@ -59,6 +59,30 @@ __device__ inline void lds_dma16(u32x4 rsrc, u32 voff, u32 lds) {
                : : "v"(voff), "s"(rsrc), "s"(lds) : "memory", "m0");
 }
 
+// Instructions n and n + 1 of a paged copy (KvCopy::issue_paged), buffer_load_dwordx4 ... lds
+// as lds_dma16 does, each buffer's base, high word and size read out of lanes n and n + 1 of
+// `lo`, `hi`, `bytes`.  All in one piece of assembly so that the read-outs of the second
+// buffer fill the wait states of the first (ISA 4.5: 5 between a VALU write of an SGPR and a
+// load reading it, 1 between the M0 write and an LDS DMA, 1 between a VALU write of a VGPR and
+// a v_readlane of it: the leading s_nop 0 where n = 0, the values' VALU ops just before),
+// where two lds_dma16 take s_nop 3, s_mov, s_nop 0 each: 14 issue slots a pair against 22
+// (the compiler, left the read-outs, also copied the second buffer's words around).  The
+// buffers are fixed SGPRs, s[20:23] and s[24:27], clobbered: an SGPR tuple operand's words
+// cannot be named one by one.  M0 = `lds` + `off_a` (+ `off_b` for the second).
+template <int n, u32 off_a, u32 off_b>
+__device__ inline void lds_dma16_pair(u32 lo, u32 hi, u32 bytes, u32 voff_a, u32 voff_b, u32 lds) {
+  if constexpr (n == 0) asm volatile("s_nop 0" : : "v"(lo), "v"(hi), "v"(bytes));  // after the values
+  asm volatile("v_readlane_b32 s20, %0, %6\n\tv_readlane_b32 s21, %1, %6\n\tv_readlane_b32 s22, %2, %6\n\t"
+               "s_mov_b32 s23, 0x20000\n\ts_add_u32 m0, %5, %8\n\t"
+               "v_readlane_b32 s24, %0, %7\n\tv_readlane_b32 s25, %1, %7\n\tv_readlane_b32 s26, %2, %7\n\t"
+               "buffer_load_dwordx4 %3, s[20:23], 0 offen lds\n\t"
+               "s_mov_b32 s27, 0x20000\n\ts_add_u32 m0, %5, %9\n\ts_nop 1\n\t"
+               "buffer_load_dwordx4 %4, s[24:27], 0 offen lds"
+               : : "v"(lo), "v"(hi), "v"(bytes), "v"(voff_a), "v"(voff_b), "s"(lds), "i"(n), "i"(n + 1),
+                 "i"(off_a), "i"(off_b)
+               : "memory", "m0", "s20", "s21", "s22", "s23", "s24", "s25", "s26", "s27");
+}
+
 // A sequence's pages in a paged KV cache (the arguments' page_table, page_size, num_pages):
 // `table`, its row of page_table (slot i: the page of keys [i page_size, (i + 1) page_size));
 // `units`, page_size / 16 (16-row groups a page, 1 .. 16); `magic` = magic_of(page_size) =
@@ -172,15 +196,24 @@ struct KvCopy {
     const u32 last = u32(sk - 1) >> 4;  // sk >= 1: a tile is copied only below sk
     return raw < last ? raw : last;
   }
+  // The bytes between a page's first row and 16-row group g's (`slot`: the group's slot,
+  // pages.slot_of(g)), as issue_paged wants them; the caller computes them a tile ahead, with
+  // the slot whose entry it loads.  A row's offset in its page (< 256 rows) times the stride is
+  // taken to fit 32 bits, as a tile's is above.
+  __device__ u32 row_offset(u32 g, u32 slot, const PageMap& pages) const {
+    return pages.row_of(g, slot) * (2u * u32(stride));
+  }
   // The copy of keys [n0, n0 + kBlockN), `entry` lane n's page-table entry for instruction n
-  // (the caller loads them a tile ahead: pages.table[pages.slot_of(lane_group(..))]).
-  // Instruction n's buffer: from its group's first row in its page (the page clamped to the
-  // cache), over the group's rows that exist (rows x stride bytes: no lane reads past its own
-  // row's kWidth; none: zeros).  A row's offset in its page (< 256 rows) times the stride is
-  // taken to fit 32 bits, as a tile's is above.  `page_stride`: elements between two pages of
-  // the tensor (its stride_b).
-  __device__ void issue_paged(u32 lds, int n0, int sk, int entry, const PageMap& pages, i64 page_stride,
-                              int lane) const {
+  // and `row_off` the byte offset of its first row in that page (row_offset; the caller loads
+  // the entries a tile ahead: pages.table[slot]).  Instruction n's buffer: from its group's
+  // first row in its page (the page clamped to the cache), over the group's rows that exist
+  // (rows x stride bytes: no lane reads past its own row's kWidth; none: zeros).
+  // `page_stride`: elements between two pages of the tensor (its stride_b).
+  // kRowGiven = false: `row_off` is ignored and computed here (above d 64; at d 256 a VGPR held
+  // for it from the load spilled).
+  template <bool kRowGiven = true>
+  __device__ void issue_paged(u32 lds, int n0, int sk, int entry, u32 row_off, const PageMap& pages,
+                              i64 page_stride, int lane) const {
     u32 raw;
     const u32 g = lane_group(n0, sk, lane, raw);
     int left = sk - int(16u * raw) < 16 ? sk - int(16u * raw) : 16;
@@ -188,17 +221,32 @@ struct KvCopy {
     const u32 rows = u32(left < 0 ? 0 : left);  // 0 .. 16
     const u32 row_bytes = 2u * u32(stride);
     const u64 at = reinterpret_cast<u64>(src) + u64(pages.clamp(entry)) * (2ull * u64(page_stride)) +
-                   pages.row_of(g, pages.slot_of(g)) * row_bytes;
+                   (kRowGiven ? row_off : pages.row_of(g, pages.slot_of(g)) * row_bytes);
     const u32 lo = u32(at), hi = u32(at >> 32) & 0xffffu, bytes = rows * row_bytes;
+    if constexpr (kPairs) {
+      issue_pairs<0>(lo, hi, bytes, lds + 1024u * u32(wave));
+    } else {
 #pragma unroll
-    for (int n = 0; n < kLoads; ++n) {
-      // (each instruction's read-outs after the previous instruction: hoisted together, they
-      // took 3 kLoads SGPRs at once)
-      __builtin_amdgcn_sched_barrier(0);
-      const u32x4 rsrc = {u32(__builtin_amdgcn_readlane(lo, n)), u32(__builtin_amdgcn_readlane(hi, n)),
-                          u32(__builtin_amdgcn_readlane(bytes, n)), 0x00020000u};
-      lds_dma16(rsrc, voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
+      for (int n = 0; n < kLoads; ++n) {
+        // (each instruction's read-outs after the previous instruction: hoisted together, they
+        // took 3 kLoads SGPRs at once)
+        __builtin_amdgcn_sched_barrier(0);
+        const u32x4 rsrc = {u32(__builtin_amdgcn_readlane(lo, n)), u32(__builtin_amdgcn_readlane(hi, n)),
+                            u32(__builtin_amdgcn_readlane(bytes, n)), 0x00020000u};
+        lds_dma16(rsrc, voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
+      }
     }
+  }
+  // Instructions in pairs (lds_dma16_pair) at d 64, where the copy is in the step that sets the
+  // period (d 128: the paged launch 0.2 % slower with them).
+  static constexpr bool kPairs = kDqk <= 64 && kLoads % 2 == 0;
+
+  // Instructions n and n + 1 of a tile, then the pairs after them.
+  template <int n>
+  __device__ void issue_pairs(u32 lo, u32 hi, u32 bytes, u32 base) const {
+    lds_dma16_pair<n, 1024u * n * kCopyWaves, 1024u * (n + 1) * kCopyWaves>(lo, hi, bytes, voff[n % kPeriod],
+                                                                            voff[(n + 1) % kPeriod], base);
+    if constexpr (n + 2 < kLoads) issue_pairs<n + 2>(lo, hi, bytes, base);
   }
 };
 

@@ -30,10 +30,11 @@
 // sequence's keys; null: K and V are tensors) gives each sequence its key count, clamped to
 // [0, seqlen_k] -- a contiguous cache (B, seqlen_k, hkv, d) is then read as a dense batch
 // (sequence b at b k_stride_b) by the plain or the features' loop, at the cost of one scalar
-// load a workgroup; page_table (null: not paged) selects a third specialisation whose copies
-// read each 16-row group of keys from its page (KvCopy::issue_paged, PageMap), with every page
-// index clamped to the cache: whatever cache_seqlens and page_table hold, no access leaves k,
-// v or the table's rows.
+// load a workgroup; page_table (null: not paged) selects a third specialisation (at d64 also a
+// fourth, paged without the features, for calls that have none) whose copies read each 16-row
+// group of keys from its page (KvCopy::issue_paged, PageMap), with every page index clamped to
+// the cache: whatever cache_seqlens and page_table hold, no access leaves k, v or the table's
+// rows.
 //
 // MFMA 32x32x16 bf16 lane layout (lane l, i = l % 32, g = l / 32):
 //   A (32 x 16): lane holds row i, k = 8g + t in bf16 item t = 0..7
@@ -82,7 +83,8 @@ using LdsTiles = u16[2 * (kLdsK + kLdsV)];
 //     that fold away);
 //   kFeatures = true: the window bounds and the softcap from the arguments.
 // Sinks (one term a row, after the loop) are read in both.
-//   kPaged = true (with kFeatures): K and V from a paged cache, through page_table.
+//   kPaged = true: K and V from a paged cache, through page_table (with kFeatures; at d64 also
+//     without, flash_fwd below).
 // P: Params, or (paged) the Params of the argument segment read anew (late_constant_params):
 // the paged specialisation's arguments are loaded where it starts, not at the kernel's entry
 // with the others' (held across their branches, they spilled SGPRs).
@@ -212,17 +214,36 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
   const PageMap pages((const ZYFA_GLOBAL int*)(p.page_table) + b * p.page_table_stride, p.page_size, p.num_pages,
                       p.page_magic);
   const i64 page_stride = lead ? p.k_stride_b : p.v_stride_b;
+  // d64 also keeps lane n's row offset in its page from the load to the copy (one VGPR more:
+  // its group and slot are then computed once, not again in the copy; d256 had no VGPR free).
+  constexpr bool kRowAhead = kDqk <= 64;
   int page_entry = 0;
-  auto fetch = [&](int t) {
+  u32 page_row = 0;  // (kRowAhead) lane n: the byte offset of instruction n's first row in its page
+  auto row_offset = [&](int t, u32& slot) {
     u32 raw;
     const u32 gk = kcopy.lane_group(key0(t), sk, lane, raw), gv = vcopy.lane_group(key0(t), sk, lane, raw);
-    page_entry = pages.table[pages.slot_of(lead ? gk : gv)];
+    const u32 g = lead ? gk : gv;
+    slot = pages.slot_of(g);
+    return lead ? kcopy.row_offset(g, slot, pages) : vcopy.row_offset(g, slot, pages);
+  };
+  auto fetch = [&](int t) {
+    u32 slot;
+    if constexpr (kRowAhead) {
+      page_row = row_offset(t, slot);
+    } else {
+      u32 raw;
+      const u32 gk = kcopy.lane_group(key0(t), sk, lane, raw), gv = vcopy.lane_group(key0(t), sk, lane, raw);
+      slot = pages.slot_of(lead ? gk : gv);
+    }
+    page_entry = pages.table[slot];
   };
   auto copy = [&](int t) {  // K(t) for group 0, V(t) for group 1
     if (t >= n_tiles) return;
     if constexpr (kPaged) {
-      if (lead) kcopy.issue_paged(lds_addr + 2 * k_tile(t & 1), key0(t), sk, page_entry, pages, page_stride, lane);
-      else vcopy.issue_paged(lds_addr + 2 * v_tile(t & 1), key0(t), sk, page_entry, pages, page_stride, lane);
+      if (lead)
+        kcopy.template issue_paged<kRowAhead>(lds_addr + 2 * k_tile(t & 1), key0(t), sk, page_entry, page_row, pages, page_stride, lane);
+      else
+        vcopy.template issue_paged<kRowAhead>(lds_addr + 2 * v_tile(t & 1), key0(t), sk, page_entry, page_row, pages, page_stride, lane);
       if (t + 1 < n_tiles) fetch(t + 1);
     } else {
       if (lead) kcopy.issue(lds_addr + 2 * k_tile(t & 1), key0(t), sk);
@@ -292,10 +313,15 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   using namespace detail;
   __shared__ __attribute__((aligned(1024))) LdsTiles lds;
   // The features' loop only where the call has one: a window bound (causal kernels: a left
-  // one) or a softcap; the paged one (which has the features too) for a paged cache.
+  // one) or a softcap; a paged one for a paged cache.
   const bool features = as_int(p.softcap) > 0 || p.window_left >= 0 || (!zyfa_cfg::kCausal && p.window_right >= 0);
-  if (p.page_table) attend<true, true>(*late_constant_params(), lds);
-  else if (!features) attend<false>(p, lds);
+  if (p.page_table) {
+    // d64: a paged loop without the features too (its softmax step is the longer one, and the
+    // features' few SALU ops and registers lengthen it); at larger head dims a fourth loop
+    // spilled registers, and the paged copy hides under the matrix step anyway.
+    if (zyfa_cfg::kDqk <= 64 && !features) attend<false, true>(*late_constant_params(), lds);
+    else attend<true, true>(*late_constant_params(), lds);
+  } else if (!features) attend<false>(p, lds);
   else attend<true>(p, lds);
 }
 
