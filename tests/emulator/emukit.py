@@ -41,6 +41,19 @@ def bf16(x):
     """``x`` rounded to bf16 (numpy's ml_dtypes type)."""
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
+
+def built_with(variants, features) -> bool:
+    """Whether PREBUILT's manifest has every one of ``variants`` built and listing all of
+    ``features`` (a test module's skip condition: the code objects it needs are there)."""
+    import json
+    try:
+        manifest = json.loads((PREBUILT / "manifest.json").read_text())
+    except OSError:
+        return False
+    entries = {e["name"]: e for e in manifest["kernels"]}
+    return all(entries.get(v.name, {}).get("built") and set(features) <= set(entries[v.name].get("features", ()))
+               for v in variants)
+
 _CACHE: dict[str, LoadedCode] = {}
 
 _DESCRIPTOR = """

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import PREBUILT, bf16, emulator  # noqa: F401 (emulator: a fixture)
+from emukit import PREBUILT, bf16, built_with, emulator  # noqa: F401 (emulator: a fixture)
 from tests.sweeps import sweep
 
 from zyfa_runtime import catalogue, flash_attn_func, flash_attn_varlen_func, reference
@@ -29,18 +29,7 @@ DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
 VARIANTS = [Variant("gfx950", "bf16", dq, dv, causal) for dq, dv in DIMS for causal in (False, True)]
 
 
-def _built_with_features() -> bool:
-    import json
-    try:
-        manifest = json.loads((PREBUILT / "manifest.json").read_text())
-    except OSError:
-        return False
-    entries = {e["name"]: e for e in manifest["kernels"]}
-    return all(entries.get(v.name, {}).get("built") and
-               set(entries[v.name].get("features", ())) >= {"window", "softcap", "sinks"} for v in VARIANTS)
-
-
-pytestmark = pytest.mark.skipif(not _built_with_features(),
+pytestmark = pytest.mark.skipif(not built_with(VARIANTS, ("window", "softcap", "sinks")),
                                 reason="gfx950 BF16 code objects with window, softcap and sinks not built "
                                        "(python build.py --arch gfx950 --only bf16)")
 

@@ -10,15 +10,13 @@ Outputs are poisoned with NaN first; rows that see no key (a sequence of 0 keys,
 before a short sequence's first key) must come back as zeros with an LSE of -inf.
 """
 
-import json
-import os
 import zlib
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from emukit import PREBUILT, bf16, built_with, emulator  # noqa: F401 (emulator: a fixture)
 from tests.backends import using_backend
 from tests.emulator.test_emu_features import compare
 from tests.sweeps import sweep
@@ -26,37 +24,15 @@ from tests.sweeps import sweep
 from zyfa_runtime import flash_attn_with_kvcache, reference
 from zyfa_runtime.catalogue import Variant
 
-ROOT = Path(__file__).resolve().parents[2]
-PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or ROOT / "prebuilt")
 DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
 VARIANTS = [Variant("gfx950", "bf16", dq, dv, causal) for dq, dv in DIMS for causal in (False, True)]
 #: The default run's variant per test (every variant with -m slow).
 QUICK_ONE = {(64, 64, True)}
 
 
-def _built_with_caches() -> bool:
-    try:
-        manifest = json.loads((PREBUILT / "manifest.json").read_text())
-    except OSError:
-        return False
-    entries = {e["name"]: e for e in manifest["kernels"]}
-    return all(entries.get(v.name, {}).get("built") and
-               {"kvcache", "paged_kv"} <= set(entries[v.name].get("features", ())) for v in VARIANTS)
-
-
-pytestmark = pytest.mark.skipif(not _built_with_caches(),
+pytestmark = pytest.mark.skipif(not built_with(VARIANTS, ("kvcache", "paged_kv")),
                                 reason="gfx950 BF16 code objects with KV caches not built "
                                        "(python build.py --arch gfx950 --only bf16)")
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS="1") as driver:
-        yield driver
-
-
-def bf16(x):
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
 
 def rng_of(v: Variant, seed: int):
