@@ -24,6 +24,8 @@ import pytest
 
 from tests.backends import using_backend
 from zyfa_emulator import CodeObject, Config, LoadedCode, Machine
+from zyfa_runtime import reference
+from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND
 
 #: The code objects the runtime runs in these tests: the checkout's prebuilt/, or
 #: $ZYFA_PREBUILT_DIR.
@@ -40,6 +42,19 @@ def emulator():
 def bf16(x):
     """``x`` rounded to bf16 (numpy's ml_dtypes type)."""
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def compare(o, lse, ref_o, ref_lse):
+    """A BF16 kernel's O and LSE against the fp64 reference's: no NaN, rows without keys where
+    the reference has them (zeros, LSE -inf), selfcheck's bounds elsewhere."""
+    o = np.asarray(o, np.float64)
+    lse = np.asarray(lse, np.float64)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse)), "rows without keys differ"
+    assert np.array_equal(o[np.all(ref_o == 0, axis=-1)], ref_o[np.all(ref_o == 0, axis=-1)]), "rows without keys"
+    finite = np.isfinite(ref_lse)
+    assert reference.relative_error(o, ref_o) <= O_BOUND
+    assert np.abs(lse[finite] - ref_lse[finite]).max(initial=0.0) <= LSE_BOUND
 
 
 def built_with(variants, features) -> bool:

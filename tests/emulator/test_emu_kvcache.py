@@ -16,9 +16,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import PREBUILT, bf16, built_with, emulator  # noqa: F401 (emulator: a fixture)
+from emukit import PREBUILT, bf16, built_with, compare, emulator  # noqa: F401 (emulator: a fixture)
 from tests.backends import using_backend
-from tests.emulator.test_emu_features import compare
 from tests.sweeps import sweep
 
 from zyfa_runtime import flash_attn_with_kvcache, reference
