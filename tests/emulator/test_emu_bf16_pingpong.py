@@ -54,8 +54,9 @@ def test_a_row_max_that_jumps_late_is_rescaled_and_one_that_creeps_is_not_and_bo
     check(bf16(q), bf16(k), bf16(vv), v.causal, softmax_scale=0.5)
 
 
-#: one variant in the default run (its grid is the largest of the file; all with -m slow)
-@pytest.mark.parametrize("v", sweep(VARIANTS, quick={(64, 64, True)}))
+#: the full run only (its grid is the largest of the file; the default run's several heads and
+#: sequences: tests/emulator/test_emu_kvcache.py, test_emu_features.py)
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=set()))
 def test_several_query_blocks_heads_and_sequences_each_land_in_their_own_rows(emulator, v):
     # 520 query rows = 3 blocks of 256 (the last of 8 rows), 2 sequences, 2 query heads on 1
     # KV head: causal launches take the blocks longest first (catalogue.work_of), so every
