@@ -1,13 +1,16 @@
-"""The serving features' cost on the GPU: sliding window, softcap and sinks against zyfa's
-plain kernels and the cuDNN frontend's graph, in the same run (issue 47's bars: window 4096 at
-32k tokens >= 0.9x dense TFLOP/s counting only the FLOPs inside the window; softcap and sinks
-<= 5 % slower than without).
+"""The serving features' cost on the GPU: sliding window, softcap, sinks and a paged KV cache
+against zyfa's plain kernels and the cuDNN frontend's graph, in the same run (issue 47's bars:
+window 4096 at 32k tokens >= 0.9x dense TFLOP/s counting only the FLOPs inside the window; softcap
+and sinks <= 5 % slower than without; paged (pages of 16, 64, 256) >= 0.95x dense).
 
 Per shape (B, S, Hq, Hkv, D; causal) and dtype, each a row:
   dense     flash_attn_func, no feature (the plain kernels)
   window    window_size=(W - 1, 0): each query sees its W newest keys, itself included
   softcap   softcap=--softcap on the dense call
   sinks     one fp32 sink a query head on the dense call
+  paged P   flash_attn_with_kvcache over the same K and V as a cache of pages of P rows (--pages),
+            the pages shuffled over the pool, cache_seqlens = S, page_table and lengths unread
+            (check_cache_seqlens=False: no copy back in the timed call)
   cudnn     the cuDNN frontend's SDPA graph, dense and with the same window (its band's left
             bound), BF16 only (its FP8 graph takes no band here)
 A call's features must be listed by its kernel (the manifest's ``features``); otherwise the row
@@ -88,20 +91,46 @@ def rel_err(out, q, k, v, causal, scale, feat) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
+def paged_cache(t, page: int, perm):
+    """``t`` (B, S, H, D) as a KV cache of pages of ``page`` rows (the last page of a sequence
+    padded with zeros): page i of sequence b is page ``perm[b pages + i]`` of the pool."""
+    import torch
+    b, s, h, d = t.shape
+    per = -(-s // page)
+    padded = torch.zeros((b, per * page, h, d), dtype=t.dtype, device=t.device)
+    padded[:, :s] = t
+    cache = torch.empty((b * per, page, h, d), dtype=t.dtype, device=t.device)
+    cache[perm] = padded.reshape(b * per, page, h, d)
+    return cache
+
+
 def zyfa_call(q, k, v, out, causal, scale, fp8_descales, feat):
     import torch
     import zyfa_runtime as zr
     stream = torch.cuda.current_stream()
     if fp8_descales is None:
-        qr, kr, vr = zr.as_tensor(q), zr.as_tensor(k), zr.as_tensor(v)
-        kw = {}
+        raw, dt, kw = (q, k, v), {}, {}
     else:
-        qr, kr, vr = (zr.as_tensor(t.view(torch.uint8), dtype="fp8_e4m3") for t in (q, k, v))
+        raw, dt = tuple(t.view(torch.uint8) for t in (q, k, v)), {"dtype": "fp8_e4m3"}
         kw = {f"descale_{n}": zr.as_tensor(d) for n, d in zip("qkv", fp8_descales)}
+    qr, kr, vr = (zr.as_tensor(t, **dt) for t in raw)
     extra = {n: feat[n] for n in ("window_size", "softcap") if n in feat}
     if "sinks" in feat:
         extra["sinks"] = zr.as_tensor(feat["sinks"])
     o = zr.as_tensor(out)
+    page = feat.get("page_size")
+    if page:
+        b, s = q.shape[:2]
+        per = -(-s // page)
+        perm = torch.randperm(b * per, generator=torch.Generator().manual_seed(page)).to(q.device)
+        kr, vr = (zr.as_tensor(paged_cache(t, page, perm), **dt) for t in raw[1:])
+        cache = dict(cache_seqlens=zr.as_tensor(torch.full((b,), s, dtype=torch.int32, device=q.device)),
+                     page_table=zr.as_tensor(perm.reshape(b, per).to(torch.int32).contiguous()))
+
+        def call():
+            zr.flash_attn_with_kvcache(qr, kr, vr, causal=causal, softmax_scale=scale, out=o, stream=stream,
+                                       check_cache_seqlens=False, **cache, **kw, **extra)
+        return call
 
     def call():
         zr.flash_attn_func(qr, kr, vr, causal=causal, softmax_scale=scale, out=o, stream=stream,
@@ -130,6 +159,7 @@ def run(args) -> dict:
         sinks = torch.randn(hq, device="cuda", dtype=torch.float32)
         cases = [("dense", {}), (f"window {args.window}", {"window_size": (args.window - 1, 0)}),
                  (f"softcap {args.softcap:g}", {"softcap": args.softcap}), ("sinks", {"sinks": sinks})]
+        cases += [(f"paged {p}", {"page_size": p}) for p in args.pages]
         for dtype in args.dtypes:
             if dtype == "fp8":
                 (q8, dq), (k8, dk), (v8, dv) = quantise(q), quantise(k), quantise(v)
@@ -214,6 +244,8 @@ def main(argv=None):
     ap.add_argument("--dtypes", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"])
     ap.add_argument("--window", type=int, default=4096, help="keys a query sees, itself included")
     ap.add_argument("--softcap", type=float, default=30.0)
+    ap.add_argument("--pages", type=int, nargs="*", default=[16, 64, 256],
+                    help="page sizes of the paged rows (none: no paged rows)")
     ap.add_argument("--min-s", type=float, default=1.0, help="timed seconds a row")
     ap.add_argument("--warm-s", type=float, default=0.3)
     ap.add_argument("--max-err", type=float, default=0.05)

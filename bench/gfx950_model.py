@@ -15,6 +15,7 @@ docs/gfx950_calibration.md fits against AMD's published measurements of its own 
     python bench/gfx950_model.py --windows   # windows, softcap, sinks beside dense (BF16)
     python bench/gfx950_model.py --windows --dtype fp8_e4m3   # windows and sinks (FP8)
     python bench/gfx950_model.py --paged     # paged KV caches beside dense (BF16)
+    python bench/gfx950_model.py --paged --dtype fp8_e4m3     # paged KV caches (FP8)
 """
 
 from __future__ import annotations
@@ -608,17 +609,18 @@ PAGED_DIMS = ((128, 128), (64, 64))
 PAGED_TOKENS = 8192
 
 
-def paged_table(dims=PAGED_DIMS, tokens=PAGED_TOKENS, batch=1, heads_q=32) -> int:
-    """Print the paged table (markdown) and the verdict against the issue's bar transposed to
-    the model: paged (page 16 and 64) >= 0.95x dense TFLOP/s at the same shape.  Each launch's
-    workgroups visit the same key tiles; its cost is traced with its cache (``trace``)."""
+def paged_table(dims=PAGED_DIMS, tokens=PAGED_TOKENS, batch=1, heads_q=32, dtype="bf16") -> int:
+    """Print the paged table (markdown) of the ``dtype`` kernels and the verdict against the
+    issue's bar transposed to the model: paged (page 16 and 64) >= 0.95x dense TFLOP/s at the
+    same shape.  Each launch's workgroups visit the same key tiles; its cost is traced with its
+    cache (``trace``)."""
     print(f"B{batch} Hq {heads_q} (Hkv 8) causal, Sq = Sk = {tokens:,} (cache_seqlens = Sk); calibrated "
           f"model, {cycles.SUSTAINED_GHZ * 1000:,.0f} MHz (modelled, not measured)")
     print("| kernel | launch | TFLOP/s | cycles a KV tile (one workgroup a CU) | x dense |")
     print("|---|---|---|---|---|")
     verdicts = []
     for dq, dv in dims:
-        v = Variant("gfx950", "bf16", dq, dv, True)
+        v = Variant("gfx950", dtype, dq, dv, True)
         dense = None
         for label, feats in PAGED_ROWS:
             p = predict(v, batch, heads_q, tokens, tokens, features=feats)
@@ -641,14 +643,15 @@ def main(argv=None) -> int:
         return window_table(argv[argv.index("--dtype") + 1] if "--dtype" in argv else "bf16")
     if "--table" in argv:
         return table(argv)
-    if "--paged" in argv:
-        return paged_table()
+    if "--paged" in argv:     # --dtype fp8_e4m3: the FP8 assembly's
+        return paged_table(dtype=argv[argv.index("--dtype") + 1] if "--dtype" in argv else "bf16")
     if argv:   # the figures page takes no options; anything else (--help) gets the usage
         print("usage: python bench/gfx950_model.py            # writes docs/gfx950_fp8_figures.{md,json}\n"
               "       python bench/gfx950_model.py --table -h  # one table, its options\n"
               "       python bench/gfx950_model.py --windows   # windows, softcap, sinks (BF16)\n"
               "       python bench/gfx950_model.py --windows --dtype fp8_e4m3   # windows, sinks (FP8)\n"
-              "       python bench/gfx950_model.py --paged     # paged KV caches (BF16)")
+              "       python bench/gfx950_model.py --paged     # paged KV caches (BF16)\n"
+              "       python bench/gfx950_model.py --paged --dtype fp8_e4m3     # paged KV caches (FP8)")
         return 0 if set(argv) <= {"-h", "--help"} else 2
     return fp8_figures()
 

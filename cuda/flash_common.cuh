@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace zyfa {
 
 // Consumer warpgroups of kConsumerRows query rows (the M of their WGMMAs; the generator's
@@ -36,10 +38,45 @@ __device__ __forceinline__ void clamped_segment(const int* cu, int b, int total,
   len = min(end - first, max_len);
 }
 
+// KV caches (the serving kernels' Params: catalogue._arg_names, "kvcache" and "paged_kv"): whether
+// a kernel's arguments have them (the plain kernels' do not: their code is that of no cache),
+// and whether this call uses them (a null pointer: K and V are tensors; no page table: the cache
+// is contiguous, (batch, seqlen_k, hkv, d)).
+template <class P, class = void>
+struct HasKvCache : std::false_type {};
+template <class P>
+struct HasKvCache<P, std::void_t<decltype(P::cache_seqlens)>> : std::true_type {};
+template <class P, class = void>
+struct HasPages : std::false_type {};
+template <class P>
+struct HasPages<P, std::void_t<decltype(P::page_table)>> : std::true_type {};
+template <class P>
+__device__ __forceinline__ bool kv_cache(const P& p) {
+  if constexpr (HasKvCache<P>::value) return p.cache_seqlens != nullptr;
+  return false;
+}
+template <class P>
+__device__ __forceinline__ bool paged(const P& p) {
+  if constexpr (HasPages<P>::value) return p.page_table != nullptr;
+  return false;
+}
+
+// Sequence b's rows and keys.  Packed (cu_seqlens_q / cu_seqlens_k): clamped_segment's.  A KV
+// cache (kv_cache): its keys are the first cache_seqlens[b] rows of its part of the cache,
+// clamped to [0, seqlen_k] (seqlen_k: the cache's rows a sequence, contiguous max_seqlen_k, paged
+// max_pages page_size), whatever the value (the runtime may pass it unread); its queries dense
+// or packed.
 template <class P>
 __device__ __forceinline__ SeqBounds sequence_bounds(const P& p, int b) {
   SeqBounds s{0, 0, p.seqlen_q, p.seqlen_k};
-  if (p.cu_seqlens_q != nullptr) {
+  if constexpr (HasKvCache<P>::value) {
+    if (p.cu_seqlens_q != nullptr)
+      clamped_segment(static_cast<const int*>(p.cu_seqlens_q), b, p.total_q, p.seqlen_q, s.q_start, s.sq);
+    if (p.cache_seqlens != nullptr)
+      s.sk = min(max(static_cast<const int*>(p.cache_seqlens)[b], 0), p.seqlen_k);
+    else if (p.cu_seqlens_k != nullptr)
+      clamped_segment(static_cast<const int*>(p.cu_seqlens_k), b, p.total_k, p.seqlen_k, s.k_start, s.sk);
+  } else if (p.cu_seqlens_q != nullptr) {
     clamped_segment(static_cast<const int*>(p.cu_seqlens_q), b, p.total_q, p.seqlen_q, s.q_start, s.sq);
     clamped_segment(static_cast<const int*>(p.cu_seqlens_k), b, p.total_k, p.seqlen_k, s.k_start, s.sk);
   }
@@ -476,6 +513,111 @@ __device__ __forceinline__ void tma_tile(uint32_t tile, uint64_t tmap, uint32_t 
   mbar_arrive_expect_tx(bar, kRows * kRowBytes);
 #pragma unroll
   for (int kb = 0; kb < kRowBytes / kBox; ++kb) tma_load_4d(tile + kb * kRows * kBox, tmap, kBox * kb, h, row, seq, bar);
+}
+
+// ---- paged KV caches (serving kernels: paged) -------------------------------------------------
+//
+// Key t of sequence b is row t % page_size of page page_table[b page_table_stride + t / page_size]
+// of the cache (num_pages, page_size, hkv, d); page sizes are multiples of 16 from 16 to 256.  The
+// tensor maps of a paged call are over the whole cache -- bytes of (head dim, heads, page_size
+// rows, num_pages) -- with boxes of kPiece = min(lowbit(page_size), tile rows) rows
+// (plan._tensor_map_geometry, the same rule): a power of two that divides both the page and the
+// tile, so that a tile (whose first key is a multiple of its rows) is tile rows / kPiece whole
+// boxes, none of them across a page.  Each box lands kPiece rows further into the tile's K-block;
+// the 128B swizzle repeats every 8 rows (1024 bytes) and the 64B swizzle every 4 (512 bytes), and
+// the swizzle is a function of the shared address's bits, so boxes of 16 rows or more at 16-row
+// offsets put every chunk where one box of the whole tile puts it.  All of a tile's boxes
+// complete one mbarrier with the tile's bytes, as tma_tile's.
+// Every index is clamped: the table's slot to [0, max_pages - 1] (a tile's rows past the
+// sequence's keys may lie past its last page), the entry to [0, num_pages - 1]: whatever
+// cache_seqlens and page_table hold, no copy leaves the table's row or the cache.  Rows past the
+// sequence's keys then hold some page's rows: K's are masked (-inf before any exp, an assignment
+// that drops whatever the product gave), V's zeroed before PV reads them (BF16: zero_tail_rows;
+// FP8: the pre-pass writes V^T zeros past the last key), so no value of an unused row -- Inf or
+// NaN included -- reaches O.
+template <class P>
+__device__ __forceinline__ int page_piece(const P& p, int rows) {
+  return min(p.page_size & -p.page_size, rows);
+}
+// The table's slot of 16-row group g (keys 16 g ..) of a sequence and the page it names, both
+// clamped: g / (page_size / 16) as a multiply-high by page_magic = ceil(2^31 / (page_size / 16))
+// (exact for g < 2^27: plan.page_magic).
+template <class P>
+__device__ __forceinline__ int page_slot(const P& p, unsigned g) {
+  return min(static_cast<int>(__umulhi(2u * g, static_cast<unsigned>(p.page_magic))), p.max_pages - 1);
+}
+template <class P>
+__device__ __forceinline__ int page_at(const P& p, int b, int slot) {
+  const int entry = static_cast<const int*>(p.page_table)[b * p.page_table_stride + slot];
+  return min(max(entry, 0), p.num_pages - 1);
+}
+
+// A tile of kRows keys from key0 of sequence b (a multiple of kRows) out of a paged cache, as
+// tma_tile lays it out (K-blocks of kBox-byte rows): box after box of kPiece rows, each from its
+// page's entry.  The entries are read one at a time by the issuing thread (held together, the
+// producer's 32 or 40 registers spilled them); a sequence's row of the table is a few lines of
+// L1 after its first tile, so that a tile of 16-row pages (8 boxes) waits some 8 L1 hits.
+template <int kRows, int kRowBytes, int kBox, class P>
+__device__ __forceinline__ void tma_tile_paged(const P& p, uint32_t tile, uint64_t tmap, uint32_t bar, int h,
+                                               int key0, int b) {
+  static_assert(kRows % 16 == 0 && kRowBytes % kBox == 0, "16-row groups, whole K-blocks");
+  const int step = page_piece(p, kRows) / 16;   // 16-row groups a box
+  const unsigned g0 = static_cast<unsigned>(key0) / 16u;
+  mbar_arrive_expect_tx(bar, kRows * kRowBytes);
+#pragma unroll 1
+  for (int j = 0; j < kRows / 16; j += step) {
+    const int slot = page_slot(p, g0 + j);
+    const int page = page_at(p, b, slot);
+    // past the page only where the group is past the table's pages: TMA fills that box with zeros
+    const int row = 16 * static_cast<int>(g0 + j) - slot * p.page_size;
+#pragma unroll
+    for (int kb = 0; kb < kRowBytes / kBox; ++kb)
+      tma_load_4d(tile + kb * kRows * kBox + 16 * j * kBox, tmap, kBox * kb, h, row, page, bar);
+  }
+}
+
+// The page_table lines that the boxes of the tile of kRows keys from key0 read (its first and
+// last box's entries: 8 entries at most, one or two lines), prefetched into L1 by the issuing
+// thread once the tile before is copied, so that tma_tile_paged's reads, after the tile's stage
+// is free, hit L1.  Only the paged kernels' producers call it (HasPages).
+template <int kRows, class P>
+__device__ __forceinline__ void prefetch_pages(const P& p, int key0, int b) {
+  if (p.page_table == nullptr) return;
+  const unsigned g0 = static_cast<unsigned>(key0) / 16u;
+  const int* row = static_cast<const int*>(p.page_table) + b * p.page_table_stride;
+  asm volatile("prefetch.global.L1 [%0];\n" :: "l"(row + page_slot(p, g0)));
+  asm volatile("prefetch.global.L1 [%0];\n" :: "l"(row + page_slot(p, g0 + kRows / 16 - 1)));
+}
+
+// A K or V tile of kRows keys by TMA: tma_tile at (head h, row, sequence seq) of the tensor map,
+// or from a paged cache (paged(p): row is the sequence's key, seq the sequence) tma_tile_paged.
+template <int kRows, int kRowBytes, int kBox, class P>
+__device__ __forceinline__ void tma_tile_kv(const P& p, uint32_t tile, uint64_t tmap, uint32_t bar, int h, int row,
+                                            int seq) {
+  if constexpr (HasPages<P>::value) {
+    if (p.page_table != nullptr) {
+      tma_tile_paged<kRows, kRowBytes, kBox>(p, tile, tmap, bar, h, row, seq);
+      return;
+    }
+  }
+  tma_tile<kRows, kRowBytes, kBox>(tile, tmap, bar, h, row, seq);
+}
+
+// Key `key`'s row of V (FP8: elements are bytes) for key/value head h of sequence b, as the V^T
+// pre-pass reads it: from `head`, the sequence's head (tensor_offsets), rows v_stride_s apart; or
+// from a paged cache (paged(p)) row key % page_size of its page (page_slot, page_at: clamped),
+// pages v_stride_b apart.
+template <class P>
+__device__ __forceinline__ const uint8_t* v_row(const P& p, const uint8_t* head, int b, int h, int key) {
+  if constexpr (HasPages<P>::value) {
+    if (p.page_table != nullptr) {
+      const unsigned g = static_cast<unsigned>(key) / 16u;
+      const int slot = page_slot(p, g);
+      return static_cast<const uint8_t*>(p.v) + page_at(p, b, slot) * p.v_stride_b + h * p.v_stride_h +
+             (key - slot * p.page_size) * p.v_stride_s;
+    }
+  }
+  return head + key * p.v_stride_s;
 }
 
 // 16 bytes of `word` repeated at a shared address.

@@ -112,7 +112,8 @@ __device__ __forceinline__ uint8_t* vt_block(const P& p, int h, long long col) {
 }
 
 // One CTA of the pre-pass (kVtThreads threads): keys n0 .. n0 + 127 (n0 = 128 blockIdx.x) of
-// key/value head blockIdx.y of sequence blockIdx.z, V (keys x Dv, rows v_stride_s apart) ->
+// key/value head blockIdx.y of sequence blockIdx.z, V (keys x Dv, rows v_stride_s apart; a paged
+// cache's each from its page: v_row) ->
 // V^T (Dv rows of those 128 key bytes, in P's order, zeros past the sequence's end, in the 128B
 // swizzle of a V^T stage: the block is copied to shared memory as it is).  The rows go into
 // shared memory 16 bytes at a time (every load of a thread in flight at once); then a thread
@@ -140,7 +141,7 @@ __device__ void transpose_v(const P& p) {
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
     const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
-    x[j] = n0 + r < s.sk ? *reinterpret_cast<const uint4*>(v + (n0 + r) * p.v_stride_s + 16 * c) : make_uint4(0u, 0u, 0u, 0u);
+    x[j] = n0 + r < s.sk ? *reinterpret_cast<const uint4*>(v_row(p, v, b, h, n0 + r) + 16 * c) : make_uint4(0u, 0u, 0u, 0u);
   }
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {

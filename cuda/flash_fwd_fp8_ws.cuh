@@ -65,6 +65,10 @@
 // Named barriers: 1 a tail CTA's change of segment (the consumers and the producer's warp 0);
 // 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows).
 // The balanced tail (kSplitTail, FP8 d256 non-causal): see "the balanced tail" below.
+// KV caches (serving kernels: kv_cache, paged in flash_common.cuh): the CTA's keys are
+// cache_seqlens[b] (clamped), K from the cache by TMA (paged: tma_tile_kv, a box a page piece), V^T
+// from the pre-pass, which reads each sequence's used rows (paged: from their pages, v_row) into
+// the dense layout, zeros past the last key.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -147,7 +151,8 @@ static_assert(!kServing || Bars::kBytes + 20 <= (kBarsInOnes ? (8 - kOnesRows) *
 
 // Block n's K and V^T into stage s, by thread 0: K's kBlockN rows by TMA (kDqk / 64 boxes of
 // 64 bytes x 128 rows in the 64B swizzle, zeros past the tensor's end; in a packed batch the
-// rows past a sequence's end are the next one's, masked), V^T's kDv rows of the block's 128
+// rows past a sequence's end are the next one's, a KV cache's its unused rows or other pages,
+// masked; paged, tma_tile_kv's boxes a page piece each), V^T's kDv rows of the block's 128
 // key bytes by one bulk copy; each completes its full barrier with its bytes.  first: the
 // kernel's first V^T copy, made once the pre-pass has ended (wait_prior_launch), after which the
 // tail kernel's CTAs may start.
@@ -156,8 +161,8 @@ __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, co
                                            int h_kv, int krow0, int kbatch, bool first = false) {
   const Bars bars = sm.bars();
   const int n0 = n * kBlockN;
-  tma_tile<kBlockN, kDqk, 64>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0,
-                              kbatch);
+  tma_tile_kv<kBlockN, kDqk, 64>(p, sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0,
+                                 kbatch);
   if (first) {
     wait_prior_launch();
     launch_dependents();
@@ -185,6 +190,9 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_
       mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
     }
     copy_block(p, sm, s, gvt, nb0 + m, h_kv, krow0, kbatch);
+    if constexpr (HasPages<P>::value) {   // the next block's page entries into L1
+      if (m + 1 < n_blocks) prefetch_pages<kBlockN>(p, krow0 + (nb0 + m + 1) * kBlockN, kbatch);
+    }
   }
 }
 
@@ -597,21 +605,47 @@ __device__ __forceinline__ bool finish_piece(const P& p, const Segment& g, float
 // diagonal keeps its recipe); softcap hands the softmax tanh(S a), a = fp32(softmax_scale dq dk
 // / softcap), with c = fp32(softcap log2(e)); a sink joins the row in the epilogue (with_sink).
 
+// 2^x for the softcap's logistic, x clamped to at most 126 (min.NaN: a NaN score stays NaN), so
+// that 1 + 2^x is finite and within rcp_fma's range; ex2.approx within 2^-22 relative (PTX ISA).
+__device__ __forceinline__ float ex2_capped(float x) {
+  float e;
+  asm("{\n.reg .f32 t;\nmin.NaN.f32 t, %1, 0f42FC0000;\nex2.approx.ftz.f32 %0, t;\n}\n" : "=f"(e) : "f"(x));
+  return e;
+}
+
+// 1 / d for d in [1, 2^126 + 1] on the FMA pipe (five FFMA and an integer subtract), not the
+// MUFU pipe that the softcap's ex2 fills (MUFU issues an eighth of what the FMA pipe does: Lean P
+// has no exponential of its own, and MUFU's ex2 + rcp a score took twice a block's WGMMA time;
+// measured, 1.06-1.08x the softcap's TFLOP/s at d128, bench/results/2026-12-05_h100_softcap_fma).
+// Not in the BF16 kernels, whose softmax keeps the FMA pipe busy (there it was 0.91-0.94x):
+//   r0 = bits 0x7EF311C3 - bits(d)        within 10.1 % of 1/d (a linear fit of 1/m in the mantissa)
+//   r1 = r0 + r0 (e + e^2), e = 1 - d r0  cubic: error e^3, within 1.04e-3
+//   r  = r1 + r1 e1,       e1 = 1 - d r1  Newton: error e1^2 + the roundings, within 1.11e-6
+// (the bounds measured over every power of two and 3 x 10^6 random d of the range).  d past 2^126
+// would make r0 negative: ex2_capped keeps 1 + 2^x below 2^126 + 1.  A NaN d gives NaN.
+__device__ __forceinline__ float rcp_fma(float d) {
+  float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
+  float e = __fmaf_rn(-d, r, 1.f);
+  r = __fmaf_rn(r, __fmaf_rn(e, e, e), r);
+  e = __fmaf_rn(-d, r, 1.f);
+  return __fmaf_rn(r, e, r);
+}
+
 // The softcap of a block's raw scores: t = tanh(x), x = fp32(S a) (the model's x exactly), as
-// 1 - 2 / (1 + 2^(2 log2(e) x)) by ex2.approx and rcp.approx: |t - fp32(tanh x)| <= 0.45 x 2^-24
-// (the rounding of 2 log2(e) x) + 0.5 x 2^-22 (ex2) + 2^-23 (1 + e) + 2^-22 (rcp) + 2^-24 (the FMA)
-// + 2^-25 (the model's own rounding) < 6e-7, so a logit is within softcap x 6e-7 of the model's and
-// a Lean byte moves only where its y lies that close to a rounding boundary (fp8_models: hardware
-// tanh is within its documented error of the model, not byte for byte).  x of any size gives no
-// NaN (2^(2 log2(e) x) = inf: t = 1).
+// 1 - 2 / (1 + 2^(2 log2(e) x)) by ex2_capped (ex2.approx, the one MUFU instruction a score) and
+// rcp_fma (the reciprocal on the FMA pipe): |t - fp32(tanh x)| <= 0.45 x 2^-24
+// (the rounding of 2 log2(e) x) + 0.5 x 2^-22 (ex2) + 2^-23 (1 + e) + 2 x 1.11e-6 (rcp_fma, t's
+// 2 r with r <= 1) + 2^-24 (the FMA) + 2^-25 (the model's own rounding) < 2.6e-6, so a logit is
+// within softcap x 2.6e-6 of the model's and a Lean byte moves only where its y lies that close
+// to a rounding boundary (fp8_models: hardware tanh is within its documented error of the model,
+// not byte for byte).  x of any size gives no NaN (2 log2(e) x clamped to 126: t = 1 - 2^-125,
+// which rounds to 1); a NaN score stays NaN.
 __device__ __forceinline__ void cap_tanh(float (&s)[kBlockN / 2], float a) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) {
-    float r;
-    asm("{\n.reg .f32 e;\nmul.rn.f32 e, %1, %2;\nmul.ftz.f32 e, e, 0f4038AA3B;\nex2.approx.ftz.f32 e, e;\n"
-        "add.ftz.f32 e, e, 0f3F800000;\nrcp.approx.ftz.f32 e, e;\nfma.rn.f32 %0, e, 0fC0000000, 0f3F800000;\n}\n"
-        : "=f"(r) : "f"(s[i]), "f"(a));
-    s[i] = r;
+    float x;
+    asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(x) : "f"(s[i]), "f"(a));   // not contracted: the model's x
+    s[i] = __fmaf_rn(rcp_fma(1.f + ex2_capped(x * 2.8853900817779268f)), -2.f, 1.f);
   }
 }
 

@@ -42,6 +42,9 @@
 // split in K-blocks of 64 bf16 (128 bytes); block kb is R x 128 bytes, row r's 16-byte chunk c
 // at chunk c ^ (r % 8) (TMA's 128B swizzle): the descriptor's stride between 8-row groups is
 // 1024 bytes and a k16 step advances its start address by 32 bytes.
+// KV caches (serving kernels: kv_cache, paged in flash_common.cuh): the CTA's keys are cache_seqlens[b]
+// (clamped), K and V from the cache by TMA (paged: tma_tile_kv, a box a page piece), V's rows past
+// the keys zeroed (copy_v's tail), as a packed batch's.
 // Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows,
 // 16 bytes a thread in whole rows).
 
@@ -133,16 +136,18 @@ __device__ __forceinline__ void write_ones(const Smem& sm) {
 // transposes V: tnspB), completing its full barrier with its bytes.  In a packed batch the rows
 // past a sequence's end are the next sequence's: for Q and V warp 2 and warp 1 zero them
 // (zero_tail_rows; the copy lands on qlanded / vlanded instead), K's are masked in S (0 times
-// the next sequence's values need not be 0: they need not be finite).  kv: the key/value head
-// and the tensor maps' key row and sequence where this sequence's keys start (packed: its first
-// key and 0); sk its keys.
+// the next sequence's values need not be 0: they need not be finite); so are a KV cache's rows
+// past cache_seqlens[b] (v_tails: its unused rows, or a paged cache's other pages, which TMA does
+// not zero).  kv: the key/value head and the tensor maps' key row and sequence where this
+// sequence's keys start (packed: its first key and 0; paged: the sequence's key and the
+// sequence, tma_tile_kv reading the pages from page_table); sk its keys.
 struct KvAt {
   int h, row, seq;
 };
 template <class P>
 __device__ __forceinline__ void copy_k(const P& p, const Smem& sm, const KvAt& kv, int m, int s) {
-  tma_tile<kBlockN, 2 * kDqk, 128>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), sm.bars().kfull(s), kv.h,
-                                   kv.row + m * kBlockN, kv.seq);
+  tma_tile_kv<kBlockN, 2 * kDqk, 128>(p, sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), sm.bars().kfull(s), kv.h,
+                                      kv.row + m * kBlockN, kv.seq);
 }
 
 // A Q tile into the buffer at dst, completing bar: the tensor map's head h, row qrow, sequence qseq.
@@ -170,13 +175,13 @@ __device__ __forceinline__ void copy_v(const P& p, const Smem& sm, const KvAt& k
   const int n0 = m * kBlockN;
   const Bars bars = sm.bars();
   if (threadIdx.x % 32 == 0)
-    tma_tile<kBlockN, 2 * kDv, 128>(sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
-                                    tail ? sm.vlanded() : bars.vfull(s), kv.h, kv.row + n0, kv.seq);
+    tma_tile_kv<kBlockN, 2 * kDv, 128>(p, sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
+                                       tail ? sm.vlanded() : bars.vfull(s), kv.h, kv.row + n0, kv.seq);
   if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0, parity);
 }
 
 template <class P>
-__device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& kv, int rows_q, int sk, bool packed,
+__device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& kv, int rows_q, int sk, bool v_tails,
                                         int n_blocks) {
   const Bars bars = sm.bars();
   const int warp = threadIdx.x / 32;
@@ -191,9 +196,12 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& 
     if (warp == 0) {
       if (m >= kStages) mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
       if (issuer) copy_k(p, sm, kv, m, s);
+      if constexpr (HasPages<P>::value) {   // the next tile's page entries (K's and V's) into L1
+        if (issuer && m + 1 < n_blocks) prefetch_pages<kBlockN>(p, kv.row + (m + 1) * kBlockN, kv.seq);
+      }
     } else {
       if (m >= kStages) mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
-      copy_v(p, sm, kv, m, s, sk, packed && (m + 1) * kBlockN > sk, 0);
+      copy_v(p, sm, kv, m, s, sk, v_tails && (m + 1) * kBlockN > sk, 0);
     }
   }
 }
@@ -380,6 +388,10 @@ __device__ void one_tile(const P& p) {
   const Bars bars = sm.bars();
   const bool packed = p.cu_seqlens_k != nullptr;
   const KvAt kv{w.h_kv, (packed ? static_cast<int>(w.seq.k_start) : 0) + shift, packed ? 0 : w.b};
+  // V's rows past the sequence's keys zeroed (copy_v's tail) where they may hold anything: a packed
+  // batch's next sequence, a KV cache's unused rows or other pages (kv_cache: TMA fills zeros only
+  // past the tensor's end).
+  const bool v_tails = packed || kv_cache(p);
   const bool packed_q = p.cu_seqlens_q != nullptr;
   const int rows_q = packed_q ? sq - row0 : kBlockM;   // dense: TMA zero-fills past the sequence's rows
   if (threadIdx.x == 0) {
@@ -396,7 +408,7 @@ __device__ void one_tile(const P& p) {
 
   if (wg == 0) {
     producer_registers();
-    if (n_blocks > 0) produce(p, sm, kv, rows_q, sk, packed, n_blocks);
+    if (n_blocks > 0) produce(p, sm, kv, rows_q, sk, v_tails, n_blocks);
     return;
   }
   consumer_registers();

@@ -424,8 +424,8 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            f"#define ZYFA_{up}_PREPASS_SYMBOL {_cstr(pre['symbol'])}",
            f"#define ZYFA_{up}_PREPASS_BLOCK_SIZE {int(pre['block_size'])}",
            f"#define ZYFA_{up}_VT_BLOCK {block}",
-           f"/* key columns of a key/value head's V^T: dense (total_k < 0) batch * cdiv(seqlen_k, {block}) * {block};",
-           f" * packed, (cdiv(total_k, {block}) + batch) * {block} */",
+           f"/* key columns of a key/value head's V^T: dense (total_k < 0; a KV cache's whatever q) batch *",
+           f" * cdiv(seqlen_k, {block}) * {block}; packed, (cdiv(total_k, {block}) + batch) * {block} */",
            f"static inline int64_t zyfa_{name}_vt_columns(int64_t batch, int64_t seqlen_k, int64_t total_k) {{",
            f"  int64_t blocks = total_k < 0 ? zyfa_cdiv_(seqlen_k, {block}) * batch : zyfa_cdiv_(total_k, {block}) + batch;",
            f"  return (blocks > 1 ? blocks : 1) * {block};",
@@ -461,6 +461,13 @@ def _tensor_maps(name: str, entry: dict) -> list[str]:
                 f" * {scale}{t}_stride_b}} (positive multiples of 16), box {{{', '.join(map(str, box))}}}, element strides 1,",
                 f" * CU_TENSOR_MAP_SWIZZLE_{swz}B, no interleave, L2 promotion 128B, OOB fill none; into a",
                 " * 64-byte aligned CUtensorMap, then copied into the struct. */"]
+        if t != "q" and "kvcache" in entry.get("features", ()):
+            out += [f"/* `{a}` of a KV cache (cache_seqlens not null): contiguous, dims "
+                    f"{{{row}, {heads}, max_seqlen_k,",
+                    " * batch} whatever q; paged (page_table not null), the whole cache: dims {"
+                    f"{row}, {heads}, page_size, num_pages}}",
+                    f" * and box2 = min(page_size & -page_size, {box[2]}) (a power of two dividing the page "
+                    "and the tile). */"]
         xs.append(f"X({a}, {t}, {row}, {elem}, {', '.join(map(str, box))}, {swz})")
     out.append("/* X(arg, tensor, row_bytes, elem_bytes, box0, box1, box2, box3, swizzle_bytes) per tensor map */")
     out.append(f"#define ZYFA_{up}_TENSOR_MAPS(X) {' '.join(xs)}".rstrip())

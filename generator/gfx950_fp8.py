@@ -61,7 +61,9 @@ workgroup's windows are never loaded, those the window's edges cut are masked (t
 as the causal diagonal; the left edge by a second mask, out of line).  Sinks join each row in
 the epilogue (stage_sink, where the pointer is not null).  A contiguous KV cache gives each
 sequence its key count, clamped to its slot of the cache (stage_cache, where the pointer is
-not null), before anything derives from it; paged caches are not implemented here.
+not null), before anything derives from it.  A paged cache (stage_paged, where the page table's
+pointer is not null) runs a second copy of the loop whose K and V loads each take their
+16-row group's page (paged_chunks); the plain loop is unchanged.
 
 Register map, cycle budgets and the stage functions are below; ``plan(v)`` holds every
 number that depends on the variant.
@@ -157,13 +159,19 @@ PROLOGUE_ARGS = {**{f"descale_{t}_stride_{d}": (f"r{t}", 2 * i) for t in "qkv" f
 #: register whose argument is dead by then: the sinks pointer, by stage_descales, into the
 #: descale_v pointer's registers (``sinkp``), for the epilogue.
 EPILOGUE_ARGS = ("sinks",)
+#: A paged cache's arguments (catalogue "paged_kv"): none is kept in the kernarg image.  The
+#: page table's pointer is read by stage_descales into the descale_k pointer's registers
+#: (``ptab``, for stage_paged's branch); the others by the paged set-up, out of line, into
+#: registers dead by then (``Plan.sgpr``, the paged names).
+PAGED_ARGS = ("page_table", "page_table_stride", "page_size", "num_pages", "max_pages", "page_magic")
 
 
 def kernarg_image(v: Variant) -> list:
     """The dwords of the kernarg segment the kernel keeps in SGPRs, s8 on, in order: all but
-    those of PROLOGUE_ARGS and EPILOGUE_ARGS (alignment gaps included, so that the loads run
+    those of PROLOGUE_ARGS, EPILOGUE_ARGS and PAGED_ARGS (alignment gaps included, so that the loads run
     on)."""
-    skip = {a.offset // 4 + i for a in kernargs(v) if a.name in PROLOGUE_ARGS or a.name in EPILOGUE_ARGS
+    skip = {a.offset // 4 + i for a in kernargs(v)
+            if a.name in PROLOGUE_ARGS or a.name in EPILOGUE_ARGS or a.name in PAGED_ARGS
             for i in range(a.size // 4)}
     return [d for d in range(-(-kernarg_size(kernargs(v)) // 4)) if d not in skip]
 
@@ -173,7 +181,7 @@ def resident_args(v: Variant) -> dict:
     even register (the dwords left out come in pairs)."""
     at = {d: KERNARG_SGPR + i for i, d in enumerate(kernarg_image(v))}
     out = {a.name: at[a.offset // 4] for a in kernargs(v)
-           if a.name not in PROLOGUE_ARGS and a.name not in EPILOGUE_ARGS}
+           if a.name not in PROLOGUE_ARGS and a.name not in EPILOGUE_ARGS and a.name not in PAGED_ARGS}
     odd = [a.name for a in kernargs(v) if a.size == 8 and a.name in out and out[a.name] % 2]
     if odd:
         raise ValueError(f"{v.name}: 64-bit arguments on odd SGPRs: {odd}")
@@ -247,6 +255,17 @@ def plan(v: Variant) -> Plan:
     # pointers, dead once stage_constants has made the buffer resources
     for name, (arg, i) in (("wlo_p", ("q", 0)), ("lcut_p", ("q", 1)), ("wnbv", ("k", 0)),
                            ("wleft", ("k", 1)), ("wfr", ("v", 0)), ("sinkp", ("descale_v", 0))):
+        sg.names[name] = (args[arg] + i, 1)
+    # a paged cache's values (stage_paged), in kernarg registers dead once the prologue is done
+    # (ptab from stage_descales on; the others from the paged set-up, after stage_window): the
+    # page table's row (ptab, 64-bit), the K and V caches' head bases (kpb, vpb, 64-bit),
+    # page_size / 16, num_pages - 1, the magic, the sequence's last 16-row group, each kind's
+    # first group of this wave (plus 4 kb0), and a page-table entry per load of a matrix phase
+    for name, (arg, i) in (("ptab", ("descale_k", 0)), ("kpb", ("q_stride_b", 0)),
+                           ("vpb", ("q_stride_h", 0)), ("units", ("q_stride_s", 0)),
+                           ("lastpage", ("q_stride_s", 1)), ("magic", ("descale_q", 0)),
+                           ("lastg", ("descale_q", 1)), ("gofsk", ("k_stride_h", 0)),
+                           ("gofsv", ("k_stride_h", 1)), ("ent", ("batch", 0))):
         sg.names[name] = (args[arg] + i, 1)
     names = {a.name for a in kernargs(v)}
     args.update({n: sg.names[reg][0] + i for n, (reg, i) in PROLOGUE_ARGS.items() if n in names})
@@ -519,7 +538,15 @@ def stage_descales(a: Asm) -> None:
     sink = next((k for k in kernargs(a.p.v) if k.name == "sinks"), None)
     if sink is not None:   # over the descale_v pointer, read above at issue
         a(f"s_load_dwordx2 {a.sr('sinkp', 2)}, s[0:1], 0x{sink.offset:x}")
+    table = _kernarg(a, "page_table")
+    if table is not None:  # over the descale_k pointer, read above at issue (stage_paged)
+        a(f"s_load_dwordx2 {a.sr('ptab', 2)}, s[0:1], 0x{table.offset:x}")
     a("s_waitcnt lgkmcnt(0)")
+
+
+def _kernarg(a: Asm, name: str):
+    """Kernel argument ``name`` of the variant (its KernArg), None where it has none."""
+    return next((k for k in kernargs(a.p.v) if k.name == name), None)
 
 
 def _resource(a: Asm, rsrc: str, tensor: str, head: str, first: str, cu: str,
@@ -848,6 +875,259 @@ def _window_values(a: Asm) -> None:
     a(f"v_sub_u32 {tv}, {tv}, {tg}")
     a(f"v_subrev_u32 {a.v('lim0')}, {m0}, {tv}")
     a("s_branch .Lwindow_done")
+
+
+def stage_paged(a: Asm) -> None:
+    """A paged KV cache (``flash_attn_with_kvcache`` with a page table): key t of sequence b is
+    row ``t % page_size`` of page ``page_table[b, t / page_size]`` of the caches (num_pages,
+    page_size, hkv, d).  Where the page table's pointer (``ptab``, read by stage_descales) is
+    not null, a uniform branch leads to the paged set-up and a second copy of the loop, both
+    after the kernel's end (paged_chunks: each buffer->LDS load takes its page); the plain path
+    falls through (two SALU, the plain loop as it was).  The paged loop ends in the plain one's
+    epilogue.  sk is stage_cache's count, clamped to seqlen_k = max_pages page_size."""
+    if "page_table" not in {k.name for k in kernargs(a.p.v)}:
+        return
+    a.note("a paged cache: the paged set-up and loop (out of line)")
+    a(f"s_cmp_lg_u64 {a.sr('ptab', 2)}, 0")
+    a("s_cbranch_scc1 .Lpaged")
+
+    def paged():
+        _paged_setup(a)
+        stage_loop(a, paged=True)
+    a.out_of_line.append(paged)
+
+
+def _paged_setup(a: Asm) -> None:
+    """The paged loop's values (Plan.sgpr, the paged names; 43 SALU, 2 scalar loads and 2 VALU,
+    once).
+
+    * kpb, vpb: the caches' bases at this workgroup's kv head, from the plain resources (which
+      added ``b stride_b`` and, with a window, moved ``kb0`` blocks on: both taken off again);
+    * ptab: the sequence's row of the page table, ``page_table + b page_table_stride``;
+    * units = page_size / 16, lastpage = num_pages - 1, magic = page_magic (a 16-row group g
+      lies in slot ``mul_hi(2 g, magic) = g / units`` of the row, exactly: plan.page_magic);
+    * lastg = max((sk - 1) / 16, 0): the last group with keys (or 0), the group whose page
+      stands in for the groups past sk (loaded as zeros: no slot past the row is read);
+    * gofsk, gofsv: this wave's first group of a K / V block (its 1 KiB chunk w lies in group
+      ``w / (pitch / 64)`` of the block) plus 4 kb0; dmak, dmav lose that group's rows: a lane's
+      offset is then that of its row within its 16-row group (the load's buffer starts there);
+    * word 3 of rk and rv, the paged loads' buffers (paged_chunks writes words 0-2 a load).
+    """
+    p, v = a.p, a.p.v
+    kb0, t4, t5 = a.s("kb0"), a.s("t4"), a.s("t5")
+    a.label(".Lpaged")
+    if "window_left" in p.args:
+        a.note("kb0 is stage_window's where the call has a window, else 0 (the same test)")
+        left, right = a.arg("window_left"), a.arg("window_right")
+        if v.causal:
+            a(f"s_cmp_ge_i32 {left}, 0")
+        else:
+            a(f"s_and_b32 {t4}, {left}, {right}")
+            a(f"s_cmp_ge_i32 {t4}, 0")
+        a(f"s_cselect_b32 {kb0}, {kb0}, 0")
+    else:
+        a(f"s_mov_b32 {kb0}, 0")
+    for rsrc, base, stride64, tensor in (("rk", "kpb", "kstr64", "k"), ("rv", "vpb", "vstr64", "v")):
+        a.note(f"{base} = the {tensor} resource's base - b {tensor}_stride_b - kb0 64 {tensor}_stride_s")
+        sb = a.p.args[f"{tensor}_stride_b"]
+        lo, hi = a.s(base), a.s(base, 1)
+        a(f"s_mul_i32 {t4}, s4, s{sb}")
+        a(f"s_mul_hi_u32 {t5}, s4, s{sb}")
+        a(f"s_sub_u32 {lo}, {a.s(rsrc)}, {t4}")
+        a(f"s_subb_u32 {hi}, {a.s(rsrc, 1)}, {t5}")
+        a(f"s_mul_i32 {t4}, s4, s{sb + 1}")
+        a(f"s_sub_u32 {hi}, {hi}, {t4}")
+        a(f"s_mul_i32 {t4}, {kb0}, {a.s(stride64)}")
+        a(f"s_sub_u32 {lo}, {lo}, {t4}")
+        a(f"s_subb_u32 {hi}, {hi}, 0")
+    words = _kernarg(a, "page_size").offset
+    a(f"s_load_dwordx2 {a.sr('t0', 2)}, s[0:1], 0x{_kernarg(a, 'page_table_stride').offset:x}")
+    a(f"s_load_dwordx4 {a.sr('rk', 4)}, s[0:1], 0x{words:x}")   # page_size, num_pages, max_pages, magic
+    a("s_waitcnt lgkmcnt(0)")
+    a(f"s_lshl_b64 {a.sr('t0', 2)}, {a.sr('t0', 2)}, 2")
+    _madd64(a, a.s("ptab"), "s4", a.s("t0"))
+    a(f"s_lshr_b32 {a.s('units')}, {a.s('rk')}, 4")
+    a(f"s_sub_u32 {a.s('lastpage')}, {a.s('rk', 1)}, 1")
+    a(f"s_mov_b32 {a.s('magic')}, {a.s('rk', 3)}")
+    a(f"s_sub_i32 {a.s('lastg')}, {a.s('sk')}, 1")
+    a(f"s_ashr_i32 {a.s('lastg')}, {a.s('lastg')}, 4")
+    a(f"s_max_i32 {a.s('lastg')}, {a.s('lastg')}, 0")
+    a(f"s_mov_b32 {a.s('rk', 3)}, {RSRC_WORD3}")                  # the loads' buffers' word 3
+    a(f"s_mov_b32 {a.s('rv', 3)}, {RSRC_WORD3}")
+    for kind, pitch, gofs in (("k", p.pitch_k, "gofsk"), ("v", p.pitch_v, "gofsv")):
+        a(f"s_lshr_b32 {t4}, {a.s('wave')}, {int(math.log2(pitch // 64))}")   # the wave's group
+        a(f"s_lshl2_add_u32 {a.s(gofs)}, {kb0}, {t4}")
+        a(f"s_lshl_b32 {t4}, {t4}, 4")
+        a(f"s_mul_i32 {t4}, {t4}, {a.arg(kind + '_stride_s')}")
+        a(f"v_subrev_u32 {a.v('dma' + kind)}, {t4}, {a.v('dma' + kind)}")
+
+
+def _paged_phase_loads(p: Plan) -> list:
+    """A matrix phase's loads as (kind, chunk i, blocks ahead of p): V(p + 2)'s, then
+    K(p + 3)'s, as the plain loop issues them."""
+    return [("v", i, 2) for i in range(p.v_slots)] + [("k", i, 3) for i in range(p.k_slots)]
+
+
+def _carried(p: Plan) -> bool:
+    """Whether V's loads take K's pages: where ``pitch_k == pitch_v`` chunk i of V block n lies
+    in the 16-row group of chunk i of K block n, loaded a phase earlier, so V need read no
+    page-table entry of its own and can take K's page and group, kept in two SGPRs a chunk
+    (:func:`paged_chunks`).  Taken at d64 and d128 (one chunk a load); at d256 (two) the
+    modelled period was 1 % longer with it than with V's own entries (2,798 against 2,770
+    cycles a tile, page 16), and d192x128's pitches differ."""
+    return p.pitch_k == p.pitch_v and p.k_slots == 1
+
+
+def _paged_fetches(p: Plan) -> list:
+    """The loads of a matrix phase that read a page-table entry (entry j for the j-th)."""
+    return [ld for ld in _paged_phase_loads(p) if ld[0] == "k" or not _carried(p)]
+
+
+def _entry_of(p: Plan, kind: str, i: int) -> int:
+    """The SGPR (after ent) of the page-table entry of chunk i of K / V: the fetched loads'
+    order (_paged_fetches)."""
+    return next(j for j, (k, c, _) in enumerate(_paged_fetches(p)) if (k, c) == (kind, i))
+
+
+def _group_of(a: Asm, dst: str, kind: str, i: int, ahead: int) -> None:
+    """``dst`` = the 16-row group (of the sequence, from kb0's block) of this wave's chunk i of
+    K / V block p + ``ahead``: 4 (p + ahead) + gofs + i 512 / pitch (2 SALU)."""
+    pitch = a.p.pitch_k if kind == "k" else a.p.pitch_v
+    a(f"s_lshl2_add_u32 {dst}, {a.s('p')}, {a.s('gofs' + kind)}")
+    a(f"s_add_u32 {dst}, {dst}, {4 * ahead + i * 512 // pitch}")
+
+
+def _fetch_entries(a: Asm, loads: list, ahead: int = 0, into: list | None = None) -> None:
+    """The page-table entries of ``loads`` ((kind, i, blocks ahead) each, at p + ``ahead``) into
+    their SGPRs (_entry_of): the slot of each load's group, clamped to lastg (6 SALU and an
+    s_load_dword a load).  In the loop: those of the next matrix phase, in the vector phase
+    before it (where it has slack, ``Plan.slack``) or after this matrix phase's last MFMA;
+    the vector phase's end waits for them (lgkmcnt(0), with its vmcnt(0)): no SMEM is
+    pending at a matrix phase's counted LDS waits.  ``into``: other SGPRs, one a load."""
+    t4 = a.s("t4")
+    for n, (kind, i, blocks) in enumerate(loads):
+        _group_of(a, t4, kind, i, blocks + ahead)
+        a(f"s_min_u32 {t4}, {t4}, {a.s('lastg')}")
+        a(f"s_lshl_b32 {t4}, {t4}, 1")
+        a(f"s_mul_hi_u32 {t4}, {t4}, {a.s('magic')}")               # its slot
+        a(f"s_lshl_b32 {t4}, {t4}, 2")
+        dst = into[n] if into else a.s("ent", _entry_of(a.p, kind, i))
+        a(f"s_load_dword {dst}, {a.sr('ptab', 2)}, {t4}")
+
+
+def paged_chunks(a: Asm, kind: str, i: int, ahead: int, stage: int) -> list:
+    """Chunk i of this wave's buffer->LDS load of K / V block p + ``ahead`` from a paged cache,
+    as pieces (issue slots, emitter) for the MFMA shadows (:func:`pack_shadows`).  Its 1 KiB
+    lies in one 16-row group G (page sizes are multiples of 16, blocks start on a multiple of
+    64), so one page serves the whole wave: the load's buffer (rk / rv, free in the paged loop;
+    word 3 set once by the set-up) starts at the group's first row in its page, ``base + page
+    stride_b + 16 (G - slot units) stride_s`` (page = the slot's entry clamped to [0, num_pages
+    - 1]: the address lies in the cache, below 2^48, so word 1's stride field stays 0), and spans
+    the group's rows that exist, ``clamp(sk - 16 G, 0, 16) stride_s`` (none: zeros, as the plain
+    loop's rows past sk); the lane's offset (dmak / dmav) is its row within the group.
+    ``stage``: the block's LDS stage, an immediate (the loop is unrolled over the stages).
+
+    Where V takes K's pages (:func:`_carried`), K's chunk i keeps its page (``ent + k_slots +
+    i``) and ``16 (G - slot units) 16 + rows`` (``ent + 2 k_slots + i``) for V's chunk i of the
+    same block, a phase later.  Cost per load (a wave's 1 KiB) against the plain loop's 3 SALU
+    and a VALU (plus dma_setup's 5 a kind and block): 25 SALU (group and extent 7, row in its
+    page 7, the clamped page's 64-bit address 10, M0 1), K's 26 where it keeps its page and row;
+    a carried V load 14 (rows and row 5, address 8, M0 1); each page-table entry 6 SALU and an
+    s_load_dword (_fetch_entries): per block and wave at d64 and d128 46 SALU and one scalar
+    load, d192x128 93 and three, d256 124 and four.  No VALU, no VGPR; SGPRs: the entries and
+    kept pages only."""
+    p = a.p
+    pitch = p.pitch_k if kind == "k" else p.pitch_v
+    region = p.lds_k[0] if kind == "k" else p.lds_v[0]
+    r, t4, t5 = ("rk" if kind == "k" else "rv"), a.s("t4"), a.s("t5")
+    stride, pstride = a.arg(f"{kind}_stride_s"), p.args[f"{kind}_stride_b"]
+    base = "kpb" if kind == "k" else "vpb"
+    carry = _carried(p)
+    keep = carry and kind == "k"
+    page = a.s("ent", p.k_slots + i) if carry else t4          # the clamped page
+    rows = a.s("ent", 2 * p.k_slots + i) if keep else t5       # then 16 G' 16 + rows (kept)
+    entry = None if carry and kind == "v" else a.s("ent", _entry_of(p, kind, i))
+
+    def extent():
+        _group_of(a, t4, kind, i, ahead)
+        a(f"s_lshl_b32 {rows}, {t4}, 4")
+        a(f"s_sub_i32 {rows}, {a.s('sk')}, {rows}")
+        a(f"s_max_i32 {rows}, {rows}, 0")
+        a(f"s_min_i32 {rows}, {rows}, 16")                           # the group's rows that exist
+        a(f"s_mul_i32 {a.s(r, 2)}, {rows}, {stride}")                # num_records
+
+    def row():
+        a(f"s_min_u32 {t4}, {t4}, {a.s('lastg')}")                   # as _fetch_entries' slot
+        a(f"s_lshl_b32 {t5}, {t4}, 1")
+        a(f"s_mul_hi_u32 {t5}, {t5}, {a.s('magic')}")
+        a(f"s_mul_i32 {t5}, {t5}, {a.s('units')}")
+        a(f"s_sub_u32 {t4}, {t4}, {t5}")                             # the group within its page
+        a(f"s_lshl_b32 {t4}, {t4}, 4")
+        a(f"s_mul_i32 {a.s(r)}, {t4}, {stride}")                     # its first row's bytes
+        if keep:
+            a(f"s_lshl4_add_u32 {rows}, {t4}, {rows}")               # for V's chunk i
+
+    def taken():
+        """V's chunk i from K's of the same block (a phase earlier): rows and row kept."""
+        kept = a.s("ent", 2 * p.k_slots + i)
+        a(f"s_and_b32 {t5}, {kept}, 0xff")
+        a(f"s_mul_i32 {a.s(r, 2)}, {t5}, {stride}")
+        a(f"s_lshr_b32 {t4}, {kept}, 4")
+        a(f"s_and_b32 {t4}, {t4}, 0xff0")
+        a(f"s_mul_i32 {a.s(r)}, {t4}, {stride}")
+
+    def page_offset():                  # page stride_b, 64-bit, in t5 and word 1
+        if entry is not None:
+            a(f"s_min_i32 {page}, {entry}, {a.s('lastpage')}")
+            a(f"s_max_i32 {page}, {page}, 0")                        # the page, clamped
+        a(f"s_mul_i32 {t5}, {page}, s{pstride}")
+        a(f"s_mul_hi_u32 {a.s(r, 1)}, {page}, s{pstride}")
+        a(f"s_mul_i32 {t4}, {page}, s{pstride + 1}")
+        a(f"s_add_u32 {a.s(r, 1)}, {a.s(r, 1)}, {t4}")
+
+    def address():
+        a(f"s_add_u32 {a.s(r)}, {a.s(r)}, {t5}")
+        a(f"s_addc_u32 {a.s(r, 1)}, {a.s(r, 1)}, 0")
+        a(f"s_add_u32 {a.s(r)}, {a.s(r)}, {a.s(base)}")
+        a(f"s_addc_u32 {a.s(r, 1)}, {a.s(r, 1)}, {a.s(base, 1)}")
+
+    def issue():
+        a(f"s_add_u32 m0, {a.s('wchunk')}, {region + stage * BLOCK_N * pitch + 8 * i * 1024}")
+        a("s_nop 0")
+        a(f"buffer_load_dwordx4 {a.v('dma' + kind)}, {a.sr(r, 4)}, 0 offen lds")
+    first = [(5, taken)] if carry and kind == "v" else [(7, extent), (7 + keep, row)]
+    return first + [(4 + 2 * (entry is not None), page_offset), (4, address), (3, issue)]
+
+
+def _run(pieces: list):
+    """One emitter of ``pieces`` (issue slots, emitter)."""
+    return lambda: [emit() for _, emit in pieces]
+
+
+def pack_shadows(p: Plan, pieces: list, pv: bool, qk: bool) -> list:
+    """The pieces (issue slots, emitter) of a paged matrix phase's loads as one emitter per
+    MFMA shadow (stage_matrix runs emitter j after MFMA j, those left over at the phase's
+    end), in order, each shadow filled up to its free issue slots: 16 (a 64-cycle MFMA) less
+    the operand reads issued there (reads_ahead), the last step's 8 more (the row sums'
+    MFMA).  Where the vector phase has no slack (d64: four shadows, too few for a step of a
+    load each); with slack stage_loop gives each step of a load (its extent, its address, its
+    issue) a shadow of its own, which modelled better there (docs/gfx950_fp8.md)."""
+    steps = _steps(p, pv, qk)
+    matrix = reads_ahead(p)[0] if p.ahead and qk else []
+    free = [16 - sum(1 for j, _ in matrix if j == s or (s + 1 == len(steps) and j > s))
+            for s in range(len(steps))]
+    if pv:
+        free[-1] += 8
+    shadows, s, used = [[] for _ in steps], 0, 0
+    for n, emit in pieces:
+        while s < len(steps) and used and used + n > free[s]:
+            s, used = s + 1, 0
+        if s == len(steps):
+            shadows.append([emit])
+            continue
+        shadows[s].append(emit)
+        used += n
+    return [lambda fns=fns: [f() for f in fns] for fns in shadows]
 
 
 def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0, regs: str | None = None) -> list:
@@ -1314,8 +1594,10 @@ def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False) -> None:
     _rescale(a)
 
 
-def stage_loop(a: Asm) -> None:
-    """The ping-pong pipeline (module docstring).  Iteration p is two phases, each opened by
+def stage_loop(a: Asm, paged: bool = False) -> None:
+    """The ping-pong pipeline (module docstring); with ``paged`` its copy for a paged cache
+    (stage_paged: the loads by paged_chunks, their page-table entries read a phase ahead, labels
+    of its own, the plain epilogue after it).  Iteration p is two phases, each opened by
     a workgroup barrier (the case of the phase is dispatched before it):
 
     ====== ============================================ ====================================
@@ -1335,22 +1617,49 @@ def stage_loop(a: Asm) -> None:
     loop is unrolled over the four stages (u = p mod 4)."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
     wave = a.s("wave")
+    x = "_paged" if paged else ""                  # the labels of the paged copy
     a.note("prologue: K(0..2), V(0..1); both groups prefetch M(0) = QK(0)")
     a(f"s_mov_b32 {sp}, 0")
+    early_entries = paged and _carried(a.p)     # K(0..3)'s entries at once, into t0..t3
+    if early_entries:
+        _fetch_entries(a, [("k", 0, b) for b in range(4)], into=[a.s("t0"), a.s("t0", 1), a.s("t2"), a.s("t2", 1)])
+        a("s_waitcnt lgkmcnt(0)")
     for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):
+        if paged:          # each block's entries, then its loads (once a workgroup)
+            chunks = [(kind, i, block) for i in range(a.p.k_slots if kind == "k" else a.p.v_slots)]
+            if early_entries and kind == "k":
+                a(f"s_mov_b32 {a.s('ent')}, {a.s('t0' if block < 2 else 't2', block % 2)}")
+            elif kind == "k" or not _carried(a.p):
+                _fetch_entries(a, chunks)
+                a("s_waitcnt lgkmcnt(0)")
+            for _, i, _ in chunks:
+                for _, emit in paged_chunks(a, kind, i, block, block):
+                    emit()
+            continue
         for emit in dma_chunks(a, kind, sp, block):
             emit()
-    a("s_waitcnt vmcnt(0)")
+    if early_entries:
+        a(f"s_mov_b32 {a.s('ent')}, {a.s('t2', 1)}")      # M(0)'s: K(3)
+    elif paged:
+        _fetch_entries(a, _paged_fetches(a.p))           # M(0)'s: K(3) (and V(2))
+    a("s_waitcnt vmcnt(0) lgkmcnt(0)" if paged else "s_waitcnt vmcnt(0)")
     a("s_barrier")
     a(f"s_mov_b32 {sp}, 0")
     a(f"s_mov_b32 {pb}, -1")
     a(f"s_mov_b32 {qb}, 0")
     _by_case(a, lambda pv, qk: stage_prefetch(a, pv, qk))
 
-    early = a.p.slack     # the loads' addresses made before the barrier, in t0..t3
+    early = a.p.slack and not paged    # the loads' addresses made before the barrier, in t0..t3
+    wait = "s_waitcnt vmcnt(0) lgkmcnt(0)" if paged else "s_waitcnt vmcnt(0)"
 
-    def loads():
-        """V(p+2) and K(p+3), as emitters for the MFMA shadows."""
+    def loads(u: int, pv=True, qk=True):
+        """V(p+2) and K(p+3), as emitters for the MFMA shadows (of a phase with PV / QK)."""
+        if paged:
+            chunks = [paged_chunks(a, kind, i, ahead, (u + ahead) % STAGES)
+                      for kind, i, ahead in _paged_phase_loads(a.p)]
+            if a.p.slack:      # a shadow a step of a load (its address, then its issue)
+                return [_run(part) for c in chunks for part in (c[:-3], c[-3:-1], c[-1:]) if part]
+            return pack_shadows(a.p, sum(chunks, []), pv, qk)
         if early:
             return dma_chunks(a, "v", sp, 2, "t0") + dma_chunks(a, "k", sp, 3, "t2")
         return dma_chunks(a, "v", sp, 2) + dma_chunks(a, "k", sp, 3)
@@ -1370,10 +1679,13 @@ def stage_loop(a: Asm) -> None:
         def open_phase():
             a("s_barrier")
             a("s_setprio 1")
-        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, loads() if with_loads else None, u),
-                 none=(lambda: [emit() for emit in loads()]) if with_loads else None,
+        _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, loads(u, pv is not None, qk is not None)
+                                                if with_loads else None, u),
+                 none=(lambda: [emit() for emit in loads(u)]) if with_loads else None,
                  prefix=open_phase)
         a("s_setprio 0")
+        if paged and with_loads and not a.p.slack:
+            _fetch_entries(a, _paged_fetches(a.p), 1)       # the next matrix phase's
 
     def vector(block_of_p: int, u_next: int):
         """Barrier, then SM(q), q = p - block_of_p, if this wave computes block q: an
@@ -1386,11 +1698,16 @@ def stage_loop(a: Asm) -> None:
         whose K is in stage u_next)."""
         both = _steps(a.p, True, True)
 
+        def fetch():
+            if paged and a.p.slack:     # the next matrix phase's entries (M(p + 1) or M(p))
+                _fetch_entries(a, _paged_fetches(a.p), 1 - block_of_p)
+
         def reads():
             _address(a, "k", u_next)
             _address(a, "v", (u_next - 1) % STAGES)
             for j, part in (reads_ahead(a.p)[1] if a.p.ahead else []):
                 _read(a, both[j], j, (part,))
+            fetch()
         masked, no_sm, done = a.new_label("masked"), a.new_label("no_sm"), a.new_label("sm_done")
         left = a.new_label("left_edge")
         a(f"s_sub_u32 {pb}, {sp}, {a.s('wlo_p')}")       # q - wlo (stage_window; plain: q)
@@ -1413,6 +1730,7 @@ def stage_loop(a: Asm) -> None:
         a(f"s_cmp_lt_u32 {sp}, {a.s('lcut_p')}")
         a(f"s_cbranch_scc1 {left}")
         a("s_barrier")
+        fetch()
         a.label(done)
 
         def left_edge():
@@ -1430,34 +1748,38 @@ def stage_loop(a: Asm) -> None:
         if loop is not None:
             a(f"s_cbranch_scc1 {loop}")
         else:
-            a("s_cbranch_scc0 .Lloop_end")
+            a(f"s_cbranch_scc0 .Lloop_end{x}")
 
     a.note("group A: phase 2p M(p) with its loads, phase 2p+1 SM(p) and the wait for them; "
            "every phase opens with a barrier; unrolled over the 4 stages (p mod 4 = u)")
     a(f"s_bitcmp1_b32 {wave}, 2")
-    a("s_cbranch_scc1 .Lgroup_b")
-    a.label(".Lloop_a")
+    a(f"s_cbranch_scc1 .Lgroup_b{x}")
+    a.label(f".Lloop_a{x}")
     for u in range(STAGES):
         matrix(True, u)
         vector(0, (u + 1) % STAGES)
-        a("s_waitcnt vmcnt(0)")
-        next_iteration(".Lloop_a" if u == STAGES - 1 else None)
-    a("s_branch .Lloop_end")
+        a(wait)
+        next_iteration(f".Lloop_a{x}" if u == STAGES - 1 else None)
+    a(f"s_branch .Lloop_end{x}")
     a.note("group B: phase 2p SM(p-1) and the wait for its loads, phase 2p+1 M(p) with loads; "
            "its first vector phase (p = 0) has no block: a barrier, then the loop from M(0), so "
            "that every vector phase in the loop has q >= 0")
-    a.label(".Lgroup_b")
+    a.label(f".Lgroup_b{x}")
     a("s_barrier")
-    a("s_branch .Lloop_b_m0")
-    a.label(".Lloop_b")
+    a(f"s_branch .Lloop_b_m0{x}")
+    a.label(f".Lloop_b{x}")
     for u in range(STAGES):
         vector(1, u)
-        a("s_waitcnt vmcnt(0)")
+        a(wait)
         if u == 0:
-            a.label(".Lloop_b_m0")
+            a.label(f".Lloop_b_m0{x}")
         matrix(True, u)
-        next_iteration(".Lloop_b" if u == STAGES - 1 else None)
-    a.label(".Lloop_end")
+        next_iteration(f".Lloop_b{x}" if u == STAGES - 1 else None)
+    a.label(f".Lloop_end{x}")
+    if paged:     # the entries read in the last matrix phase land; then the plain loop's end
+        a("s_waitcnt lgkmcnt(0)")
+        a("s_branch .Lloop_end")
+        return
     a("s_waitcnt vmcnt(0)")       # the loads past the last block land before the end
 
 
@@ -1647,6 +1969,7 @@ def emit(v: Variant) -> str:
     stage_constants(a)
     stage_lanes(a)
     stage_window(a)
+    stage_paged(a)
     stage_loop(a)
     stage_epilogue(a)
     a.label(".Lend")

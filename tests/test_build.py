@@ -78,7 +78,7 @@ def entry_agrees_with_its_code_object(out: Path, v: Variant) -> dict:
 
 @pytest.mark.slow
 def test_the_serving_kernels_build_without_spills_in_the_plain_kernels_registers(tmp_path):
-    """The serving variants (sm_90a with the window, softcap and sinks compiled in) build, agree
+    """The serving variants (sm_90a with the window, softcap, sinks and KV caches compiled in) build, agree
     with their manifest entries and list their features, in the registers their plain kernels
     are launched with and no more local memory (none at BF16: ptxas spilled nothing; FP8 d64 full
     has its plain kernel's 8 bytes)."""
@@ -87,7 +87,7 @@ def test_the_serving_kernels_build_without_spills_in_the_plain_kernels_registers
         if v.serving:
             e = entry_agrees_with_its_code_object(tmp_path, v)
             plain = entry_agrees_with_its_code_object(tmp_path, Variant(v.arch, v.dtype, v.d_qk, v.d_v, v.causal))
-            assert e["features"] == ["window", "softcap", "sinks"] and "features" not in plain
+            assert e["features"] == ["window", "softcap", "sinks", "kvcache", "paged_kv"] and "features" not in plain
             assert e["scratch_bytes"] <= plain["scratch_bytes"] and (v.dtype != "bf16" or e["scratch_bytes"] == 0)
             assert e["registers"]["reg"] <= plain["registers"]["reg"], v.name
 

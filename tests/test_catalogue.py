@@ -61,12 +61,12 @@ def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone
     assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
         v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
     # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without V^T, K's
-    # tensor map and the softcap (window and sinks in the same places), with the KV cache's
-    # count pointer after the sinks
+    # tensor map and the softcap (window, sinks and the KV cache's in the same places), the KV
+    # cache's count pointer after the sinks
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
     nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True))]
     assert amd[amd.index("sinks") + 1] == "cache_seqlens"
-    assert [n for n in amd if n != "cache_seqlens"] == [n for n in nv if not n.startswith(("vt", "tmap_", "softcap"))]
+    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_", "softcap"))]
     # the pre-pass covers every key block of every key/value head and sequence
     v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
     assert v.tile.block_n == VT_BLOCK
@@ -265,7 +265,8 @@ def test_a_serving_variant_is_its_plain_kernel_without_persistence_with_the_feat
     tiles = ("tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count",
              "partials", "tail_counter", "tail_first", "tail_ctas", "tail_gap", "tail_ramp")
     assert [n for n in names if n not in plain_names] == [
-        "sinks", "window_left", "window_right", "softcap", "softcap_scale"]
+        "sinks", "cache_seqlens", "page_table", "page_table_stride", "page_size", "num_pages", "max_pages",
+        "page_magic", "window_left", "window_right", "softcap", "softcap_scale"]
     assert [n for n in plain_names if n not in tiles] == [n for n in names if n in plain_names]
     assert Variant.from_json(v.to_json()) == v and v.to_json()["serving"] is True
     assert Variant.from_json({k: x for k, x in plain.to_json().items() if k != "serving"}) == plain

@@ -28,9 +28,9 @@ def test_a_kernel_takes_the_arguments_of_exactly_the_features_it_lists(v):
         assert (args <= set(names)) == (feature in catalogue.features(v)), (v.name, feature)
         assert not (args & set(names)) or args <= set(names)
     expected = {("gfx950", "bf16", False): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
-                ("gfx950", "fp8_e4m3", False): ("window", "sinks", "kvcache"),
-                ("sm_90a", "bf16", True): ("window", "softcap", "sinks"),
-                ("sm_90a", "fp8_e4m3", True): ("window", "softcap", "sinks")}
+                ("gfx950", "fp8_e4m3", False): ("window", "sinks", "kvcache", "paged_kv"),
+                ("sm_90a", "bf16", True): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
+                ("sm_90a", "fp8_e4m3", True): ("window", "softcap", "sinks", "kvcache", "paged_kv")}
     assert catalogue.features(v) == expected.get((v.arch, v.dtype, v.serving), ())
     end = kernargs(v)[-1]
     assert (end.offset + end.size) % 8 == 0, "a C struct of the arguments has no tail padding"

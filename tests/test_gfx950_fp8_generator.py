@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from generator import gfx950_fp8 as gen
+from tests.sweeps import sweep
+from zyfa_runtime import catalogue
 from zyfa_runtime.catalogue import HEAD_DIMS, Variant, kernargs
 
 VARIANTS = [Variant("gfx950", "fp8_e4m3", dq, dv, c) for dq, dv in HEAD_DIMS for c in (False, True)]
@@ -172,3 +174,70 @@ def test_operands_are_read_a_phase_ahead_where_a_buffer_per_step_fits(v):
     shadows = " ".join(body).split("v_mfma_scale_f32_32x32x64_f8f6f4")[1:]
     reads = [sum(1 for op in sh.split() if op.startswith("ds_read")) for sh in shadows]
     assert reads == [gen._ops(st) - (2 if j == 0 and p.slack else 0) for j, st in enumerate(steps)]
+
+
+PAGED = ("ptab", "kpb", "vpb", "units", "lastpage", "magic", "lastg", "gofsk", "gofsv", "ent")
+
+
+def _loop(src: str, start: str, end: str) -> list:
+    lines = [line for line in src.splitlines() if not line.strip().startswith("//")]
+    return lines[lines.index(start):lines.index(end)]
+
+
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick={(128, 128, False)}))
+def test_a_paged_cache_takes_no_sgpr_of_its_own_and_leaves_the_plain_loop_as_it_was(v, monkeypatch):
+    """The paged arguments stay out of the kernarg image (the kernel keeps its 101 SGPRs); the
+    page table's pointer comes into the descale_k pointer's registers with the descales, the
+    paged values into kernarg registers no later code reads (not the epilogue's o, lse and
+    strides, not the page strides and row strides the paged loads read, not the window's or
+    the sinks' registers); without a page table the prologue runs a compare and a branch not
+    taken, and the plain loop is, instruction for instruction, the loop of a kernel without
+    the feature (so are its modelled periods)."""
+    p = gen.plan(v)
+    image = gen.kernarg_image(v)
+    assert all(a.offset // 4 not in image for a in kernargs(v) if a.name in gen.PAGED_ARGS)
+    assert p.n_sgpr <= 102
+    dead = {p.args[n] + i for n in ("descale_q", "descale_k", "q_stride_b", "q_stride_s", "q_stride_h",
+                                    "k_stride_h") for i in (0, 1)} | {p.args["batch"] + i for i in range(4)}
+    owned = {p.sgpr[n] + i for n in PAGED for i in ((0, 1) if n in ("ptab", "kpb", "vpb") else (0,))}
+    entries = 3 * p.k_slots if gen._carried(p) else p.k_slots + p.v_slots   # (and kept pages, rows)
+    owned |= {p.sgpr["ent"] + i for i in range(entries)}
+    assert owned <= dead and len(owned) == 2 * 3 + 6 + entries
+    src = gen.emit(v)
+    table = next(a for a in kernargs(v) if a.name == "page_table")
+    ptr = f"s[{p.sgpr['ptab']}:{p.sgpr['ptab'] + 1}]"
+    assert f"s_load_dwordx2 {ptr}, s[0:1], 0x{table.offset:x}" in src
+    lines = [line.split("//")[0].strip() for line in src.splitlines()]
+    lines = [line for line in lines if line]
+    test = lines.index(f"s_cmp_lg_u64 {ptr}, 0")
+    assert lines[test + 1] == "s_cbranch_scc1 .Lpaged" and lines.index("s_endpgm") < lines.index(".Lpaged:")
+    monkeypatch.setitem(catalogue.FEATURES_OF, (v.arch, v.dtype),
+                        tuple(f for f in catalogue.FEATURES_OF[(v.arch, v.dtype)] if f != "paged_kv"))
+    plain = gen.emit(v)
+    assert _loop(src, ".Lloop_a:", ".Lloop_end:") == _loop(plain, ".Lloop_a:", ".Lloop_end:")
+
+
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick={(64, 64, True), (256, 256, False)}))
+def test_a_paged_load_costs_25_salu_a_carried_v_load_14_and_an_entry_6_and_no_valu(v):
+    """Per load of a block (a wave's 1 KiB, one 16-row group): its group, extent and row in its
+    page (14 SALU), the clamped page's 64-bit address (10), M0 (1), a nop and the load; K's one
+    more where V takes its page a phase later (d64, d128), that V load 14 (its rows and row 5,
+    address 8, M0 1); each page-table entry 6 SALU and an s_load_dword.  No VALU."""
+    p = gen.plan(v)
+    carried = (v.d_qk, v.d_v) in ((64, 64), (128, 128))
+    assert gen._carried(p) == carried
+    for kind, i, ahead in gen._paged_phase_loads(p):
+        a = gen.Asm(p)
+        pieces = gen.paged_chunks(a, kind, i, ahead, 1)
+        for _, emit in pieces:
+            emit()
+        ops = [line.split()[0] for line in a.lines if not line.strip().startswith("//")]
+        assert ops[-3:] == ["s_add_u32", "s_nop", "buffer_load_dwordx4"]
+        salu = sum(op.startswith("s_") and op != "s_nop" for op in ops)
+        assert salu == (14 if kind == "v" else 26) if carried else salu == 25
+        assert not any(op.startswith("v_") for op in ops) and sum(n for n, _ in pieces) == len(ops)
+    a = gen.Asm(p)
+    gen._fetch_entries(a, gen._paged_fetches(p), 1)
+    ops = [line.split()[0] for line in a.lines]
+    n = p.k_slots if carried else p.k_slots + p.v_slots
+    assert ops.count("s_load_dword") == n and len(ops) == 7 * n

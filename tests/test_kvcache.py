@@ -1,10 +1,10 @@
 """flash_attn_with_kvcache: the rules of a KV cache (check_kvcache, one test per rule), and
 the runtime's refusal, before anything is loaded or launched, of what a kernel does not
-implement (sliding windows, softcap, sinks, a KV cache) on sm_90a (the fake driver) and of a
-paged cache on gfx950 FP8 (the emulator); the gfx950 BF16 kernels run both KV caches
-(tests/emulator/test_emu_kvcache.py), the gfx950 FP8 kernels contiguous ones
-(tests/emulator/test_emu_fp8_kvcache.py), and the plan of such a call is checked here (its
-arguments, its caches)."""
+implement (a kernel table without the features, its values checked first); the
+gfx950 BF16 kernels run both KV caches (tests/emulator/test_emu_kvcache.py), the gfx950 FP8
+kernels contiguous ones (tests/emulator/test_emu_fp8_kvcache.py), the sm_90a serving kernels both
+(tests/test_gpu_kvcache.py), and the plan of such a call is checked here (its arguments, its
+tensor maps and workspace on sm_90a, the fake driver, with the checkout's manifest)."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,10 @@ from tests.backends import using_backend
 from tests.test_validate import dense, ref, rejects
 
 from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, plan, validate
+from zyfa_runtime.api import kernel_table
 from zyfa_runtime.catalogue import Variant
+from zyfa_runtime.driver.fake import unpack_tensor_map
+from zyfa_runtime.launch import unpack_args
 from zyfa_runtime.memory import host_dtype
 from zyfa_runtime.validate import check_kvcache, features_of
 
@@ -224,35 +227,113 @@ def test_calls_with_features_take_the_serving_kernel_even_after_a_plain_call_was
         assert driver.launches[-1].symbol == plain
 
 
-def test_a_kvcache_call_is_validated_then_refused(backend):
-    """By kernels that do not list it: a KV cache by sm_90a BF16 (the fake driver), a paged one
-    by gfx950 FP8 (the emulator; its kernels run contiguous caches, its BF16 kernels both).  (A
-    manifest built before the gfx950 FP8 kernels took contiguous caches names both features.)"""
-    name, driver = backend
-    arch, dtype = ("sm_90a", "bf16") if name == "fake" else ("gfx950", "fp8_e4m3")
-    q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64), dtype=dtype)
-    out = np.empty(q.shape, host_dtype("bf16"))
-    seqlens, table = SEQLENS.copy(), TABLE.copy()
-    refused = r"does not implement (a KV cache \(flash_attn_with_kvcache\) or )?a paged KV cache"
-    with pytest.raises(ValueError, match=f"fwd_{arch}_{dtype}_d64x64_causal(_serving)? {refused}"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True, out=out)
-    if name == "fake":
-        with pytest.raises(ValueError, match="does not implement a KV cache"):
-            flash_attn_with_kvcache(q, *arrays((3, 48, 2, 64), (3, 48, 2, 64), dtype=dtype),
-                                    cache_seqlens=seqlens, out=out)
-    # the values are read and checked first
-    table[2, 2] = 8
-    with pytest.raises(ValueError, match=r"page_table\[2, 2\] = 8 is not a page of k_cache"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, out=out)
-    # ... unless the caller opts out (a kernel would clamp them)
-    with pytest.raises(ValueError, match=refused):
-        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, out=out,
-                                check_cache_seqlens=False)
-    with pytest.raises(TypeError, match="check_cache_seqlens must be a bool"):
-        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table,
-                                check_cache_seqlens=1)
-    if name == "fake":
+def test_a_kvcache_call_is_refused_by_kernels_that_do_not_list_it_naming_what_they_run():
+    """A KV cache needs "kvcache", a paged one "paged_kv" too, in the kernel's manifest entry."""
+    v = Variant("sm_90a", "bf16", 128, 128, True)
+    paged_call = check_kvcache(**paged(causal=True))
+    with pytest.raises(ValueError, match=r"does not implement a KV cache \(flash_attn_with_kvcache\) or a paged "
+                                         r"KV cache \(page_table\): .* they also take a sliding window"):
+        plan.require_features(paged_call, Table("sm_90a", ["window"]), v)
+    with pytest.raises(ValueError, match=r"does not implement a paged KV cache \(page_table\)"):
+        plan.require_features(paged_call, Table("sm_90a", ["kvcache"]), v)
+    plan.require_features(check_kvcache(**contiguous_cache(causal=True)), Table("sm_90a", ["kvcache"]), v)
+    plan.require_features(paged_call, Table("sm_90a", ["kvcache", "paged_kv"]), v)
+
+
+def test_a_kvcache_calls_values_are_checked_before_anything_is_planned():
+    """Read back, a page outside the cache is refused first; check_cache_seqlens is a bool."""
+    with using_backend("fake") as driver:
+        q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
+        out = np.empty(q.shape, host_dtype("bf16"))
+        table = TABLE.copy()
+        table[2, 2] = 8
+        with pytest.raises(ValueError, match=r"page_table\[2, 2\] = 8 is not a page of k_cache"):
+            flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLENS.copy(), page_table=table, out=out)
+        with pytest.raises(TypeError, match="check_cache_seqlens must be a bool"):
+            flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLENS.copy(), page_table=table,
+                                    check_cache_seqlens=1)
         assert driver.launches == []
+
+
+def kvcache_launch(driver, dtype, d=64, causal=False):
+    """The last launch's variant, arguments and tensor maps (the fake driver's encoding: their
+    geometry) of a KV cache call, which runs the serving variant (catalogue.SERVING_FEATURES_OF)."""
+    v = Variant("sm_90a", dtype, d, d, causal, serving=True)
+    launch = driver.launches[-1]
+    assert launch.symbol == v.symbol
+    args = unpack_args(kernel_table(driver).entry(v), launch.args)
+    return v, args, {name: unpack_tensor_map(args[name]) for name in ("tmap_q", "tmap_k", "tmap_v") if name in args}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+def test_a_paged_call_on_sm90a_reads_the_whole_cache_in_boxes_of_a_page_piece(dtype):
+    """K (and BF16's V) by TMA over the whole cache, (head dim, heads, page_size rows, num_pages)
+    bytes at its strides, in boxes of min(lowbit(page_size), block_n) rows (plan.page_box_rows:
+    the kernel's page_piece); the cache's arguments are the table's row stride, its pages and the
+    magic of its division; cache_seqlens and page_table by address.  FP8's V^T workspace is dense,
+    max_pages page_size columns a sequence, from shapes alone."""
+    elem = 1 if dtype == "fp8_e4m3" else 2
+    with using_backend("fake") as driver:
+        for page, pages, width in ((16, 8, 3), (48, 4, 3), (64, 6, 2), (256, 3, 1)):
+            q, k_cache, v_cache = arrays((3, 2, 4, 64), (pages, page, 2, 64), (pages, page, 2, 64), dtype=dtype)
+            table = np.zeros((3, width), np.int32)
+            seqlens = np.array([page * width, 0, 17], np.int32)
+            flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, page_table=table, causal=True,
+                                    out=np.empty(q.shape, host_dtype("bf16")))
+            v, args, maps = kvcache_launch(driver, dtype, causal=True)
+            rows = min(page & -page, v.tile.block_n)
+            assert rows == plan.page_box_rows(page, v.tile.block_n) and page % rows == 0
+            for name, t in (("tmap_k", k_cache), ("tmap_v", v_cache)):
+                if name in maps:
+                    row = 2 * 64 * elem
+                    assert maps[name]["ptr"] == t.ctypes.data and maps[name]["dims"] == (64 * elem, 2, page, pages)
+                    assert maps[name]["strides"] == (64 * elem, row, page * row)
+                    assert maps[name]["box"][2] == rows
+            assert args["cache_seqlens"] == seqlens.ctypes.data and args["page_table"] == table.ctypes.data
+            assert (args["page_size"], args["num_pages"], args["max_pages"], args["seqlen_k"]) == \
+                (page, pages, width, page * width)
+            assert args["page_magic"] == plan.page_magic(page) and args["page_table_stride"] == width
+            if dtype == "fp8_e4m3":
+                assert args["vt_stride_h"] == 64 * 3 * -(-page * width // 128) * 128
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+def test_a_contiguous_cache_on_sm90a_is_a_tensor_of_max_seqlen_k_rows_a_sequence_whatever_the_queries(dtype):
+    """Dense or packed queries, K (and BF16's V) as (head dim, heads, max_seqlen_k rows, batch),
+    boxes of block_n rows; no page table (a null page_table, zeros for its arguments); FP8's V^T
+    per sequence max_seqlen_k columns (not the packed rule: the keys are not packed)."""
+    elem = 1 if dtype == "fp8_e4m3" else 2
+    with using_backend("fake") as driver:
+        q, k_cache, v_cache = arrays((3, 2, 4, 64), (3, 200, 2, 64), (3, 200, 2, 64), dtype=dtype)
+        seqlens = np.array([200, 0, 33], np.int32)
+        for packed in (False, True):
+            kw = dict(cu_seqlens_q=np.array([0, 2, 3, 6], np.int32), max_seqlen_q=3) if packed else {}
+            qq = q.reshape(6, 4, 64) if packed else q
+            flash_attn_with_kvcache(qq, k_cache, v_cache, cache_seqlens=seqlens,
+                                    out=np.empty(qq.shape, host_dtype("bf16")), **kw)
+            v, args, maps = kvcache_launch(driver, dtype)
+            for name in ("tmap_k", "tmap_v"):
+                if name in maps:
+                    assert maps[name]["dims"] == (64 * elem, 2, 200, 3) and maps[name]["box"][2] == v.tile.block_n
+                    assert maps[name]["strides"][2] == 200 * 2 * 64 * elem
+            assert args["page_table"] == 0 and args["page_size"] == args["num_pages"] == 0   # null: no pages
+            assert args["cu_seqlens_k"] == 0 and (args["cu_seqlens_q"] != 0) == packed
+            if dtype == "fp8_e4m3":
+                assert args["vt_stride_h"] == 64 * 3 * 256
+
+
+def test_unread_values_on_a_captured_stream_plan_the_call_with_nothing_read_back():
+    """check_cache_seqlens=False with out given: the sm_90a kernels clamp every length and page
+    index, so the call is queued on the capture with no copy and no allocation of its own."""
+    with using_backend("fake") as driver:
+        q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
+        table = TABLE.copy()
+        table[2, 2] = 1000                                   # unread: not refused (the kernel clamps it)
+        kw = dict(cache_seqlens=SEQLENS.copy(), page_table=table, stream=9)
+        driver.capturing.add(9)
+        flash_attn_with_kvcache(q, k_cache, v_cache, out=np.empty_like(q), check_cache_seqlens=False, **kw)
+        assert [op[0] for op in driver.ops] == ["launch"]
+        driver.capturing.clear()
 
 
 def test_the_manifest_words_and_the_validation_words_name_the_same_features():
@@ -283,20 +364,19 @@ def test_values_are_read_through_the_tables_strides_and_only_the_used_pages_chec
         q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
         wide = np.full((3, 5), 99, np.int32)
         wide[:, :3] = TABLE
-        with pytest.raises(ValueError, match="does not implement a KV cache"):
-            flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLENS.copy(), page_table=wide[:, :3],
-                                    out=np.empty_like(q))
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLENS.copy(), page_table=wide[:, :3],
+                                out=np.empty_like(q))
+        assert kvcache_launch(driver, "bf16")[1]["page_table_stride"] == 5
         wide[0, 1] = 8
         with pytest.raises(ValueError, match=r"page_table\[0, 1\] = 8"):
             flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=SEQLENS.copy(), page_table=wide[:, :3],
                                     out=np.empty_like(q))
-        assert driver.launches == []
+        assert len(driver.launches) == 1
 
 
-def test_a_captured_kvcache_call_reads_nothing_back():
+def test_a_captured_kvcache_call_must_leave_the_values_unread():
     """On a stream being captured the values cannot be read back (that waits for the device):
-    check_cache_seqlens=False is required, with out given; then the call is refused for the
-    kernel (no KV cache yet) with nothing queued."""
+    check_cache_seqlens=False is required, with out given; nothing is queued before that."""
     with using_backend("fake") as driver:
         q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64))
         kw = dict(cache_seqlens=SEQLENS.copy(), page_table=TABLE.copy(), stream=9)
@@ -305,8 +385,6 @@ def test_a_captured_kvcache_call_reads_nothing_back():
             flash_attn_with_kvcache(q, k_cache, v_cache, out=np.empty_like(q), **kw)
         with pytest.raises(ValueError, match="needs out="):
             flash_attn_with_kvcache(q, k_cache, v_cache, check_cache_seqlens=False, **kw)
-        with pytest.raises(ValueError, match="does not implement a KV cache"):
-            flash_attn_with_kvcache(q, k_cache, v_cache, out=np.empty_like(q), check_cache_seqlens=False, **kw)
         assert driver.ops == [] and driver.launches == []
         driver.capturing.clear()
 

@@ -368,7 +368,7 @@ FEATURES = ("window", "softcap", "sinks", "kvcache", "paged_kv")
 #: (_arg_names); absent: none yet.
 FEATURES_OF = {
     ("gfx950", "bf16"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
-    ("gfx950", "fp8_e4m3"): ("window", "sinks", "kvcache"),
+    ("gfx950", "fp8_e4m3"): ("window", "sinks", "kvcache", "paged_kv"),
 }
 
 
@@ -377,8 +377,8 @@ FEATURES_OF = {
 #: the plain kernels are tuned without them (sm_90a: kServing in cuda/flash_fwd_ws.cuh, flash_fwd_fp8_ws.cuh);
 #: absent: no serving variants.
 SERVING_FEATURES_OF = {
-    ("sm_90a", "bf16"): ("window", "softcap", "sinks"),
-    ("sm_90a", "fp8_e4m3"): ("window", "softcap", "sinks"),
+    ("sm_90a", "bf16"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
+    ("sm_90a", "fp8_e4m3"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
 }
 
 

@@ -146,8 +146,11 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     vt_bytes = 0
     if "prepass" in kernel.entry:
         # The V^T pre-pass: its workspace, laid out by catalogue.vt_columns.
+        # A KV cache's V^T is dense whatever the queries: seqlen_k (the cache's rows a sequence)
+        # columns a sequence, from shapes only (a captured call's workspace: nothing read back).
+        packed_k = problem.varlen and not problem.kvcache
         values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
-                                                         problem.total_k if problem.varlen else None)
+                                                         problem.total_k if packed_k else None)
         vt_bytes = problem.hkv * values["vt_stride_h"]
     launch_grids = grids(driver, kernel, values, sm_count)
     return Layout(problem, kernel, values, maps, launch_grids, vt_bytes, partial_bytes, counter,
@@ -288,15 +291,40 @@ def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict) ->
     """Where the sm_90a kernels' TMA tensor map of Q, K or V (``spec["tensor"]``) comes from,
     all but its address: (the tensor's argument, dims, strides, box, swizzle bytes); dims in bytes of (head
     dim, heads, rows, sequences), a packed batch as one sequence of all its rows; box and
-    swizzle as the manifest's ``spec`` (catalogue.tensor_maps).  TMA takes strides in multiples
-    of 16 bytes."""
+    swizzle as the manifest's ``spec`` (catalogue.tensor_maps).  A KV cache's K and V whatever
+    the queries: contiguous, (head dim, heads, max_seqlen_k rows, sequences); paged, the whole
+    cache, (head dim, heads, page_size rows, num_pages pages) in boxes of
+    :func:`page_box_rows` rows (the kernels' page_piece: a tile is whole boxes, one page each).
+    TMA takes strides in multiples of 16 bytes."""
     t = spec["tensor"]
     elem = 1 if problem.dtype == "fp8_e4m3" else 2
     row_bytes = elem * (problem.d_v if t == "v" else problem.d_qk)
     heads = problem.hq if t == "q" else problem.hkv
+    box = tuple(spec["box"])
+    if t != "q" and problem.kvcache:
+        paged = problem.kvcache == "paged"
+        rows, seqs = (problem.page_size, problem.num_pages) if paged else (problem.seqlen_k, problem.batch)
+        if paged:
+            box = (box[0], box[1], page_box_rows(problem.page_size, box[2]), box[3])
+        return _tensor_map_dims(t, values, elem, row_bytes, heads, rows, seqs, box, spec["swizzle_bytes"])
     total, seqlen = (problem.total_q, problem.seqlen_q) if t == "q" else (problem.total_k, problem.seqlen_k)
     rows = max(total if problem.varlen else seqlen, 1)
-    one_sequence = problem.varlen or problem.batch == 1
+    return _tensor_map_dims(t, values, elem, row_bytes, heads, rows, 1 if problem.varlen else problem.batch, box,
+                            spec["swizzle_bytes"])
+
+
+def page_box_rows(page_size: int, tile_rows: int) -> int:
+    """Rows of a paged cache's TMA box: the largest power of two that divides the page, at most a
+    tile's rows (cuda/flash_common.cuh page_piece, the same rule): a tile, whose first key is a
+    multiple of its rows, is whole boxes, none across a page (page sizes are multiples of 16)."""
+    return min(page_size & -page_size, tile_rows)
+
+
+def _tensor_map_dims(t: str, values: dict, elem: int, row_bytes: int, heads: int, rows: int, seqs: int,
+                     box: tuple, swizzle: int) -> tuple:
+    """The geometry of a tensor map of (row_bytes, heads, rows, seqs), its strides from ``values``
+    (``{t}_stride_h``, ``_s``, ``_b``, in elements of ``elem`` bytes)."""
+    one_sequence = seqs == 1
     # a dimension of one element: its stride is never used, so any valid one stands in
     row = elem * values[f"{t}_stride_s"] if rows > 1 else heads * row_bytes
     strides = (elem * values[f"{t}_stride_h"] if heads > 1 else row_bytes, row,
@@ -306,8 +334,7 @@ def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict) ->
         raise ValueError(f"{t}: the sm_90a kernels read {t.upper()} by TMA, which needs its head, row and batch "
                          f"strides to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, "
                          f"{strides[2]} bytes")
-    dims = (row_bytes, heads, rows, 1 if problem.varlen else problem.batch)
-    return t, dims, strides, tuple(spec["box"]), spec["swizzle_bytes"]
+    return t, (row_bytes, heads, rows, seqs), strides, box, swizzle
 
 
 #: The tiles of a persistent kernel are numbered by a 32-bit int in the kernel.
