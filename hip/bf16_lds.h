@@ -59,6 +59,31 @@ __device__ inline void lds_dma16(u32x4 rsrc, u32 voff, u32 lds) {
                : : "v"(voff), "s"(rsrc), "s"(lds) : "memory", "m0");
 }
 
+// The four instructions of one wave's share of a tile (KvCopy::kOneBuffer), all from one
+// buffer: instruction n's 16 bytes a lane at `voff[n]` go to LDS at M0 + 16 lane,
+// M0 = `lds` + n `step`.  One piece of assembly, so that its wait states are paid once a tile
+// (ISA 4.5: the s_nop 3 for a VALU write of an SGPR before the first load reads the buffer,
+// which the later loads reuse; 1 between each M0 write and its LDS DMA): 16 issue slots a tile,
+// where four lds_dma16 with their buffers stepped between them took about 100 (SALU and waits).
+template <u32 step>
+__device__ inline void lds_dma16_x4(u32x4 rsrc, const u32 (&voff)[4], u32 lds) {
+  asm volatile("s_nop 3\n\ts_mov_b32 m0, %5\n\ts_nop 0\n\tbuffer_load_dwordx4 %1, %0, 0 offen lds\n\t"
+               "s_add_u32 m0, %5, %6\n\ts_nop 0\n\tbuffer_load_dwordx4 %2, %0, 0 offen lds\n\t"
+               "s_add_u32 m0, %5, %7\n\ts_nop 0\n\tbuffer_load_dwordx4 %3, %0, 0 offen lds\n\t"
+               "s_add_u32 m0, %5, %8\n\ts_nop 0\n\tbuffer_load_dwordx4 %4, %0, 0 offen lds"
+               : : "s"(rsrc), "v"(voff[0]), "v"(voff[1]), "v"(voff[2]), "v"(voff[3]), "s"(lds), "i"(step),
+                 "i"(2 * step), "i"(3 * step)
+               : "memory", "m0", "scc");
+}
+
+// One instruction of that copy on its own (the tile's loads spread over a step: flash_fwd.hip),
+// with its own wait states: s_mov (1) and s_nop 3 (4) between whatever precedes it and the
+// load (5 for a VALU write of an SGPR, 1 for the M0 write); 6 issue slots.
+__device__ inline void lds_dma16_lone(u32x4 rsrc, u32 voff, u32 lds) {
+  asm volatile("s_mov_b32 m0, %2\n\ts_nop 3\n\tbuffer_load_dwordx4 %0, %1, 0 offen lds"
+               : : "v"(voff), "s"(rsrc), "s"(lds) : "memory", "m0");
+}
+
 // Instructions n and n + 1 of a paged copy (KvCopy::issue_paged), buffer_load_dwordx4 ... lds
 // as lds_dma16 does, each buffer's base, high word and size read out of lanes n and n + 1 of
 // `lo`, `hi`, `bytes`.  All in one piece of assembly so that the read-outs of the second
@@ -111,6 +136,34 @@ struct PageMap {
   }
 };
 
+// One wave's share of a tensor's tile copies where all its instructions read one buffer
+// (KvCopy::kOneBuffer), for issuing them one at a time: instruction n of a tile reads this
+// lane's 16 bytes at voff[n] and writes them to LDS at tile + `lds_wave` + 1024 kCopyWaves n
+// (the layout: KvCopy below).
+template <int kLoads>
+struct SpreadCopy {
+  static constexpr int kCopyWaves = kWaves / 2;
+  const u16* src;
+  int stride;        // elements between keys
+  u32 row_bytes;     // bytes of one key's row that exist (2 kWidth)
+  u32 lds_wave;      // 1024 x the wave's place in its group
+  u32 voff[kLoads];  // byte offset of this lane's chunk of instruction n from the tile's first key
+
+  // The buffer of the tile of keys [n0, n0 + kBlockN): from key n0, rows at or past sk past its
+  // range (zeros; none at all where n0 >= sk).
+  __device__ u32x4 tile_buffer(int n0, int sk) const {
+    int st = stride;
+    asm volatile("" : "+s"(st));  // (not hoisted out of the loop: SGPRs)
+    const int rows = sk - n0 < kBlockN ? sk - n0 : kBlockN;
+    const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + row_bytes : 0u;
+    return raw_buffer(src + i64(n0) * st, bytes);
+  }
+  // Instruction n of the copy of the tile whose buffer is `rsrc` into the LDS tile at byte `lds`.
+  __device__ void issue(u32x4 rsrc, int n, u32 lds) const {
+    lds_dma16_lone(rsrc, voff[n], lds + lds_wave + 1024u * u32(n * kCopyWaves));
+  }
+};
+
 // The copy of one tile, global -> LDS, by `buffer_load_dwordx4 ... lds`: each lane's 16
 // bytes go to LDS at M0 + 16 lane, so one wave instruction fills 1 KiB of the tile in lane
 // order; lane l of instruction n fills byte 1024 n + 16 l of the tile and fetches the global
@@ -146,7 +199,12 @@ struct KvCopy {
   // (n - n % kPeriod) kStepRows rows further: kPeriod VGPRs instead of kLoads.
   static constexpr int kStepRows = 1024 * kCopyWaves / kRowBytes;
   static constexpr bool kRepeats = 1024 * kCopyWaves % kRowBytes == 0 && (16 % kStepRows == 0 || kStepRows % 16 == 0);
-  static constexpr int kPeriod = !kRepeats ? kLoads : kStepRows >= 16 ? 1 : (16 / kStepRows < kLoads ? 16 / kStepRows : kLoads);
+  // kOneBuffer (d 64, unpaged, where the copy is issued in the step that sets the period and
+  // registers are to spare): every instruction's lane offsets in VGPRs of their own (kLoads of
+  // them), all from the one buffer of the tile (lds_dma16_x4), no SALU op between the loads.
+  static constexpr bool kOneBuffer = !kPaged && kDqk <= 64 && kLoads == 4;
+  static constexpr int kPeriod = kOneBuffer || !kRepeats ? kLoads
+                                 : kStepRows >= 16 ? 1 : (16 / kStepRows < kLoads ? 16 / kStepRows : kLoads);
 
   const u16* src;
   int stride;            // elements between keys
@@ -175,6 +233,10 @@ struct KvCopy {
     constexpr int kBufferRows = kRepeats ? kPeriod * kStepRows : 0;  // rows between buffers
     const u16* base = src + i64(n0) * st;
     int rows = sk - n0 < kBlockN ? sk - n0 : kBlockN;  // rows of the current buffer that exist
+    if constexpr (kOneBuffer) {
+      lds_dma16_x4<1024u * kCopyWaves>(spread().tile_buffer(n0, sk), voff, lds + 1024u * u32(wave));
+      return;
+    }
 #pragma unroll
     for (int n = 0; n < kLoads; ++n) {
       if (n > 0 && n % kPeriod == 0) {
@@ -184,6 +246,15 @@ struct KvCopy {
       const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + 2u * Layout::kWidth : 0u;  // none: zeros
       lds_dma16(raw_buffer(base, bytes), voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
     }
+  }
+
+  // kOneBuffer: this wave's copy as a SpreadCopy (K's and V's of one type: flash_fwd.hip picks
+  // one per wave and issues it in pieces).
+  __device__ SpreadCopy<kLoads> spread() const {
+    SpreadCopy<kLoads> c{src, stride, 2u * Layout::kWidth, 1024u * u32(wave), {}};
+#pragma unroll
+    for (int n = 0; n < kLoads; ++n) c.voff[n] = voff[n];
+    return c;
   }
 
   // Paged (kPaged; `pages`: the sequence's PageMap): lane n's 16-row group, that of
@@ -267,14 +338,21 @@ __device__ inline void load_q(bf16x8 (&qf)[kQkSteps], const u16* q, int row, i64
 // waits for the LDS latency of its own operand (64+ cycles against the 32 it runs), also
 // across the seam between PV and QK.  Operands 0 .. N1-1 take R1 LDS instructions each,
 // N1 .. N1+N2-1 R2 each; every operand is 16 bytes.  Registers: kDepth operands in flight.
-constexpr int kDepth = kDqk > 192 ? 2 : kDqk > 128 ? 3 : 4;
+// d 64: 3, not 4 (its registers allow 4): the four matrix waves' first reads go to the CU's one
+// LDS in a burst at the step's start, and the last wave to get it starts its MFMAs that much
+// later (2,804 cycles a tile against 2,879; 2: 2,937, the MFMAs wait on LDS latency).
+constexpr int kDepth = kDqk > 192 ? 2 : kDqk > 128 ? 3 : kDqk > 64 ? 4 : 3;
 
-template <int N1, int R1, int N2, int R2, class Read, class Use>
-__device__ inline void pipelined(Read read, Use use) {
+// kPrimed: `buf` holds operands 0 .. kDepth-1 already, read before the step (pv_ahead below).
+using Operands = u32x4[kDepth];
+
+template <int N1, int R1, int N2, int R2, bool kPrimed = false, class Read, class Use>
+__device__ inline void pipelined(Operands& buf, Read read, Use use) {
   constexpr int N = N1 + N2;
-  u32x4 buf[kDepth];
+  if constexpr (!kPrimed) {
 #pragma unroll
-  for (int x = 0; x < kDepth && x < N; ++x) buf[x] = read(x);
+    for (int x = 0; x < kDepth && x < N; ++x) buf[x] = read(x);
+  }
 #pragma unroll
   for (int x = 0; x < N; ++x) {
     const u32x4 cur = buf[x % kDepth];
@@ -282,10 +360,11 @@ __device__ inline void pipelined(Read read, Use use) {
     use(x, cur);
   }
   // Pin that order (the scheduler would otherwise pull each read down to its MFMA): the
-  // first kDepth operands' reads, then MFMA x and the reads of operand x + kDepth.
+  // first kDepth operands' reads (unless primed), then MFMA x and the reads of operand
+  // x + kDepth.
   constexpr int kDsRead = 0x100, kMfma = 0x008;
   constexpr int kAhead = kDepth < N ? kDepth : N, kAhead1 = kAhead < N1 ? kAhead : N1;
-  __builtin_amdgcn_sched_group_barrier(kDsRead, R1 * kAhead1 + R2 * (kAhead - kAhead1), 0);
+  if constexpr (!kPrimed) __builtin_amdgcn_sched_group_barrier(kDsRead, R1 * kAhead1 + R2 * (kAhead - kAhead1), 0);
 #pragma unroll
   for (int x = 0; x < N; ++x) {
     __builtin_amdgcn_sched_group_barrier(kMfma, 1, 0);
@@ -358,14 +437,29 @@ struct PvStage {
 // The matrix step M(t) as one pipeline: O^T += V(t-1)^T P^T(t-1), then S^T(t) = K(t) Q^T
 // (QK's first reads issue under PV's last MFMAs).  One code path only: a second,
 // differently pipelined one in the same loop costs more registers than the 256 a wave has.
+// kAhead (d 192 and 256, whose matrix step is the longer one): its first kDepth operands
+// (V(t-1)'s) are read at the end of the softmax step before it (pv_ahead, into `ahead`), where
+// the wave has time to spare and these registers are free; the step then starts with its first
+// MFMA instead of its address arithmetic and a read's latency.  (d 128: the registers held
+// across the barrier spilled; d 64: the softmax step, the longer one there, got longer.)
+constexpr bool kAhead = kDqk > 128;
+
+__device__ inline void pv_ahead(Operands& ahead, const u16* vt, int lane) {
+  static_assert(kDepth <= PvStage::kOperands, "the operands read ahead are PV's");
+  lane = lane_for_addresses(lane);
+  const PvStage v(vt, lane);
+#pragma unroll
+  for (int x = 0; x < kDepth; ++x) ahead[x] = v.read(x);
+}
 __device__ inline void pv_qk_step(f32x16 (&oacc)[kDvTiles], const u16* vt, const bf16x8 (&pf)[kPvSteps],
-                                  f32x16 (&s)[kKeySubs], const u16* kt, const bf16x8 (&qf)[kQkSteps], int lane) {
+                                  f32x16 (&s)[kKeySubs], const u16* kt, const bf16x8 (&qf)[kQkSteps], int lane,
+                                  Operands& ahead) {
   lane = lane_for_addresses(lane);
   const PvStage v(vt, lane);
   const QkStage k(kt, lane);
   constexpr int NP = PvStage::kOperands, NQ = QkStage::kOperands;
-  pipelined<NP, PvStage::kReads, NQ, QkStage::kReads>(
-      [&](int x) { return x < NP ? v.read(x) : k.read(x - NP); },
+  pipelined<NP, PvStage::kReads, NQ, QkStage::kReads, kAhead>(
+      ahead, [&](int x) { return x < NP ? v.read(x) : k.read(x - NP); },
       [&](int x, u32x4 a) {
         if (x < NP) PvStage::mfma(oacc, pf, x, a);
         else QkStage::mfma(s, qf, x - NP, a);
@@ -376,7 +470,8 @@ __device__ inline void pv_qk_step(f32x16 (&oacc)[kDvTiles], const u16* vt, const
 __device__ inline void qk_step(f32x16 (&s)[kKeySubs], const u16* kt, const bf16x8 (&qf)[kQkSteps], int lane) {
   lane = lane_for_addresses(lane);
   const QkStage k(kt, lane);
-  pipelined<QkStage::kOperands, QkStage::kReads, 0, 1>([&](int x) { return k.read(x); },
+  Operands buf;
+  pipelined<QkStage::kOperands, QkStage::kReads, 0, 1>(buf, [&](int x) { return k.read(x); },
                                                        [&](int x, u32x4 a) { QkStage::mfma(s, qf, x, a); });
 }
 

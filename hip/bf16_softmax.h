@@ -107,12 +107,21 @@ struct OnlineSoftmax {
 
   // Scores of one tile -> P^T (bf16, the PV B operand: pf[ps] = keys of 16-key step ps),
   // rescaling O and l first when the vote says so.
-  __device__ void update(const f32x16 (&s)[kKeySubs], bf16x8 (&pf)[kPvSteps], f32x16 (&oacc)[kDvTiles]) {
+  // `between(k)`, k = 0 .. 3, runs at four points of it (work of the same step spread over it,
+  // flash_fwd.hip): at its start, halfway through the row max, after the row max, after the
+  // first 16-key step's exponentials.
+  template <class Between>
+  __device__ void update(const f32x16 (&s)[kKeySubs], bf16x8 (&pf)[kPvSteps], f32x16 (&oacc)[kDvTiles],
+                         Between between) {
     float mx = neg_inf();
+    between(0);
 #pragma unroll
-    for (int n = 0; n < kKeySubs; ++n)
+    for (int n = 0; n < kKeySubs; ++n) {
+      if (n == kKeySubs / 2) between(1);
 #pragma unroll
       for (int e = 0; e < 16; e += 2) mx = max3(mx, s[n][e], s[n][e + 1]);
+    }
+    between(2);
     const float mc = max_halves(mx) * c;
     if (__builtin_amdgcn_ballot_w64(mc > m + kLazy)) {  // wave-uniform
       const float mn = __builtin_fmaxf(m, mc);
@@ -135,7 +144,11 @@ struct OnlineSoftmax {
         packed[e / 2] = pack_bf16x2(t.x, t.y);
       }
       pf[ps] = __builtin_bit_cast(bf16x8, u32x4{packed[0], packed[1], packed[2], packed[3]});
+      if (ps == 0) between(3);
     }
+  }
+  __device__ void update(const f32x16 (&s)[kKeySubs], bf16x8 (&pf)[kPvSteps], f32x16 (&oacc)[kDvTiles]) {
+    update(s, pf, oacc, [](int) {});
   }
 
   // The query's full row sum (both halves); the same in lanes i and i + 32.

@@ -250,6 +250,18 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
       else vcopy.issue(lds_addr + 2 * v_tile(t & 1), key0(t), sk);
     }
   };
+  // d64 (unpaged): the copy of tile t + 1 is issued in S(t) one instruction at a time, spread
+  // over the softmax (OnlineSoftmax::update's four `between` points), from K's or V's
+  // SpreadCopy picked once here: issued together at the step's start, the four copying waves'
+  // 16 loads queued in the vector-memory pipe (1 KiB in 16 cycles) and held the last wave's
+  // softmax about 190 cycles (the step that sets the period at d64).  Past the last tile the
+  // pieces still run (no branch a piece): they fill the buffer the schedule above leaves free
+  // then, with zeros past the last key or with keys no wave reads.
+  constexpr bool kSpread = !kPaged && KvCopy<KLayout>::kOneBuffer && KvCopy<VLayout>::kOneBuffer;
+  const auto mine = [&] {
+    if constexpr (kSpread) return lead ? kcopy.spread() : vcopy.spread();
+    else return 0;
+  }();
   if (n_tiles > 0) {
     if constexpr (kPaged) fetch(0);  // the first tile's entries
     copy(0);
@@ -265,13 +277,34 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
     bf16x8 pf[kPvSteps];
     for (int t = 0; t < n_tiles; ++t) {
       // S(t)
-      copy(t + 1);
+      u32x4 next_buf;  // (kSpread) the buffer of tile t + 1
+      const u32 next_lds = lds_addr + 2 * (lead ? k_tile((t + 1) & 1) : v_tile((t + 1) & 1));
+      auto piece = [&](int k) {  // (kSpread) instruction k of the copy of tile t + 1, pinned where called
+        if constexpr (kSpread) {
+          static_assert(KvCopy<KLayout>::kLoads == 4 && KvCopy<VLayout>::kLoads == 4, "four pieces");
+          __builtin_amdgcn_sched_barrier(0);
+          if (k == 0) next_buf = mine.tile_buffer(key0(t + 1), sk);
+          mine.issue(next_buf, k, next_lds);
+          __builtin_amdgcn_sched_barrier(0);
+        }
+      };
+      if constexpr (!kSpread) copy(t + 1);
       if (active(t)) {
         const int n0 = key0(t);
         if (capped) cap_scores(s, cap_k);
         if (kFeatures && n0 < w_clean_first) mask_before(s, n0, win.first(row), g);
         if (n0 + kBlockN > w_clean_end) mask_after(s, n0, win.end(row), g);
-        sm.update(s, pf, oacc);
+        sm.update(s, pf, oacc, piece);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) piece(k);
+      }
+      // (kAhead) M(t+1)'s first operands, at the end of S(t) (V(t) is complete: its copy was
+      // waited for before the last barrier, and its buffer is refilled only in phase 2t + 4)
+      Operands ahead;
+      if constexpr (kAhead) {
+        __builtin_amdgcn_sched_barrier(0);
+        if (active(t)) pv_ahead(ahead, lds + v_tile(t & 1), lane);
       }
       wait_vm_all();
       sync_workgroup();
@@ -280,7 +313,7 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
       // runs where its result is never read (past this wave's last key; t + 1 = n_tiles,
       // on a stale buffer): active(t + 1) implies active(t), and S(t+1) checks it.
       __builtin_amdgcn_s_setprio(1);
-      if (active(t)) pv_qk_step(oacc, lds + v_tile(t & 1), pf, s, lds + k_tile((t + 1) & 1), qf, lane);
+      if (active(t)) pv_qk_step(oacc, lds + v_tile(t & 1), pf, s, lds + k_tile((t + 1) & 1), qf, lane, ahead);
       __builtin_amdgcn_s_setprio(0);
       sync_workgroup();
     }
