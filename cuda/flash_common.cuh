@@ -554,9 +554,11 @@ __device__ __forceinline__ int page_at(const P& p, int b, int slot) {
 
 // A tile of kRows keys from key0 of sequence b (a multiple of kRows) out of a paged cache, as
 // tma_tile lays it out (K-blocks of kBox-byte rows): box after box of kPiece rows, each from its
-// page's entry.  The entries are read one at a time by the issuing thread (held together, the
-// producer's 32 or 40 registers spilled them); a sequence's row of the table is a few lines of
-// L1 after its first tile, so that a tile of 16-row pages (8 boxes) waits some 8 L1 hits.
+// page's entry, by one thread that loads the entries one at a time (the first from L2, the
+// others from the lines it brought to L1).  Only the first K tile of a CTA (or of a tail CTA's
+// segment), by thread 0 as it starts; the producer's warps issue the other tiles a lane a box
+// (tma_tile_lanes).  (All the tile's entries loaded before the first copy, one round trip
+// instead of one and 7 L1 hits, spilled 16 bytes in the FP8 d64 and d256 causal kernels.)
 template <int kRows, int kRowBytes, int kBox, class P>
 __device__ __forceinline__ void tma_tile_paged(const P& p, uint32_t tile, uint64_t tmap, uint32_t bar, int h,
                                                int key0, int b) {
@@ -576,17 +578,40 @@ __device__ __forceinline__ void tma_tile_paged(const P& p, uint32_t tile, uint64
   }
 }
 
-// The page_table lines that the boxes of the tile of kRows keys from key0 read (its first and
-// last box's entries: 8 entries at most, one or two lines), prefetched into L1 by the issuing
-// thread once the tile before is copied, so that tma_tile_paged's reads, after the tile's stage
-// is free, hit L1.  Only the paged kernels' producers call it (HasPages).
+// A paged tile issued by the producer's warp, a lane a box: lane j < kRows / kPiece holds box j's
+// page (tile_page: the warp's lanes read the tile's entries with one coalesced load, made a tile
+// ahead, so that it is in flight while the warp waits for the tile's stage) and issues box j's
+// copies itself (tma_tile_lanes; any thread may issue TMA: ptxas issues the lanes' copies one
+// after another, each from its lane's registers, an ELECT loop of a few instructions a copy).
+// Thread 0's tma_tile_paged waited for each box's entry in turn (an L1 round trip, its clamps
+// and its copies, times 8 at 16-row pages); here no copy waits for a load.  Lane 0 arrives on
+// bar expecting the tile's bytes; a lane's copies may complete before that arrival (the
+// barrier's tx-count goes below zero, and its phase waits for the arrival all the same).
+// Both are called by every lane of the warp; lanes past the tile's boxes load and issue nothing.
+// tile_page returns the entry as loaded and tma_tile_lanes clamps it (page_at's clamp): an
+// instruction that read the entry right after its load would make the warp wait for it there.
 template <int kRows, class P>
-__device__ __forceinline__ void prefetch_pages(const P& p, int key0, int b) {
-  if (p.page_table == nullptr) return;
-  const unsigned g0 = static_cast<unsigned>(key0) / 16u;
-  const int* row = static_cast<const int*>(p.page_table) + b * p.page_table_stride;
-  asm volatile("prefetch.global.L1 [%0];\n" :: "l"(row + page_slot(p, g0)));
-  asm volatile("prefetch.global.L1 [%0];\n" :: "l"(row + page_slot(p, g0 + kRows / 16 - 1)));
+__device__ __forceinline__ int tile_page(const P& p, int key0, int b) {
+  const int j = threadIdx.x % 32 * (page_piece(p, kRows) / 16);   // the lane's box: its first 16-row group
+  if (j >= kRows / 16) return 0;
+  const int slot = page_slot(p, static_cast<unsigned>(key0) / 16u + j);
+  return static_cast<const int*>(p.page_table)[b * p.page_table_stride + slot];
+}
+template <int kRows, int kRowBytes, int kBox, class P>
+__device__ __forceinline__ void tma_tile_lanes(const P& p, int page, uint32_t tile, uint64_t tmap, uint32_t bar,
+                                               int h, int key0) {
+  static_assert(kRows % 16 == 0 && kRows / 16 <= 32 && kRowBytes % kBox == 0, "a lane a box, whole K-blocks");
+  const int j = threadIdx.x % 32 * (page_piece(p, kRows) / 16);
+  if (threadIdx.x % 32 == 0) mbar_arrive_expect_tx(bar, kRows * kRowBytes);
+  if (j < kRows / 16) {
+    const unsigned g = static_cast<unsigned>(key0) / 16u + j;
+    // past the page only where the group is past the table's pages: TMA fills that box with zeros
+    const int row = 16 * static_cast<int>(g) - page_slot(p, g) * p.page_size;
+    const int pg = min(max(page, 0), p.num_pages - 1);
+#pragma unroll
+    for (int kb = 0; kb < kRowBytes / kBox; ++kb)
+      tma_load_4d(tile + kb * kRows * kBox + 16 * j * kBox, tmap, kBox * kb, h, row, pg, bar);
+  }
 }
 
 // A K or V tile of kRows keys by TMA: tma_tile at (head h, row, sequence seq) of the tensor map,

@@ -43,8 +43,8 @@
 // at chunk c ^ (r % 8) (TMA's 128B swizzle): the descriptor's stride between 8-row groups is
 // 1024 bytes and a k16 step advances its start address by 32 bytes.
 // KV caches (serving kernels: kv_cache, paged in flash_common.cuh): the CTA's keys are cache_seqlens[b]
-// (clamped), K and V from the cache by TMA (paged: tma_tile_kv, a box a page piece), V's rows past
-// the keys zeroed (copy_v's tail), as a packed batch's.
+// (clamped), K and V from the cache by TMA (paged: a box a page piece, the stream's lanes a box
+// each), V's rows past the keys zeroed (copy_v's tail), as a packed batch's.
 // Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows,
 // 16 bytes a thread in whole rows).
 
@@ -180,6 +180,33 @@ __device__ __forceinline__ void copy_v(const P& p, const Smem& sm, const KvAt& k
   if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0, parity);
 }
 
+// The K and V streams of a paged cache (paged(p)), as produce's, each warp's lanes issuing a box
+// each (tma_tile_lanes) from the entries of the tile that they loaded while its stage was in use
+// (tile_page, a tile ahead); K(0): start_copies, thread 0 alone.
+template <class P>
+__device__ __forceinline__ void produce_paged(const P& p, const Smem& sm, const KvAt& kv, int sk, bool v_tails,
+                                              int n_blocks) {
+  const Bars bars = sm.bars();
+  const int warp = threadIdx.x / 32;   // 0: K, 1: V
+  const int m0 = warp == 0 ? 1 : 0;
+  int page = m0 < n_blocks ? tile_page<kBlockN>(p, kv.row + m0 * kBlockN, kv.seq) : 0;
+  for (int m = m0; m < n_blocks; ++m) {
+    const int s = m % kStages, key0 = kv.row + m * kBlockN;
+    if (warp == 0) {
+      if (m >= kStages) mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
+      tma_tile_lanes<kBlockN, 2 * kDqk, 128>(p, page, sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s),
+                                             kv.h, key0);
+    } else {
+      if (m >= kStages) mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
+      const bool tail = v_tails && (m + 1) * kBlockN > sk;   // as copy_v's
+      tma_tile_lanes<kBlockN, 2 * kDv, 128>(p, page, sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
+                                            tail ? sm.vlanded() : bars.vfull(s), kv.h, key0);
+      if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - m * kBlockN, 0);
+    }
+    if (m + 1 < n_blocks) page = tile_page<kBlockN>(p, key0 + kBlockN, kv.seq);
+  }
+}
+
 template <class P>
 __device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& kv, int rows_q, int sk, bool v_tails,
                                         int n_blocks) {
@@ -191,14 +218,17 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& 
     return;
   }
   if (warp > 2) return;
+  if constexpr (HasPages<P>::value) {
+    if (paged(p)) {
+      produce_paged(p, sm, kv, sk, v_tails, n_blocks);
+      return;
+    }
+  }
   for (int m = warp == 0 ? 1 : 0; m < n_blocks; ++m) {   // K(0): start_copies
     const int s = m % kStages;
     if (warp == 0) {
       if (m >= kStages) mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
       if (issuer) copy_k(p, sm, kv, m, s);
-      if constexpr (HasPages<P>::value) {   // the next tile's page entries (K's and V's) into L1
-        if (issuer && m + 1 < n_blocks) prefetch_pages<kBlockN>(p, kv.row + (m + 1) * kBlockN, kv.seq);
-      }
     } else {
       if (m >= kStages) mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
       copy_v(p, sm, kv, m, s, sk, v_tails && (m + 1) * kBlockN > sk, 0);

@@ -63,6 +63,9 @@ CASES = {
     **{f"pages of {p}, dense queries": Case(p, LENS, (64,)) for p in (16, 64, 256)},
     **{f"pages of {p}, packed queries": Case(p, LENS, (64, 1, 37, 50)) for p in (16, 64, 256)},
     "pages of 48 (not a power of two), decode": Case(48, (517, 300, 1, 40), (1,)),
+    # 17 tiles of 128 keys: every stage of the K/V ring refilled several times by the producer's
+    # lanes from the entries they loaded a tile ahead (pages of 32: two lanes' boxes a page)
+    "pages of 32, a long cache": Case(32, (2100, 0, 517, 40), (64,)),
     "pages of 64, window, softcap and sinks": Case(64, LENS, (64, 1, 37, 50), window=(100, 30), softcap=5.0,
                                                    sinks=1.0),
     "contiguous, lengths and pages out of range, unread": Case(0, LENS, (64,), garbage=True),

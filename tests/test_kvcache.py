@@ -411,3 +411,28 @@ def test_a_paged_calls_arguments_are_its_tables_row_stride_and_its_pages():
     assert values == {"page_table_stride": 5, "page_size": 16, "num_pages": 8, "max_pages": 3, "page_magic": -2**31}
     assert plan.kvcache_values(check_kvcache(**contiguous_cache()), names) == dict.fromkeys(names, 0)
     assert plan.kvcache_values(check_kvcache(**contiguous_cache()), {"window_left"}) == {}
+
+
+@pytest.mark.parametrize("tile_rows", [64, 128])
+def test_a_paged_tiles_lanes_issue_every_16_row_group_once_each_box_within_its_page(tile_rows):
+    """The sm_90a producers' lanes (cuda/flash_common.cuh tile_page, tma_tile_lanes): lane i issues
+    the box of plan.page_box_rows rows at the tile's 16-row group j = i x box / 16, at row
+    16 (g0 + j) - slot x page_size of the page in table slot mul_hi(2 (g0 + j), page_magic); so
+    the boxes tile the tile's rows once, each inside one page at the key it stands for, a lane
+    each within the warp's 32."""
+    for page in range(16, 257, 16):
+        box = plan.page_box_rows(page, tile_rows)
+        magic = plan.page_magic(page) & 0xFFFFFFFF
+        for key0 in range(0, 4 * 256 + 1, tile_rows):
+            covered = []
+            for lane in range(32):
+                j = lane * (box // 16)
+                if j >= tile_rows // 16:
+                    continue
+                g = key0 // 16 + j
+                slot = (2 * g * magic) >> 32
+                row = 16 * g - slot * page
+                assert 0 <= row and row + box <= page, (page, key0, lane)
+                assert slot * page + row == key0 + 16 * j
+                covered += range(16 * j, 16 * j + box)
+            assert sorted(covered) == list(range(tile_rows)), (page, key0)
