@@ -13,7 +13,8 @@ docs/gfx950_calibration.md fits against AMD's published measurements of its own 
     python bench/gfx950_model.py --table     # the steady-state table of the BF16 kernels
     python bench/gfx950_model.py --table --dtype fp8_e4m3 --only d128
     python bench/gfx950_model.py --windows   # windows, softcap, sinks beside dense (BF16)
-    python bench/gfx950_model.py --windows --dtype fp8_e4m3   # windows and sinks (FP8)
+    python bench/gfx950_model.py --windows --dtype fp8_e4m3   # windows, softcap, sinks (FP8)
+    python bench/gfx950_model.py --softcap   # the FP8 loop's capped bodies beside the plain one
     python bench/gfx950_model.py --paged     # paged KV caches beside dense (BF16)
     python bench/gfx950_model.py --paged --dtype fp8_e4m3     # paged KV caches (FP8)
 """
@@ -548,7 +549,7 @@ WINDOW_TOKENS = (8192, 16384, 32768)
 def window_rows(dims=WINDOW_DIMS, tokens=WINDOW_TOKENS, batch=1, heads_q=32, dtype="bf16") -> list:
     """Per (dims, tokens, row): the causal launch's prediction and its in-window TFLOP/s
     over the dense causal launch's (the issue's measure; for dense rows the same pairs).
-    Rows of a feature the ``dtype`` kernels lack (FP8: softcap) are left out."""
+    Rows of a feature the ``dtype`` kernels lack are left out."""
     out = []
     for dq, dv in dims:
         v = Variant("gfx950", dtype, dq, dv, True)
@@ -600,6 +601,61 @@ def window_table(dtype="bf16") -> int:
 
 
 # --------------------------------------------------------------------------------------
+# The FP8 assembly's softcap loop beside its plain loop (issue 47's bar, modelled)
+
+SOFTCAP_DIMS = ((128, 128), (64, 64))
+SOFTCAP = Features(softcap=30.0)
+#: The loops of the softcap table: label, features (a paged cache with a softcap runs the
+#: paged and capped body)
+SOFTCAP_ROWS = (("plain", PLAIN), ("softcap", SOFTCAP),
+                ("paged 16 + softcap", Features(softcap=30.0, page_size=16)))
+
+
+def loop_alone(v: Variant, features: Features, seqlen_k: int, params) -> dict:
+    """The steady state of one 256-row workgroup over ``seqlen_k`` keys, alone on a CU (as the
+    figures page takes it): cycles per KV block, MFMA and VALU busy, VALU instructions of a
+    vector phase (``softmax_valu``)."""
+    tr = trace(v, seqlen_q=256, seqlen_k=seqlen_k, heads=1, features=features)
+    res = cycles.stream(tr.workgroups, 1, params)
+    window = cycles.stream_window(res, 1)
+    lf = cycles.loop_figures(res, window=window)
+    return dict(period=cycles.loop_period(res, window), mfma=lf.mfma_busy, valu=lf.valu_busy,
+                softmax=softmax_valu(res))
+
+
+def softcap_table(argv=None) -> int:
+    """Print (markdown) the FP8 kernels' plain loop beside its capped bodies (the call's softcap
+    and page table select one at run time; ``generator/gfx950_fp8.py``: stage_loops), d128 and
+    d64, causal and not, and the verdict against the issue's bar (softcap <= 5 % slower)."""
+    ap = argparse.ArgumentParser(prog="python bench/gfx950_model.py --softcap")
+    ap.add_argument("--softcap", action="store_true")
+    ap.add_argument("--seqlen-k", type=int, default=4096, help="keys of the traced workgroup")
+    args = ap.parse_args(argv)
+    params = cycles.CALIBRATED
+    print(f"One 256-row workgroup over {args.seqlen_k:,} keys alone on a CU, calibrated model "
+          f"(trans = {params.trans} cycles; modelled, not measured)")
+    print("| kernel | loop | cycles per KV block | MFMA busy | VALU busy | VALU a vector phase | x plain |")
+    print("|---|---|---|---|---|---|---|")
+    verdicts = []
+    for dq, dv in SOFTCAP_DIMS:
+        for causal in (False, True):
+            v = Variant("gfx950", "fp8_e4m3", dq, dv, causal)
+            plain = None
+            for label, feats in SOFTCAP_ROWS:
+                f = loop_alone(v, feats, args.seqlen_k, params)
+                plain = plain or f
+                ratio = f["period"] / plain["period"]
+                print(f"| {v.name} | {label} | {f['period']:,.0f} | {100 * f['mfma']:.0f} % | "
+                      f"{100 * f['valu']:.0f} % | {f['softmax']:.0f} | {ratio:.2f} |", flush=True)
+                if feats == SOFTCAP:
+                    verdicts.append(f"{v.name}: softcap {100 * (ratio - 1):.0f} % slower "
+                                    f"({'meets' if ratio <= 1.05 else 'misses'} <= 5 %)")
+    print()
+    print("; ".join(verdicts))
+    return 0
+
+
+# --------------------------------------------------------------------------------------
 # Paged KV caches beside the dense kernels (issue 47's bar, modelled)
 
 #: The rows of the paged table: label, features of a causal launch (the keys of each sequence
@@ -639,17 +695,20 @@ def paged_table(dims=PAGED_DIMS, tokens=PAGED_TOKENS, batch=1, heads_q=32, dtype
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--windows" in argv:   # --dtype fp8_e4m3: the FP8 assembly's (no softcap row)
+    if "--windows" in argv:   # --dtype fp8_e4m3: the FP8 assembly's
         return window_table(argv[argv.index("--dtype") + 1] if "--dtype" in argv else "bf16")
     if "--table" in argv:
         return table(argv)
     if "--paged" in argv:     # --dtype fp8_e4m3: the FP8 assembly's
         return paged_table(dtype=argv[argv.index("--dtype") + 1] if "--dtype" in argv else "bf16")
+    if "--softcap" in argv:
+        return softcap_table(argv)
     if argv:   # the figures page takes no options; anything else (--help) gets the usage
         print("usage: python bench/gfx950_model.py            # writes docs/gfx950_fp8_figures.{md,json}\n"
               "       python bench/gfx950_model.py --table -h  # one table, its options\n"
               "       python bench/gfx950_model.py --windows   # windows, softcap, sinks (BF16)\n"
-              "       python bench/gfx950_model.py --windows --dtype fp8_e4m3   # windows, sinks (FP8)\n"
+              "       python bench/gfx950_model.py --windows --dtype fp8_e4m3   # windows, softcap, sinks (FP8)\n"
+              "       python bench/gfx950_model.py --softcap   # the FP8 capped loops beside the plain one\n"
               "       python bench/gfx950_model.py --paged     # paged KV caches (BF16)\n"
               "       python bench/gfx950_model.py --paged --dtype fp8_e4m3     # paged KV caches (FP8)")
         return 0 if set(argv) <= {"-h", "--help"} else 2

@@ -61,9 +61,11 @@ workgroup's windows are never loaded, those the window's edges cut are masked (t
 as the causal diagonal; the left edge by a second mask, out of line).  Sinks join each row in
 the epilogue (stage_sink, where the pointer is not null).  A contiguous KV cache gives each
 sequence its key count, clamped to its slot of the cache (stage_cache, where the pointer is
-not null), before anything derives from it.  A paged cache (stage_paged, where the page table's
-pointer is not null) runs a second copy of the loop whose K and V loads each take their
-16-row group's page (paged_chunks); the plain loop is unchanged.
+not null), before anything derives from it.  A softcap (where the argument is not 0) and a
+paged cache (where the page table's pointer is not null) each select a body of the loop out
+of line, both together a fourth (stage_loops: one function emits the four): a capped body's
+softmax phases cap the scores first (_cap: 112 VALU slots a block), a paged body's K and V
+loads each take their 16-row group's page (paged_chunks); the plain loop is unchanged.
 
 Register map, cycle budgets and the stage functions are below; ``plan(v)`` holds every
 number that depends on the variant.
@@ -156,12 +158,14 @@ PROLOGUE_ARGS = {**{f"descale_{t}_stride_{d}": (f"r{t}", 2 * i) for t in "qkv" f
                  # a KV cache's counts: read by stage_sequence, before _madd64 first uses t2
                  "cache_seqlens": ("t2", 0)}
 #: Arguments read once straight from the kernarg segment (s[0:1] stays its address), into a
-#: register whose argument is dead by then: the sinks pointer, by stage_descales, into the
-#: descale_v pointer's registers (``sinkp``), for the epilogue.
-EPILOGUE_ARGS = ("sinks",)
+#: register whose argument is dead by then, by stage_descales: the sinks pointer into the
+#: descale_v pointer's registers (``sinkp``), for the epilogue; the softcap and its
+#: fp32(softmax_scale / softcap) into the descale_q pointer's (``caparg``), for stage_constants
+#: and the loop's dispatch (stage_loops).
+EPILOGUE_ARGS = ("sinks", "softcap", "softcap_scale")
 #: A paged cache's arguments (catalogue "paged_kv"): none is kept in the kernarg image.  The
 #: page table's pointer is read by stage_descales into the descale_k pointer's registers
-#: (``ptab``, for stage_paged's branch); the others by the paged set-up, out of line, into
+#: (``ptab``, for stage_loops' branch); the others by the paged set-up, out of line, into
 #: registers dead by then (``Plan.sgpr``, the paged names).
 PAGED_ARGS = ("page_table", "page_table_stride", "page_size", "num_pages", "max_pages", "page_magic")
 
@@ -256,7 +260,7 @@ def plan(v: Variant) -> Plan:
     for name, (arg, i) in (("wlo_p", ("q", 0)), ("lcut_p", ("q", 1)), ("wnbv", ("k", 0)),
                            ("wleft", ("k", 1)), ("wfr", ("v", 0)), ("sinkp", ("descale_v", 0))):
         sg.names[name] = (args[arg] + i, 1)
-    # a paged cache's values (stage_paged), in kernarg registers dead once the prologue is done
+    # a paged cache's values (_paged_setup), in kernarg registers dead once the prologue is done
     # (ptab from stage_descales on; the others from the paged set-up, after stage_window): the
     # page table's row (ptab, 64-bit), the K and V caches' head bases (kpb, vpb, 64-bit),
     # page_size / 16, num_pages - 1, the magic, the sequence's last 16-row group, each kind's
@@ -267,6 +271,12 @@ def plan(v: Variant) -> Plan:
                            ("lastg", ("descale_q", 1)), ("gofsk", ("k_stride_h", 0)),
                            ("gofsv", ("k_stride_h", 1)), ("ent", ("batch", 0))):
         sg.names[name] = (args[arg] + i, 1)
+    # the softcap's arguments (caparg: softcap, softcap_scale) in the descale_q pointer's
+    # registers, dead once stage_descales has issued its loads; the cap's constants (_cap's
+    # pairs: capa = (1.0, kc), capb = (-2^(1-es), 2^-es)) in those of cu_seqlens_k and
+    # v_stride_h, dead once stage_constants has made the K and V resources
+    for name, arg in (("caparg", "descale_q"), ("capa", "cu_seqlens_k"), ("capb", "v_stride_h")):
+        sg.names[name] = (args[arg], 2)
     names = {a.name for a in kernargs(v)}
     args.update({n: sg.names[reg][0] + i for n, (reg, i) in PROLOGUE_ARGS.items() if n in names})
     return Plan(v, qk_steps, pv_chunks, pk, pv, kb // 1024 // DMA_WAVES, vb // 1024 // DMA_WAVES,
@@ -295,6 +305,7 @@ class Asm:
                     self.fixed[(f"v{p.vgpr[kind + 'addr']}", int(name[2:]))] = f"v{reg}"
         self.stage = {"k": 0, "v": 0}        # the LDS stage the next K / V reads use
         self.out_of_line: list = []          # emitters of paths placed after s_endpgm
+        self.far: list = []                  # the loop's other bodies, after those (stage_loops)
 
     def __call__(self, text: str) -> None:
         self.lines.append("  " + text)
@@ -538,8 +549,12 @@ def stage_descales(a: Asm) -> None:
     sink = next((k for k in kernargs(a.p.v) if k.name == "sinks"), None)
     if sink is not None:   # over the descale_v pointer, read above at issue
         a(f"s_load_dwordx2 {a.sr('sinkp', 2)}, s[0:1], 0x{sink.offset:x}")
+    for i, name in enumerate(("softcap", "softcap_scale")):   # over the descale_q pointer
+        cap = _kernarg(a, name)
+        if cap is not None:
+            a(f"s_load_dword {a.s('caparg', i)}, s[0:1], 0x{cap.offset:x}")
     table = _kernarg(a, "page_table")
-    if table is not None:  # over the descale_k pointer, read above at issue (stage_paged)
+    if table is not None:  # over the descale_k pointer, read above at issue (stage_loops)
         a(f"s_load_dwordx2 {a.sr('ptab', 2)}, s[0:1], 0x{table.offset:x}")
     a("s_waitcnt lgkmcnt(0)")
 
@@ -602,20 +617,21 @@ def stage_constants(a: Asm) -> None:
     t = a.p.vgpr["o"]               # O is free until it is zeroed below
     a(f"s_mov_b32 {a.s('t2')}, 0x{int(l2e) & 0xffffffff:08x}")
     a(f"s_mov_b32 {a.s('t2', 1)}, 0x{int(l2e) >> 32:08x}")
+    capped = any(k.name == "softcap" for k in kernargs(v))
+    if capped:
+        a.note("a softcap: c = fp32(softcap log2(e)) instead, and the cap's constants (out of line)")
+        a(f"s_cmp_lg_u32 {a.s('caparg')}, 0")
+        a("s_cbranch_scc1 .Lcap_constants")
     a(f"v_cvt_f64_f32 v[{t}:{t + 1}], {a.arg('softmax_scale')}")
     a(f"v_mul_f64 v[{t}:{t + 1}], v[{t}:{t + 1}], {a.sr('t2', 2)}")
     for d in ("dq", "dk"):
         a(f"v_cvt_f64_f32 v[{t + 2}:{t + 3}], {a.s(d)}")
         a(f"v_mul_f64 v[{t}:{t + 1}], v[{t}:{t + 1}], v[{t + 2}:{t + 3}]")
+    if capped:
+        a.label(".Lcap_constants_done")
+        a.out_of_line.append(lambda: _cap_constants(a, t))
     a(f"v_cvt_f32_f64 v{t + 4}, v[{t}:{t + 1}]")
-    a(f"v_mul_f32 v{t + 5}, 0x41000000, v{t + 4}")      # 8c, exact
-    a.note("the scores' E8M0 prescale 2^-es (QK's Q^T scale), es = clamp(142 - exponent field of "
-           "8c, 0, 127): a8 = 8c 2^(es - 141) is a normal fp32 (>= 2^-126) for every c >= 2^-115, "
-           "so z = S' a8 - U is exact before its one rounding")
-    a(f"v_bfe_u32 v{t + 6}, v{t + 5}, 23, 8")
-    a(f"v_sub_u32 v{t + 6}, {ASHR_EXP + 1}, v{t + 6}")
-    a(f"v_max_i32 v{t + 6}, 0, v{t + 6}")
-    a(f"v_min_i32 v{t + 6}, 0x7f, v{t + 6}")
+    _prescale(a, t)
     a(f"v_add_u32 v{t + 7}, {-ASHR_EXP}, v{t + 6}")
     a(f"v_ldexp_f32 v{t + 4}, v{t + 4}, v{t + 6}")    # c' = c 2^es
     a(f"v_ldexp_f32 v{t + 5}, v{t + 5}, v{t + 7}")    # a8 = 8c 2^(es - 141)
@@ -653,6 +669,61 @@ def stage_constants(a: Asm) -> None:
     a(f"s_lshr_b32 {a.s('wlo_p')}, {a.s('wave')}, 2")
     a(f"s_mov_b32 {a.s('lcut_p')}, {a.s('wlo_p')}")
     a(f"s_mov_b32 {a.s('wnbv')}, {a.s('wnb')}")
+
+
+def _prescale(a: Asm, t: int) -> None:
+    """v(t + 6) = es from c in v(t + 4) (v(t + 5) = 8c)."""
+    a(f"v_mul_f32 v{t + 5}, 0x41000000, v{t + 4}")      # 8c, exact
+    a.note("the scores' E8M0 prescale 2^-es (QK's Q^T scale), es = clamp(142 - exponent field of "
+           "8c, 0, 127): a8 = 8c 2^(es - 141) is a normal fp32 (>= 2^-126) for every c >= 2^-115, "
+           "so z = S' a8 - U is exact before its one rounding")
+    a(f"v_bfe_u32 v{t + 6}, v{t + 5}, 23, 8")
+    a(f"v_sub_u32 v{t + 6}, {ASHR_EXP + 1}, v{t + 6}")
+    a(f"v_max_i32 v{t + 6}, 0, v{t + 6}")
+    a(f"v_min_i32 v{t + 6}, 0x7f, v{t + 6}")
+
+
+def _cap_constants(a: Asm, t: int) -> None:
+    """stage_constants' values for a call with a softcap, after the kernel's end (the plain
+    prologue falls through; ``fp8_models.gfx950_capped_scores`` is this arithmetic): c =
+    fp32(softcap log2(e)) (the recipe's, the capped scores being in units of the softcap; es
+    follows from it as without one), and for the cap (:func:`_cap`) the pairs
+
+        capa = (1.0, kc)           kc = fp32(softcap_scale (2 log2 e) dq dk 2^es), float64
+                                   products in this order (2^es exact: the MFMA's scores are
+                                   S' = S 2^-es, so S' kc is 2 log2(e) x, x the tanh's argument)
+        capb = (-2^(1-es), 2^-es)  T' = 2^-es (1 - 2R): the capped score in the scores' scale
+
+    (30 VALU and SALU, once)."""
+    a.label(".Lcap_constants")
+    a(f"v_cvt_f64_f32 v[{t}:{t + 1}], {a.s('caparg')}")
+    a(f"v_mul_f64 v[{t}:{t + 1}], v[{t}:{t + 1}], {a.sr('t2', 2)}")      # softcap log2(e)
+    a(f"v_cvt_f32_f64 v{t + 4}, v[{t}:{t + 1}]")
+    _prescale(a, t)
+    k2 = np.float64(2 * 1.4426950408889634).view(np.uint64)
+    a(f"s_mov_b32 {a.s('t0')}, 0x{int(k2) & 0xffffffff:08x}")
+    a(f"s_mov_b32 {a.s('t0', 1)}, 0x{int(k2) >> 32:08x}")
+    kc, tmp = f"v[{t + 8}:{t + 9}]", f"v[{t + 10}:{t + 11}]"
+    a(f"v_cvt_f64_f32 {kc}, {a.s('caparg', 1)}")
+    a(f"v_mul_f64 {kc}, {kc}, {a.sr('t0', 2)}")
+    for d in ("dq", "dk"):
+        a(f"v_cvt_f64_f32 {tmp}, {a.s(d)}")
+        a(f"v_mul_f64 {kc}, {kc}, {tmp}")
+    a.note("2^es as a float64: exponent field 1023 + es")
+    a(f"v_add_u32 v{t + 11}, 0x3ff, v{t + 6}")
+    a(f"v_lshlrev_b32 v{t + 11}, 20, v{t + 11}")
+    a(f"v_mov_b32 v{t + 10}, 0")
+    a(f"v_mul_f64 {kc}, {kc}, {tmp}")
+    a(f"v_cvt_f32_f64 v{t + 12}, {kc}")
+    a(f"v_sub_u32 v{t + 13}, 0, v{t + 6}")
+    a(f"v_ldexp_f32 v{t + 14}, -2.0, v{t + 13}")
+    a(f"v_ldexp_f32 v{t + 15}, 1.0, v{t + 13}")
+    a("s_nop 1")
+    a(f"v_readfirstlane_b32 {a.s('capa', 1)}, v{t + 12}")
+    a(f"v_readfirstlane_b32 {a.s('capb')}, v{t + 14}")
+    a(f"v_readfirstlane_b32 {a.s('capb', 1)}, v{t + 15}")
+    a(f"s_mov_b32 {a.s('capa')}, 1.0")
+    a("s_branch .Lcap_constants_done")
 
 
 def stage_lanes(a: Asm) -> None:
@@ -877,29 +948,14 @@ def _window_values(a: Asm) -> None:
     a("s_branch .Lwindow_done")
 
 
-def stage_paged(a: Asm) -> None:
+def _paged_setup(a: Asm) -> None:
     """A paged KV cache (``flash_attn_with_kvcache`` with a page table): key t of sequence b is
     row ``t % page_size`` of page ``page_table[b, t / page_size]`` of the caches (num_pages,
     page_size, hkv, d).  Where the page table's pointer (``ptab``, read by stage_descales) is
-    not null, a uniform branch leads to the paged set-up and a second copy of the loop, both
-    after the kernel's end (paged_chunks: each buffer->LDS load takes its page); the plain path
-    falls through (two SALU, the plain loop as it was).  The paged loop ends in the plain one's
-    epilogue.  sk is stage_cache's count, clamped to seqlen_k = max_pages page_size."""
-    if "page_table" not in {k.name for k in kernargs(a.p.v)}:
-        return
-    a.note("a paged cache: the paged set-up and loop (out of line)")
-    a(f"s_cmp_lg_u64 {a.sr('ptab', 2)}, 0")
-    a("s_cbranch_scc1 .Lpaged")
-
-    def paged():
-        _paged_setup(a)
-        stage_loop(a, paged=True)
-    a.out_of_line.append(paged)
-
-
-def _paged_setup(a: Asm) -> None:
-    """The paged loop's values (Plan.sgpr, the paged names; 43 SALU, 2 scalar loads and 2 VALU,
-    once).
+    not null, stage_loops' branch leads here and on to a paged body of the loop, both after the
+    kernel's end (paged_chunks: each buffer->LDS load takes its page).  sk is stage_cache's
+    count, clamped to seqlen_k = max_pages page_size.  The paged loop's values (Plan.sgpr, the
+    paged names; 43 SALU, 2 scalar loads and 2 VALU, once):
 
     * kpb, vpb: the caches' bases at this workgroup's kv head, from the plain resources (which
       added ``b stride_b`` and, with a window, moved ``kb0`` blocks on: both taken off again);
@@ -915,7 +971,6 @@ def _paged_setup(a: Asm) -> None:
     """
     p, v = a.p, a.p.v
     kb0, t4, t5 = a.s("kb0"), a.s("t4"), a.s("t5")
-    a.label(".Lpaged")
     if "window_left" in p.args:
         a.note("kb0 is stage_window's where the call has a window, else 0 (the same test)")
         left, right = a.arg("window_left"), a.arg("window_right")
@@ -1566,13 +1621,47 @@ def _rescale(a: Asm) -> None:
         a(f"v_pk_mul_f32 {a.vr('o', 2 * i, 2)}, {a.vr('o', 2 * i, 2)}, {a.vr('x', 0, 2)} op_sel_hi:[1,0]")
 
 
-def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False) -> None:
+def _cap(a: Asm) -> None:
+    """The softcap (the capped loop bodies, stage_loops): each score S' of S^T becomes its
+    capped score T' = 2^-es tanh(x) in place, x = S softcap_scale dq dk, tanh(x) = 1 - 2R with
+    R = 1 / (1 + 2^(2 log2(e) x)) (``fp8_models.gfx950_capped_scores``, bit for bit):
+
+        e = fp32(S' kc)         one v_pk_mul_f32 a pair    (kc from capa's high half)
+        E = 2^e                 v_exp_f32                  (inf, or 0: R = 0 or 1, no NaN)
+        D = fp32(E + 1)         one v_pk_add_f32 a pair    (capa's low half)
+        R = 1 / D               v_rcp_f32
+        T' = fp32(2^-es - 2^(1-es) R)   one v_pk_fma_f32 a pair (capb's halves)
+
+    112 VALU slots a wave and block (16 + 32 + 16 + 32 + 16): the two transcendentals a score
+    have no packed form and are 64 of them.  Each stage goes over all 32 registers before the
+    next reads one, so a transcendental's result is read 15+ instructions later.  It runs
+    before the masks (a masked score's cap would be finite): they set -inf over T'."""
+    s0 = a.p.vgpr["s"]
+    pairs = [a.vr("s", 2 * i, 2) for i in range(16)]
+    capa, capb = a.sr("capa", 2), a.sr("capb", 2)
+    for r in pairs:
+        a(f"v_pk_mul_f32 {r}, {r}, {capa} op_sel:[0,1] op_sel_hi:[1,1]")
+    for i in range(32):
+        a(f"v_exp_f32 v{s0 + i}, v{s0 + i}")
+    for r in pairs:
+        a(f"v_pk_add_f32 {r}, {r}, {capa} op_sel_hi:[1,0]")
+    for i in range(32):
+        a(f"v_rcp_f32 v{s0 + i}, v{s0 + i}")
+    for r in pairs:
+        a(f"v_pk_fma_f32 {r}, {r}, {capb}, {capb} op_sel:[0,0,1] op_sel_hi:[1,0,1]")
+
+
+def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False, cap: bool = False) -> None:
     """Lean P, the row sums and the merge for one block.  VALU slots per wave and 64-key block
     (d_v = 128; a slot is 4 cycles, and a 32 x 128 block is 2 wave-blocks of 4 cycles a slot,
     so cycles per 32 x 128 = 8 x slots): block max 16 + exchange 3 + row sums 2 + U and
     merge 12 + packed FMA 16 + bytes 16 + O rescale d_v / 4 = 97 (776 cycles per 32 x 128);
     a boundary block (``masked``) adds 69 (the mask 65, NO_KEY 2, the merge's guard 2), one the
-    window's left edge cuts (``left``) 69 more (its 64 compares and selects, its limit 5)."""
+    window's left edge cuts (``left``) 69 more (its 64 compares and selects, its limit 5); the
+    softcap (``cap``, :func:`_cap`) 112 more, first."""
+    if cap:
+        a.note("softcap: S' -> 2^-es tanh(x), in place")
+        _cap(a)
     if masked:
         a.note("boundary block: scores of keys the row must not see become -inf")
         uncut = a.new_label("uncut")
@@ -1594,10 +1683,12 @@ def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False) -> None:
     _rescale(a)
 
 
-def stage_loop(a: Asm, paged: bool = False) -> None:
-    """The ping-pong pipeline (module docstring); with ``paged`` its copy for a paged cache
-    (stage_paged: the loads by paged_chunks, their page-table entries read a phase ahead, labels
-    of its own, the plain epilogue after it).  Iteration p is two phases, each opened by
+def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
+    """The ping-pong pipeline (module docstring), one of its four bodies (stage_loops: the plain
+    one in line, the others after the kernel's end, each with labels of its own, LOOP_SUFFIX):
+    with ``paged`` the loads by paged_chunks, their page-table entries read a phase ahead; with
+    ``capped`` each softmax phase caps its scores first (:func:`_cap`).  Iteration p is two
+    phases, each opened by
     a workgroup barrier (the case of the phase is dispatched before it):
 
     ====== ============================================ ====================================
@@ -1614,10 +1705,11 @@ def stage_loop(a: Asm, paged: bool = False) -> None:
     by M(p+2), which reads the operands of M(p+3).  The vector phases hold the softmax and,
     where they have slack (``Plan.slack``), the first QK step's reads and the next loads'
     addresses; the matrix phases hold everything else that needs issue slots.  Each group's
-    loop is unrolled over the four stages (u = p mod 4)."""
+    loop is unrolled over the four stages (u = p mod 4).  Every body but the plain one ends
+    in a branch to the plain one's end."""
     sp, pb, qb = a.s("p"), a.s("pb"), a.s("qb")
     wave = a.s("wave")
-    x = "_paged" if paged else ""                  # the labels of the paged copy
+    x = LOOP_SUFFIX[paged, capped]                 # the labels of this body
     a.note("prologue: K(0..2), V(0..1); both groups prefetch M(0) = QK(0)")
     a(f"s_mov_b32 {sp}, 0")
     early_entries = paged and _carried(a.p)     # K(0..3)'s entries at once, into t0..t3
@@ -1715,14 +1807,14 @@ def stage_loop(a: Asm, paged: bool = False) -> None:
         a(f"s_cbranch_scc0 {masked}")
         a("s_barrier")
         reads()
-        stage_softmax(a, pb, masked=False)
+        stage_softmax(a, pb, masked=False, cap=capped)
         a(f"s_branch {done}")
         a.label(masked)
         a(f"s_cmp_lt_u32 {pb}, {a.s('wnbv')}")
         a(f"s_cbranch_scc0 {no_sm}")
         a("s_barrier")
         reads()
-        stage_softmax(a, pb, masked=True)
+        stage_softmax(a, pb, masked=True, cap=capped)
         a(f"s_branch {done}")
         a.label(no_sm)
         a.note("q < lcut: the window's left edge cuts the block (never without a window), "
@@ -1737,7 +1829,7 @@ def stage_loop(a: Asm, paged: bool = False) -> None:
             a.label(left)
             a("s_barrier")
             reads()
-            stage_softmax(a, pb, masked=True, left=True)
+            stage_softmax(a, pb, masked=True, left=True, cap=capped)
             a(f"s_branch {done}")
         a.out_of_line.append(left_edge)
 
@@ -1776,11 +1868,94 @@ def stage_loop(a: Asm, paged: bool = False) -> None:
         matrix(True, u)
         next_iteration(f".Lloop_b{x}" if u == STAGES - 1 else None)
     a.label(f".Lloop_end{x}")
-    if paged:     # the entries read in the last matrix phase land; then the plain loop's end
+    if paged:     # the entries read in the last matrix phase land
         a("s_waitcnt lgkmcnt(0)")
-        a("s_branch .Lloop_end")
+    if x:         # then the plain loop's end
+        _jump(a, ".Lloop_end")
         return
     a("s_waitcnt vmcnt(0)")       # the loads past the last block land before the end
+
+
+#: Each loop body's label suffix, by (paged, capped).
+LOOP_SUFFIX = {(False, False): "", (True, False): "_paged", (False, True): "_cap", (True, True): "_paged_cap"}
+
+
+def _jump(a: Asm, label: str) -> None:
+    """A branch to ``label`` however far (s_branch reaches 2^15 instructions, 128 KiB; four loop
+    bodies are up to 300 KiB): the pc plus the distance, through t0 (free at every use: the
+    bodies' entries and ends, where no loop value is live).  5 SALU."""
+    here = a.new_label("pc")
+    t0, t1 = a.s("t0"), a.s("t0", 1)
+    a(f"s_getpc_b64 {a.sr('t0', 2)}")
+    a.label(here)
+    a(f"s_add_u32 {t0}, {t0}, ({label}-{here})&4294967295")
+    a(f"s_addc_u32 {t1}, {t1}, ({label}-{here})>>32")
+    a(f"s_setpc_b64 {a.sr('t0', 2)}")
+
+
+def stage_loops(a: Asm) -> None:
+    """The loop body a call runs, chosen once by uniform branches (the plain path falls through
+    a compare-and-branch pair a feature to the plain loop as it was):
+
+    ========== ====================================== ==========================================
+    page table softcap 0                              softcap not 0
+    ========== ====================================== ==========================================
+    null       plain, in line                         .Lloop_cap: capped
+    not null   .Lpaged: set-up, paged                 .Lpaged: set-up, then .Lpaged_cap: both
+    ========== ====================================== ==========================================
+
+    The branches land near (after s_endpgm, with the other paths), and jump on (:func:`_jump`)
+    to the bodies, placed last (``Asm.far``), each followed by its own out-of-line paths (its
+    left edges) and ending in a jump to the plain body's end, before the epilogue.  The paged
+    set-up (:func:`_paged_setup`) writes magic and lastg over caparg, so the paged path decides
+    the softcap before it and keeps the answer in capa's low half: 1.0 where the call has a
+    softcap (stage_constants' cap path), zeroed here where it has none (no body reads capa
+    then); 4 SALU."""
+    names = {k.name for k in kernargs(a.p.v)}
+    pageable, cappable = "page_table" in names, "softcap" in names
+    if pageable:
+        a.note("a paged cache: the paged set-up and loop (out of line)")
+        a(f"s_cmp_lg_u64 {a.sr('ptab', 2)}, 0")
+        a("s_cbranch_scc1 .Lpaged")
+    if cappable:
+        a.note("a softcap: the capped loop (out of line)")
+        a(f"s_cmp_lg_u32 {a.s('caparg')}, 0")
+        a("s_cbranch_scc1 .Lloop_cap")
+    stage_loop(a)
+
+    def capped():
+        a.label(".Lloop_cap")
+        _jump(a, ".Lbody_cap")
+
+    def paged():
+        a.label(".Lpaged")
+        flag = a.s("capa")
+        if cappable:
+            a.note("the softcap's flag, kept over the set-up: capa's low half (1.0), else 0")
+            a(f"s_cmp_lg_u32 {a.s('caparg')}, 0")
+            a(f"s_cselect_b32 {flag}, {flag}, 0")
+        _paged_setup(a)
+        if cappable:
+            a(f"s_cmp_lg_u32 {flag}, 0")
+            a("s_cbranch_scc1 .Lpaged_cap")
+        _jump(a, ".Lbody_paged")
+        if cappable:
+            a.label(".Lpaged_cap")
+            _jump(a, ".Lbody_paged_cap")
+
+    def body(paged: bool, capped: bool):
+        def emit():
+            a.label(f".Lbody{LOOP_SUFFIX[paged, capped]}")
+            start = len(a.out_of_line)
+            stage_loop(a, paged=paged, capped=capped)
+            while len(a.out_of_line) > start:      # its paths, near it
+                a.out_of_line.pop(start)()
+        return emit
+    for path, on in ((capped, cappable), (paged, pageable)):
+        if on:
+            a.out_of_line.append(path)
+    a.far += [body(pg, cp) for pg, cp in LOOP_SUFFIX
+              if (pg or cp) and (pageable or not pg) and (cappable or not cp)]
 
 
 def stage_sink(a: Asm) -> None:
@@ -1969,11 +2144,12 @@ def emit(v: Variant) -> str:
     stage_constants(a)
     stage_lanes(a)
     stage_window(a)
-    stage_paged(a)
-    stage_loop(a)
+    stage_loops(a)
     stage_epilogue(a)
     a.label(".Lend")
     a("s_endpgm")
     for path in a.out_of_line:
         path()
+    for body in a.far:
+        body()
     return "\n".join(head + a.lines + [_descriptor(p), _metadata(p)]) + "\n"

@@ -60,13 +60,13 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():
     assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
         v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
-    # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without V^T, K's
-    # tensor map and the softcap (window, sinks and the KV cache's in the same places), the KV
-    # cache's count pointer after the sinks
+    # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without V^T and K's
+    # tensor map (window, softcap, sinks and the KV cache's in the same places), the KV cache's
+    # count pointer after the sinks
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
     nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True))]
     assert amd[amd.index("sinks") + 1] == "cache_seqlens"
-    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_", "softcap"))]
+    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_"))]
     # the pre-pass covers every key block of every key/value head and sequence
     v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
     assert v.tile.block_n == VT_BLOCK

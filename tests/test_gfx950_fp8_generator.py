@@ -10,6 +10,9 @@ from zyfa_runtime import catalogue
 from zyfa_runtime.catalogue import HEAD_DIMS, Variant, kernargs
 
 VARIANTS = [Variant("gfx950", "fp8_e4m3", dq, dv, c) for dq, dv in HEAD_DIMS for c in (False, True)]
+#: VARIANTS with all but d128 causal in the full run only (tests that emit whole kernels)
+ONE_IN_DEFAULT = [pytest.param(v, marks=() if (v.d_qk, v.causal) == (128, True) else pytest.mark.slow)
+                  for v in VARIANTS]
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
@@ -98,6 +101,107 @@ def test_vector_phase_slots(v):
     a = gen.Asm(p)
     gen.stage_softmax(a, a.s("pb"), masked=True, left=True)     # the window's left edge: its mask
     assert sum(1 for line in a.lines if line.strip().startswith("v_")) == slots[True] + 69
+    for masked in (False, True):                                # the softcap: 112 more, first
+        a = gen.Asm(p)
+        gen.stage_softmax(a, a.s("pb"), masked=masked, cap=True)
+        body = [line.strip() for line in a.lines if line.strip().startswith("v_")]
+        assert len(body) == slots[masked] + 112
+        assert [op.split()[0] for op in body[:112:16]] == ["v_pk_mul_f32", "v_exp_f32", "v_exp_f32",
+                                                          "v_pk_add_f32", "v_rcp_f32", "v_rcp_f32",
+                                                          "v_pk_fma_f32"]
+
+
+def _body(lines: list, sfx: str) -> list:
+    """The loop body's lines from .Lloop_a{sfx} to .Lloop_end{sfx}, numbered labels unnumbered,
+    the suffix dropped: two bodies of the loop compare as text."""
+    import re
+    body = lines[lines.index(f".Lloop_a{sfx}:"):lines.index(f".Lloop_end{sfx}:") + 1]
+    body = [re.sub(r"(\.L[a-z_]+?)_\d+\b", r"\1", line) for line in body]
+    return [re.sub(rf"(\.L[a-z_0-9]+?){sfx}\b", r"\1", line) for line in body] if sfx else body
+
+
+@pytest.mark.parametrize("v", ONE_IN_DEFAULT, ids=lambda v: v.name)
+def test_the_capped_loops_are_the_plain_and_paged_loops_with_the_cap_before_each_softmax(v):
+    """A call's softcap selects, once, a body of the loop placed after the kernel's end: the
+    plain body (the paged one, with a page table), instruction for instruction, but for _cap's
+    112 VALU opening every softmax phase (interior, boundary and left-edge blocks); the plain
+    and paged bodies have no cap.  The plain prologue gains two scalar loads (with the
+    descales') and two compare-and-branch pairs."""
+    p = gen.plan(v)
+    lines = [line.split("//")[0].strip() for line in gen.emit(v).splitlines()]
+    lines = [line for line in lines if line]
+    a = gen.Asm(p)
+    gen._cap(a)
+    cap = [line.strip() for line in a.lines]
+    for uncapped, with_cap in (("", "_cap"), ("_paged", "_paged_cap")):
+        plain, capped = _body(lines, uncapped), _body(lines, with_cap)
+        assert not any(line in cap for line in plain)
+        starts = [i for i in range(len(capped)) if capped[i:i + len(cap)] == cap]
+        assert len(starts) >= 3               # interior, boundary, left edge: per group and stage
+        for i in reversed(starts):
+            del capped[i:i + len(cap)]
+        assert capped == plain, uncapped
+    end = lines.index("s_endpgm")
+    assert lines.index(".Lloop_cap:") > end and lines.index(".Lcap_constants:") > end
+    for branch, then in ((".Lcap_constants", "v_cvt_f64_f32"), (".Lloop_cap", f"s_mov_b32 s{p.sgpr['p']}, 0")):
+        at = lines.index(f"s_cbranch_scc1 {branch}")       # falls through to the plain path
+        assert lines[at - 1] == f"s_cmp_lg_u32 s{p.sgpr['caparg']}, 0" and lines[at + 1].startswith(then)
+
+
+@pytest.mark.parametrize("v", ONE_IN_DEFAULT, ids=lambda v: v.name)
+def test_a_paged_call_decides_its_softcap_before_the_paged_set_up_writes_over_the_argument(v):
+    """The paged set-up writes magic and lastg over caparg: the paged path reads the softcap
+    first and keeps the answer in capa's low half (1.0 from the cap's constants, else 0), which
+    nothing in the set-up writes, and branches on it to the paged and capped body after it.  The
+    three out-of-line bodies lie after every other path, each reached by a jump that reaches
+    past 128 KiB (getpc + distance + setpc) and opening with the loop's first instruction."""
+    p = gen.plan(v)
+    lines = [line.split("//")[0].strip() for line in gen.emit(v).splitlines()]
+    lines = [line for line in lines if line]
+    flag, caparg = f"s{p.sgpr['capa']}", f"s{p.sgpr['caparg']}"
+    start = lines.index(".Lpaged:")
+    assert lines[start + 1:start + 3] == [f"s_cmp_lg_u32 {caparg}, 0", f"s_cselect_b32 {flag}, {flag}, 0"]
+    branch = lines.index("s_cbranch_scc1 .Lpaged_cap")
+    assert lines[branch - 1] == f"s_cmp_lg_u32 {flag}, 0"
+    pc = f"s[{p.sgpr['t0']}:{p.sgpr['t0'] + 1}]"
+    for at, target in ((branch + 1, ".Lbody_paged"), (lines.index(".Lpaged_cap:") + 1, ".Lbody_paged_cap"),
+                       (lines.index(".Lloop_cap:") + 1, ".Lbody_cap")):
+        assert lines[at] == f"s_getpc_b64 {pc}" and f"({target}-" in lines[at + 2]
+        assert lines[at + 4] == f"s_setpc_b64 {pc}"
+        body = lines.index(f"{target}:")
+        assert lines[body + 1] == f"s_mov_b32 s{p.sgpr['p']}, 0" and body > lines.index(".Lpaged_cap:")
+    setup = lines[start + 3:branch - 1]
+    assert any(line.split()[1].rstrip(",") == f"s{p.sgpr['magic']}" for line in setup if " " in line)
+    assert not any(flag in line.replace(",", " ").split() for line in setup)
+    assert caparg != flag and p.sgpr["magic"] in (p.sgpr["caparg"], p.sgpr["caparg"] + 1)
+
+
+@pytest.mark.parametrize("v", ONE_IN_DEFAULT, ids=lambda v: v.name)
+def test_the_softcap_takes_no_sgpr_of_its_own(v):
+    """softcap and softcap_scale are loaded from the kernarg segment with the sinks pointer, over
+    the descale_q pointer (read by its load at issue); the cap's constants go to the registers of
+    cu_seqlens_k and v_stride_h, which nothing but the cap reads once the K and V resources are
+    made (before the constants' branch), and the paged path's softcap flag (capa's low half)."""
+    p = gen.plan(v)
+    image = gen.kernarg_image(v)
+    offsets = {a.name: a.offset for a in kernargs(v)}
+    assert offsets["softcap"] // 4 not in image and offsets["softcap_scale"] // 4 not in image
+    assert (p.sgpr["caparg"], p.sgpr["capa"], p.sgpr["capb"]) == \
+        (p.args["descale_q"], p.args["cu_seqlens_k"], p.args["v_stride_h"])
+    src = gen.emit(v)
+    lines = [line.split("//")[0].strip() for line in src.splitlines()]
+    loads = [lines.index(f"s_load_dword s{p.sgpr['caparg'] + i}, s[0:1], 0x{offsets[name]:x}")
+             for i, name in enumerate(("softcap", "softcap_scale"))]
+    ptr = f"s[{p.args['descale_q']}:{p.args['descale_q'] + 1}],"
+    assert max(i for i, line in enumerate(lines) if ptr in line) < min(loads)
+    branch = lines.index("s_cbranch_scc1 .Lcap_constants")
+    regs = {f"s{r}" for base in (p.sgpr["capa"], p.sgpr["capb"]) for r in (base, base + 1)}
+    pairs = {f"s[{b}:{b + 1}]" for b in (p.sgpr["capa"], p.sgpr["capb"])}
+    uses = [line for line in lines[branch:] if set(line.replace(",", " ").split()[1:]) & (regs | pairs)]
+    flag = f"s{p.sgpr['capa']}"
+    flags = {f"s_cselect_b32 {flag}, {flag}, 0", f"s_cmp_lg_u32 {flag}, 0"}
+    assert uses and all(line.startswith(("v_readfirstlane_b32", "s_mov_b32", "v_pk_")) or line in flags
+                        for line in uses)
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)

@@ -368,7 +368,7 @@ FEATURES = ("window", "softcap", "sinks", "kvcache", "paged_kv")
 #: (_arg_names); absent: none yet.
 FEATURES_OF = {
     ("gfx950", "bf16"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
-    ("gfx950", "fp8_e4m3"): ("window", "sinks", "kvcache", "paged_kv"),
+    ("gfx950", "fp8_e4m3"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
 }
 
 

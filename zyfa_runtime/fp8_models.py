@@ -59,8 +59,9 @@ compared by their errors, not byte for byte.
 Serving features (window.py's windows, softcap, sinks) keep the arithmetic above: a window
 only sets the scores of unseen keys to -inf (blocks stay aligned at key 0, the causal diagonal
 keeps its recipe, the left edge's blocks take the plain bytes); softcap hands step 1 the capped
-fp32 score in units of softcap (:func:`_capped_scores`); a sink joins the fp32 row state after
-the last block (:func:`_join_sinks`).
+fp32 score in units of softcap (:func:`_capped_scores`: float64 tanh, or the recipe's
+``softcap_form``, the kernel's own fp32 arithmetic: :func:`gfx950_capped_scores`); a sink joins
+the fp32 row state after the last block (:func:`_join_sinks`).
 
 Block descales (quantize_model's "block" granularity: Q one a (query head, 128-query block),
 K one a (key/value head, 64-key block), V one a key/value head; blocks counted from each
@@ -95,11 +96,12 @@ from . import window as windows
 from .quantize_model import K_BLOCK, Q_BLOCK, descale_rows
 
 __all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "ASHR_EXP", "log2_scale",
-           "sequence_forward", "head_forward", "HeadResult"]
+           "sequence_forward", "head_forward", "HeadResult", "score_prescale", "gfx950_capped_scores"]
 
 MAX_KINDS = ("running_fp32", "running_integer", "block_integer", "block_fp32")
 SUMS = ("rounded", "unrounded")
 DESCALE_BLOCKS = ("tile", "e8m0")
+SOFTCAP_FORMS = ("tanh", "exp_rcp")
 BYTE_FORMS = ("fma", "pk_u8", "ashr_u8", "quad_fold", "quad_h2", "lean_h2")
 #: The ``ashr_u8`` byte's fp32 scale: ``z = y 2^-ASHR_EXP`` is a subnormal whose bits hold
 #: ``y`` to 1/256 code unit (2^-149 = 2^-ASHR_EXP / 256).
@@ -184,6 +186,10 @@ class Recipe:
                     folded into the score scale, ``c`` rounded to fp32 per (query block, key
                     block)) or "e8m0" (gfx950's: powers of two only, as E8M0 operand scales of
                     the scaled MFMA; ``c`` stays that of descales 1).
+    ``softcap_form`` how the capped score is formed (:func:`_capped_scores`): "tanh" (float64
+                    tanh, rounded once: a kernel's tanh is within its documented error of it)
+                    or "exp_rcp" (gfx950's: the kernel's fp32 instructions,
+                    :func:`gfx950_capped_scores`, so that bytes compare exactly).
     Sweep a study with ``recipe.replace(field=value, ...)``.
     """
 
@@ -201,6 +207,7 @@ class Recipe:
     exact_within: float | None = None
     exact_unit: str = "row"
     descale_blocks: str = "tile"
+    softcap_form: str = "tanh"
 
     def __post_init__(self):
         if not (isinstance(self.block_keys, int) and 1 <= self.block_keys <= 128):
@@ -228,6 +235,8 @@ class Recipe:
                              "without a two-term diagonal")
         if self.descale_blocks not in DESCALE_BLOCKS:
             raise ValueError(f"descale_blocks must be one of {DESCALE_BLOCKS}, got {self.descale_blocks!r}")
+        if self.softcap_form not in SOFTCAP_FORMS:
+            raise ValueError(f"softcap_form must be one of {SOFTCAP_FORMS}, got {self.softcap_form!r}")
         if self.exact_unit not in ("row", "wave"):
             raise ValueError(f"exact_unit must be 'row' or 'wave', got {self.exact_unit!r}")
         if self.byte_form == "lean_h2" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
@@ -321,7 +330,7 @@ def _recipes() -> dict[str, Recipe]:
         "lean128": Recipe("lean128", 128, "lean", "block_integer", "rounded", 256.0),
         # The targets (see the docstring).
         "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
-                         "ashr_u8", descale_blocks="e8m0"),
+                         "ashr_u8", descale_blocks="e8m0", softcap_form="exp_rcp"),
         "sm_90a": Recipe("sm_90a", 128, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
                          "lean_h2", "hi_lo"),
         # sm_90a's recipe until the kernels showed the quadratic correction's cost.
@@ -645,13 +654,18 @@ def _join_sinks(o, l, m, recipe: Recipe, sinks):
     return o, l, np.where(above, zs, m)
 
 
-def _capped_scores(qh, kt, scale: float, dq, dk, softcap: float):
+def _capped_scores(qh, kt, scale: float, dq, dk, softcap: float, form: str = "tanh"):
     """The softcapped scores a kernel hands the recipe, and its log2 constant: ``S`` the fp32
     score (exact, as step 1), ``x = fp32(S a)`` with ``a = fp32(scale dq dk / softcap)``, the
     capped score ``fp32(tanh(x))`` (float64 tanh: a kernel's hardware tanh is within its
     documented error of it, not byte for byte), in units of ``softcap``: the recipe's ``c`` is
     then ``fp32(softcap log2 e)``.  ``dq``, ``dk``: one value each, or with the "tile" fold of
-    block descales (H, Sq, 1) and (H, 1, Sk): ``a`` per score."""
+    block descales (H, Sq, 1) and (H, 1, Sk): ``a`` per score.  ``form`` "exp_rcp": the capped
+    score of :func:`gfx950_capped_scores` instead (the same units and ``c``)."""
+    if form == "exp_rcp":
+        s = (qh @ kt).astype(np.float32)
+        return (gfx950_capped_scores(s, softcap, np.float32(float(scale) / float(softcap)), dq, dk),
+                np.float32(float(softcap) * _LOG2E))
     if np.ndim(dq) == 0 and np.ndim(dk) == 0:
         a = np.float32(float(scale) * float(np.float32(dq)) * float(np.float32(dk)) / float(softcap))
     else:
@@ -659,6 +673,49 @@ def _capped_scores(qh, kt, scale: float, dq, dk, softcap: float):
     s = (qh @ kt).astype(np.float32)
     x = _fp32(s.astype(np.float64) * np.asarray(a, np.float64))
     return _fp32(np.tanh(x.astype(np.float64))), np.float32(float(softcap) * _LOG2E)
+
+
+def score_prescale(c) -> int:
+    """gfx950's ``es``: the scores' E8M0 prescale 2^-es (the QK MFMA's scale of Q^T) for the log2
+    constant ``c``, ``clamp(ASHR_EXP + 1 - (exponent field of fp32(8c)), 0, 127)``, so that ``8c
+    2^(es - ASHR_EXP)`` is a normal fp32."""
+    field = int((np.float32(8 * np.float32(c)).view(np.uint32) >> 23) & 0xFF)
+    return int(np.clip(ASHR_EXP + 1 - field, 0, 127))
+
+
+def gfx950_capped_scores(s, softcap, softcap_scale, dq=1.0, dk=1.0) -> np.ndarray:
+    """The capped scores ``T ~ tanh(x)``, ``x = S softcap_scale dq dk``, of the gfx950 FP8 kernel
+    (``generator/gfx950_fp8.py``: _cap_constants, _cap), for fp32 scores ``S`` and the call's fp32
+    ``softcap_scale = fp32(softmax_scale / softcap)``: its fp32 instructions one by one, with
+    ``es = score_prescale(fp32(softcap log2 e))`` (the kernel's scores are ``S' = S 2^-es``)::
+
+        kc = fp32(softcap_scale (2 log2 e) dq dk 2^es)    float64 products, in this order
+        e  = fp32(S' kc);  E = fp32(2^e), a subnormal flushed to 0 (v_exp_f32)
+        D  = fp32(E + 1);  R = fp32(1 / D)                 (v_rcp_f32)
+        T' = fp32(2^-es - 2^(1-es) R)  (one FMA);  T = T' 2^es
+
+    so ``T = tanh(x)`` where exact (``1 - 2 / (1 + e^(2x))``), -1 and 1 in the limits (E = 0 or
+    inf), never NaN for finite scores.  v_exp_f32 and v_rcp_f32 are taken correctly rounded, as
+    the emulator takes them (zyfa_emulator.valu), so the kernel's bytes compare exactly there.
+    Error against float64 ``tanh(x)``: the roundings of kc and e move 2x by 2 x 2^-24 relative
+    (|dR| <= R (1 - R) 2|x| 2^-24 x 2 <= 0.45 x 2^-24), E's 2^-24 (<= 0.25 x 2^-24), D's and R's
+    (<= 2 x 2^-24), T's 2^-25: ``|T - tanh(x)| <= 2 x 2.7 x 2^-24 + 2^-25 < 6 x 2^-24``
+    (hardware's 1-ulp v_exp_f32 and v_rcp_f32 about double the E, D and R terms: < 11 x 2^-24,
+    where a byte may differ by one from this model's if its score lies that near a rounding
+    boundary)."""
+    c = np.float32(float(np.float32(softcap)) * _LOG2E)
+    es = score_prescale(c)
+    kc = np.float64(np.float32(softcap_scale)) * (2.0 * _LOG2E) * _f32_64(dq) * _f32_64(dk)
+    kc = _fp32(np.ldexp(kc, es)).astype(np.float64)
+    sp = _fp32(np.ldexp(np.asarray(s, np.float32).astype(np.float64), -es)).astype(np.float64)
+    e = _fp32(sp * kc)
+    with np.errstate(over="ignore", divide="ignore"):
+        big = _fp32(np.exp2(e.astype(np.float64)))
+        big = np.where(np.abs(big) < np.float32(2.0 ** -126), np.float32(0), big)
+        d = _fp32(big.astype(np.float64) + 1.0)
+        r = _fp32(1.0 / d.astype(np.float64))
+    t = e4m3.fma32(r.astype(np.float64) * -2.0 ** (1 - es), np.float32(2.0 ** -es))
+    return _fp32(np.ldexp(t.astype(np.float64), es))
 
 
 def _check_features(window, softcap, sinks, hq: int):
@@ -745,7 +802,7 @@ def _scored(qh, kt, recipe: Recipe, scale: float, descale_q, descale_k, descale_
     blocks = np.ndim(descale_q) > 0 or np.ndim(descale_k) > 0
     if not blocks:
         if softcap:
-            scores, c = _capped_scores(qh, kt, scale, descale_q, descale_k, softcap)
+            scores, c = _capped_scores(qh, kt, scale, descale_q, descale_k, softcap, recipe.softcap_form)
         else:
             scores, c = None, log2_scale(scale, descale_q, descale_k)
         dv = descale_v if np.ndim(descale_v) == 0 else _block_descales(1.0, 1.0, descale_v, 0, 0, kv)[2]
@@ -763,7 +820,7 @@ def _scored(qh, kt, recipe: Recipe, scale: float, descale_q, descale_k, descale_
         fold = (float(scale) * _LOG2E, dq, dk)
         dq0, dk0 = dq[:, :, None], dk[:, None, :]
     if softcap:
-        scores, c = _capped_scores(qh, kt, scale, dq0, dk0, softcap)
+        scores, c = _capped_scores(qh, kt, scale, dq0, dk0, softcap, recipe.softcap_form)
         fold = None
     else:
         scores, c = None, log2_scale(scale, 1.0, 1.0)

@@ -1,5 +1,5 @@
-"""Paged KV caches in the gfx950 FP8 assembly (``generator/gfx950_fp8.py``: stage_paged, the
-paged copy of the loop, each buffer->LDS load from its 16-row group's page, paged_chunks)
+"""Paged KV caches in the gfx950 FP8 assembly (``generator/gfx950_fp8.py``: stage_loops and
+_paged_setup, the paged copy of the loop, each buffer->LDS load from its 16-row group's page, paged_chunks)
 through ``flash_attn_with_kvcache`` on the emulator, as a specification.
 
 Each launch runs through the runtime with code objects built from this checkout's generator,
