@@ -78,7 +78,8 @@ __device__ inline void lds_dma16_x4(u32x4 rsrc, const u32 (&voff)[4], u32 lds) {
 
 // One instruction of that copy on its own (the tile's loads spread over a step: flash_fwd.hip),
 // with its own wait states: s_mov (1) and s_nop 3 (4) between whatever precedes it and the
-// load (5 for a VALU write of an SGPR, 1 for the M0 write); 6 issue slots.
+// load (5 for a VALU write of an SGPR -- a paged buffer's v_readlane --, 1 for the M0 write);
+// 6 issue slots.
 __device__ inline void lds_dma16_lone(u32x4 rsrc, u32 voff, u32 lds) {
   asm volatile("s_mov_b32 m0, %2\n\ts_nop 3\n\tbuffer_load_dwordx4 %0, %1, 0 offen lds"
                : : "v"(voff), "s"(rsrc), "s"(lds) : "memory", "m0");
@@ -136,34 +137,6 @@ struct PageMap {
   }
 };
 
-// One wave's share of a tensor's tile copies where all its instructions read one buffer
-// (KvCopy::kOneBuffer), for issuing them one at a time: instruction n of a tile reads this
-// lane's 16 bytes at voff[n] and writes them to LDS at tile + `lds_wave` + 1024 kCopyWaves n
-// (the layout: KvCopy below).
-template <int kLoads>
-struct SpreadCopy {
-  static constexpr int kCopyWaves = kWaves / 2;
-  const u16* src;
-  int stride;        // elements between keys
-  u32 row_bytes;     // bytes of one key's row that exist (2 kWidth)
-  u32 lds_wave;      // 1024 x the wave's place in its group
-  u32 voff[kLoads];  // byte offset of this lane's chunk of instruction n from the tile's first key
-
-  // The buffer of the tile of keys [n0, n0 + kBlockN): from key n0, rows at or past sk past its
-  // range (zeros; none at all where n0 >= sk).
-  __device__ u32x4 tile_buffer(int n0, int sk) const {
-    int st = stride;
-    asm volatile("" : "+s"(st));  // (not hoisted out of the loop: SGPRs)
-    const int rows = sk - n0 < kBlockN ? sk - n0 : kBlockN;
-    const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + row_bytes : 0u;
-    return raw_buffer(src + i64(n0) * st, bytes);
-  }
-  // Instruction n of the copy of the tile whose buffer is `rsrc` into the LDS tile at byte `lds`.
-  __device__ void issue(u32x4 rsrc, int n, u32 lds) const {
-    lds_dma16_lone(rsrc, voff[n], lds + lds_wave + 1024u * u32(n * kCopyWaves));
-  }
-};
-
 // The copy of one tile, global -> LDS, by `buffer_load_dwordx4 ... lds`: each lane's 16
 // bytes go to LDS at M0 + 16 lane, so one wave instruction fills 1 KiB of the tile in lane
 // order; lane l of instruction n fills byte 1024 n + 16 l of the tile and fetches the global
@@ -186,10 +159,14 @@ struct SpreadCopy {
 // them 32-bit multiplies, quarter rate) and 3 v_readlane an instruction, where the unpaged copy
 // steps its buffers with SALU ops; one VGPR across the loop.  A copy of SALU ops only, each
 // instruction's page by an s_load_dword, took 1.3x the dense tile at d128 (the loads' waits).
-template <class Layout, bool kPaged = false>
-struct KvCopy {
+//
+// The layout enters only KvCopy's constructor (the lane offsets); the rest is CopyCore, a
+// function of the row's bytes alone, so where K's and V's rows are as long (d 64) their copies
+// are one type and flash_fwd.hip picks one per wave (kSpread).
+template <int kRowBytes_, bool kPaged>
+struct CopyCore {
   static constexpr int kCopyWaves = kWaves / 2;  // one group of waves copies a tensor
-  static constexpr int kRowBytes = 2 * Layout::kWidth;
+  static constexpr int kRowBytes = kRowBytes_;
   static constexpr int kLoads = kBlockN * kRowBytes / 1024 / kCopyWaves;  // instructions a wave
   static_assert(kBlockN * kRowBytes % (1024 * kCopyWaves) == 0, "a tile is whole KiB per wave");
   static_assert(16 * kRowBytes % 1024 == 0 && kBlockN % 16 == 0, "an instruction lies in one 16-row group");
@@ -199,27 +176,26 @@ struct KvCopy {
   // (n - n % kPeriod) kStepRows rows further: kPeriod VGPRs instead of kLoads.
   static constexpr int kStepRows = 1024 * kCopyWaves / kRowBytes;
   static constexpr bool kRepeats = 1024 * kCopyWaves % kRowBytes == 0 && (16 % kStepRows == 0 || kStepRows % 16 == 0);
-  // kOneBuffer (d 64, unpaged, where the copy is issued in the step that sets the period and
-  // registers are to spare): every instruction's lane offsets in VGPRs of their own (kLoads of
-  // them), all from the one buffer of the tile (lds_dma16_x4), no SALU op between the loads.
-  static constexpr bool kOneBuffer = !kPaged && kDqk <= 64 && kLoads == 4;
+  // kSpread (d 64, where the copy is issued in the step that sets the period): flash_fwd.hip
+  // issues a tile's instructions one at a time, spread over that step: the tile's buffers
+  // (tile(): unpaged one SALU buffer, paged the lane-parallel ones) with the first, then
+  // issue_one(n).  Paged and unpaged alike.
+  static constexpr bool kSpread = kDqk <= 64 && kLoads == 4;
+  // kOneBuffer (kSpread, unpaged, where registers are to spare): every instruction's lane
+  // offsets in VGPRs of their own (kLoads of them), all from the one buffer of the tile
+  // (lds_dma16_x4 in the prologue, lds_dma16_lone spread), no SALU op between the loads.
+  static constexpr bool kOneBuffer = !kPaged && kSpread;
   static constexpr int kPeriod = kOneBuffer || !kRepeats ? kLoads
                                  : kStepRows >= 16 ? 1 : (16 / kStepRows < kLoads ? 16 / kStepRows : kLoads);
 
   const u16* src;
   int stride;            // elements between keys
   int wave;              // 0 .. kCopyWaves - 1
-  u32 voff[kPeriod];     // byte offset of this lane's chunk from its buffer's first key
+  u32 row_bytes;         // kRowBytes (a field: with the constant, tile()'s size became a branch)
+  u32 voff[kPeriod];     // byte offset of this lane's chunk from its buffer's first key (KvCopy)
 
-  __device__ KvCopy(const u16* src_, int stride_, int wave_, int lane) : src(src_), stride(stride_), wave(wave_) {
-#pragma unroll
-    for (int n = 0; n < kPeriod; ++n) {
-      u32 pos = 1024u * u32(n * kCopyWaves + wave) + 16u * u32(lane);  // byte in the LDS tile
-      asm("" : "+v"(pos));  // range unknown to the compiler: 32-bit math (no 16-bit VALU ops)
-      const u32 r = pos / kRowBytes, slot = pos % kRowBytes / 16u;
-      voff[n] = (kPaged ? r & 15u : r) * u32(stride) * 2u + 16u * (slot ^ u32(Layout::swizzle(int(r))));
-    }
-  }
+  // LDS byte of instruction n's KiB in the tile at `lds`.
+  __device__ u32 lds_of(u32 lds, int n) const { return lds + 1024u * u32(n * kCopyWaves + wave); }
 
   // Start the copy of keys [n0, n0 + kBlockN) into the tile at LDS byte address `lds`
   // (completes under VM_CNT).  Each instruction's buffer starts at its first row, so that
@@ -234,7 +210,7 @@ struct KvCopy {
     const u16* base = src + i64(n0) * st;
     int rows = sk - n0 < kBlockN ? sk - n0 : kBlockN;  // rows of the current buffer that exist
     if constexpr (kOneBuffer) {
-      lds_dma16_x4<1024u * kCopyWaves>(spread().tile_buffer(n0, sk), voff, lds + 1024u * u32(wave));
+      lds_dma16_x4<1024u * kCopyWaves>(tile(n0, sk), voff, lds_of(lds, 0));
       return;
     }
 #pragma unroll
@@ -243,19 +219,22 @@ struct KvCopy {
         base += i64(kBufferRows) * st;
         rows -= kBufferRows;
       }
-      const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + 2u * Layout::kWidth : 0u;  // none: zeros
-      lds_dma16(raw_buffer(base, bytes), voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
+      const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + u32(kRowBytes) : 0u;  // none: zeros
+      lds_dma16(raw_buffer(base, bytes), voff[n % kPeriod], lds_of(lds, n));
     }
   }
 
-  // kOneBuffer: this wave's copy as a SpreadCopy (K's and V's of one type: flash_fwd.hip picks
-  // one per wave and issues it in pieces).
-  __device__ SpreadCopy<kLoads> spread() const {
-    SpreadCopy<kLoads> c{src, stride, 2u * Layout::kWidth, 1024u * u32(wave), {}};
-#pragma unroll
-    for (int n = 0; n < kLoads; ++n) c.voff[n] = voff[n];
-    return c;
+  // kOneBuffer: the one buffer of the tile of keys [n0, n0 + kBlockN): from key n0, rows at or
+  // past sk past its range (zeros; none at all where n0 >= sk).
+  __device__ u32x4 tile(int n0, int sk) const {
+    int st = stride;
+    asm volatile("" : "+s"(st));  // (not hoisted out of the loop: SGPRs)
+    const int rows = sk - n0 < kBlockN ? sk - n0 : kBlockN;
+    const u32 bytes = rows > 0 ? u32(rows - 1) * u32(st) * 2u + row_bytes : 0u;
+    return raw_buffer(src + i64(n0) * st, bytes);
   }
+  // Instruction n of that copy on its own, into the LDS tile at byte `lds`.
+  __device__ void issue_one(u32x4 rsrc, int n, u32 lds) const { lds_dma16_lone(rsrc, voff[n], lds_of(lds, n)); }
 
   // Paged (kPaged; `pages`: the sequence's PageMap): lane n's 16-row group, that of
   // instruction n of the tile from key n0 (lanes past kLoads: the last instruction's), or the
@@ -268,48 +247,67 @@ struct KvCopy {
     return raw < last ? raw : last;
   }
   // The bytes between a page's first row and 16-row group g's (`slot`: the group's slot,
-  // pages.slot_of(g)), as issue_paged wants them; the caller computes them a tile ahead, with
+  // pages.slot_of(g)), as tile() wants them; the caller computes them a tile ahead, with
   // the slot whose entry it loads.  A row's offset in its page (< 256 rows) times the stride is
   // taken to fit 32 bits, as a tile's is above.
   __device__ u32 row_offset(u32 g, u32 slot, const PageMap& pages) const {
     return pages.row_of(g, slot) * (2u * u32(stride));
   }
-  // The copy of keys [n0, n0 + kBlockN), `entry` lane n's page-table entry for instruction n
-  // and `row_off` the byte offset of its first row in that page (row_offset; the caller loads
-  // the entries a tile ahead: pages.table[slot]).  Instruction n's buffer: from its group's
-  // first row in its page (the page clamped to the cache), over the group's rows that exist
-  // (rows x stride bytes: no lane reads past its own row's kWidth; none: zeros).
+  // Lane n: instruction n's buffer, its base (low word, high word) and size.
+  struct PagedTile {
+    u32 lo, hi, bytes;
+  };
+  // The buffers of the copy of keys [n0, n0 + kBlockN), `entry` lane n's page-table entry for
+  // instruction n and `row_off` the byte offset of its first row in that page (row_offset; the
+  // caller loads the entries a tile ahead: pages.table[slot]).  Instruction n's buffer: from its
+  // group's first row in its page (the page clamped to the cache), over the group's rows that
+  // exist (rows x stride bytes: no lane reads past its own row's kWidth; none: zeros).
   // `page_stride`: elements between two pages of the tensor (its stride_b).
   // kRowGiven = false: `row_off` is ignored and computed here (above d 64; at d 256 a VGPR held
   // for it from the load spilled).
   template <bool kRowGiven = true>
-  __device__ void issue_paged(u32 lds, int n0, int sk, int entry, u32 row_off, const PageMap& pages,
-                              i64 page_stride, int lane) const {
+  __device__ PagedTile tile(int n0, int sk, int entry, u32 row_off, const PageMap& pages, i64 page_stride,
+                            int lane) const {
     u32 raw;
     const u32 g = lane_group(n0, sk, lane, raw);
     int left = sk - int(16u * raw) < 16 ? sk - int(16u * raw) : 16;
     asm("" : "+v"(left));  // (two steps: a clamp is a v_med3_i32, which the emulator has not)
     const u32 rows = u32(left < 0 ? 0 : left);  // 0 .. 16
-    const u32 row_bytes = 2u * u32(stride);
+    const u32 row_step = 2u * u32(stride);  // bytes from a row of a page to the next
     const u64 at = reinterpret_cast<u64>(src) + u64(pages.clamp(entry)) * (2ull * u64(page_stride)) +
-                   (kRowGiven ? row_off : pages.row_of(g, pages.slot_of(g)) * row_bytes);
-    const u32 lo = u32(at), hi = u32(at >> 32) & 0xffffu, bytes = rows * row_bytes;
+                   (kRowGiven ? row_off : pages.row_of(g, pages.slot_of(g)) * row_step);
+    return {u32(at), u32(at >> 32) & 0xffffu, rows * row_step};
+  }
+  // Instruction n's buffer, read out of lane n (v_readlane).
+  __device__ static u32x4 lane_buffer(const PagedTile& b, int n) {
+    return u32x4{u32(__builtin_amdgcn_readlane(b.lo, n)), u32(__builtin_amdgcn_readlane(b.hi, n)),
+                 u32(__builtin_amdgcn_readlane(b.bytes, n)), 0x00020000u};
+  }
+  // Instruction n of a paged copy on its own (kSpread): its buffer read out, then the load
+  // (lds_dma16_lone's wait states cover the v_readlane's SGPR writes).
+  __device__ void issue_one(const PagedTile& b, int n, u32 lds) const {
+    lds_dma16_lone(lane_buffer(b, n), voff[n % kPeriod], lds_of(lds, n));
+  }
+  // The whole paged copy of a tile at once (tile(), then every instruction).
+  template <bool kRowGiven = true>
+  __device__ void issue_paged(u32 lds, int n0, int sk, int entry, u32 row_off, const PageMap& pages,
+                              i64 page_stride, int lane) const {
+    const PagedTile b = tile<kRowGiven>(n0, sk, entry, row_off, pages, page_stride, lane);
     if constexpr (kPairs) {
-      issue_pairs<0>(lo, hi, bytes, lds + 1024u * u32(wave));
+      issue_pairs<0>(b.lo, b.hi, b.bytes, lds_of(lds, 0));
     } else {
 #pragma unroll
       for (int n = 0; n < kLoads; ++n) {
         // (each instruction's read-outs after the previous instruction: hoisted together, they
         // took 3 kLoads SGPRs at once)
         __builtin_amdgcn_sched_barrier(0);
-        const u32x4 rsrc = {u32(__builtin_amdgcn_readlane(lo, n)), u32(__builtin_amdgcn_readlane(hi, n)),
-                            u32(__builtin_amdgcn_readlane(bytes, n)), 0x00020000u};
-        lds_dma16(rsrc, voff[n % kPeriod], lds + 1024u * u32(n * kCopyWaves + wave));
+        lds_dma16(lane_buffer(b, n), voff[n % kPeriod], lds_of(lds, n));
       }
     }
   }
   // Instructions in pairs (lds_dma16_pair) at d 64, where the copy is in the step that sets the
-  // period (d 128: the paged launch 0.2 % slower with them).
+  // period (d 128: the paged launch 0.2 % slower with them); the loop's copy is spread there
+  // (kSpread), the prologue's goes out in pairs.
   static constexpr bool kPairs = kDqk <= 64 && kLoads % 2 == 0;
 
   // Instructions n and n + 1 of a tile, then the pairs after them.
@@ -318,6 +316,30 @@ struct KvCopy {
     lds_dma16_pair<n, 1024u * n * kCopyWaves, 1024u * (n + 1) * kCopyWaves>(lo, hi, bytes, voff[n % kPeriod],
                                                                             voff[(n + 1) % kPeriod], base);
     if constexpr (n + 2 < kLoads) issue_pairs<n + 2>(lo, hi, bytes, base);
+  }
+};
+
+// A tensor's copy: CopyCore with this lane's offsets in the tensor's layout.
+template <class Layout, bool kPaged = false>
+struct KvCopy : CopyCore<2 * Layout::kWidth, kPaged> {
+  using Core = CopyCore<2 * Layout::kWidth, kPaged>;
+  __device__ KvCopy(const u16* src_, int stride_, int wave_, int lane)
+      : Core{src_, stride_, wave_, u32(Core::kRowBytes), {}} {
+#pragma unroll
+    for (int n = 0; n < Core::kPeriod; ++n) {
+      u32 pos = 1024u * u32(n * Core::kCopyWaves + wave_) + 16u * u32(lane);  // byte in the LDS tile
+      asm("" : "+v"(pos));  // range unknown to the compiler: 32-bit math (no 16-bit VALU ops)
+      const u32 r = pos / Core::kRowBytes, slot = pos % Core::kRowBytes / 16u;
+      this->voff[n] = (kPaged ? r & 15u : r) * u32(stride_) * 2u + 16u * (slot ^ u32(Layout::swizzle(int(r))));
+    }
+  }
+  // The copy without its layout (kSpread: K's and V's of one type, flash_fwd.hip picks one per
+  // wave), built field by field (as a slice, a few SALU ops of the unpaged d64 loop moved).
+  __device__ Core core() const {
+    Core c{this->src, this->stride, this->wave, this->row_bytes, {}};
+#pragma unroll
+    for (int n = 0; n < Core::kPeriod; ++n) c.voff[n] = this->voff[n];
+    return c;
   }
 };
 

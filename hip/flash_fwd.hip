@@ -209,8 +209,9 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
   // Paged: the sequence's pages (SGPRs held across the loop: read there, a tile's arguments
   // waited 200 cycles of scalar-load latency a tile); the page stride of the tensor this wave
   // copies; lane n's page-table entry for instruction n of the tile it copies next, loaded one
-  // tile ahead (after the copies of the tile before, waited for with them; one load outside
-  // the K / V branch: the two loads' results merged after it waited for them at once).
+  // tile ahead (after the copies of the tile before, waited for with them; d64: at the matrix
+  // step's start, fetch_ahead below; one load outside the K / V branch: the two loads' results
+  // merged after it waited for them at once).
   const PageMap pages((const ZYFA_GLOBAL int*)(p.page_table) + b * p.page_table_stride, p.page_size, p.num_pages,
                       p.page_magic);
   const i64 page_stride = lead ? p.k_stride_b : p.v_stride_b;
@@ -250,18 +251,37 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
       else vcopy.issue(lds_addr + 2 * v_tile(t & 1), key0(t), sk);
     }
   };
-  // d64 (unpaged): the copy of tile t + 1 is issued in S(t) one instruction at a time, spread
-  // over the softmax (OnlineSoftmax::update's four `between` points), from K's or V's
-  // SpreadCopy picked once here: issued together at the step's start, the four copying waves'
-  // 16 loads queued in the vector-memory pipe (1 KiB in 16 cycles) and held the last wave's
-  // softmax about 190 cycles (the step that sets the period at d64).  Past the last tile the
-  // pieces still run (no branch a piece): they fill the buffer the schedule above leaves free
-  // then, with zeros past the last key or with keys no wave reads.
-  constexpr bool kSpread = !kPaged && KvCopy<KLayout>::kOneBuffer && KvCopy<VLayout>::kOneBuffer;
+  // d64 (kSpread, paged or not): the copy of tile t + 1 is issued in S(t) one instruction at a
+  // time, spread over the softmax (OnlineSoftmax::update's four `between` points), from K's or
+  // V's copy picked once here (one type: CopyCore): issued together at the step's start, the
+  // four copying waves' 16 loads queued in the vector-memory pipe (1 KiB in 16 cycles) and held
+  // the last wave's softmax about 190 cycles (the step that sets the period at d64).  The
+  // tile's buffers (unpaged: one, SALU; paged: the lane-parallel ones, VALU, and 3 v_readlane a
+  // piece) are made with the first piece.  Past the last tile the pieces still run (no branch a
+  // piece): they fill the buffer the schedule above leaves free then, with zeros past the last
+  // key or with keys no wave reads (paged: fetch's groups are clamped to the last key's, so its
+  // slots stay in the table's row; a group past the last key has a size of 0).
+  constexpr bool kSpread = KvCopy<KLayout, kPaged>::kSpread && KvCopy<VLayout, kPaged>::kSpread && kDqk == kDv;
   const auto mine = [&] {
-    if constexpr (kSpread) return lead ? kcopy.spread() : vcopy.spread();
+    if constexpr (kSpread) return lead ? kcopy.core() : vcopy.core();
     else return 0;
   }();
+  auto tile_of = [&](int t) {  // (kSpread) the buffers of the copy of tile t
+    if constexpr (!kSpread) return 0;
+    else if constexpr (kPaged) return mine.tile(key0(t), sk, page_entry, page_row, pages, page_stride, lane);
+    else return mine.tile(key0(t), sk);
+  };
+  // (kSpread, paged) At the start of M(t), at priority 0 before its matrix work: the page-table
+  // entries and row offsets of tile t + 1, which S(t) copies (the load's latency under the
+  // matrix step; the compiler waits for it at the first piece).  Tile 1's: copy(0).  In S(t),
+  // after the last piece, they took 26 cycles a tile more; with the buffers too in M(t), or at
+  // the end of M(t), more still (docs/gfx950_bf16.md, paged).
+  auto fetch_ahead = [&](int t) {
+    if constexpr (kSpread && kPaged) {
+      fetch(t + 1);
+      __builtin_amdgcn_sched_barrier(0);
+    }
+  };
   if (n_tiles > 0) {
     if constexpr (kPaged) fetch(0);  // the first tile's entries
     copy(0);
@@ -277,14 +297,14 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
     bf16x8 pf[kPvSteps];
     for (int t = 0; t < n_tiles; ++t) {
       // S(t)
-      u32x4 next_buf;  // (kSpread) the buffer of tile t + 1
+      decltype(tile_of(0)) next;  // (kSpread) the buffers of tile t + 1
       const u32 next_lds = lds_addr + 2 * (lead ? k_tile((t + 1) & 1) : v_tile((t + 1) & 1));
       auto piece = [&](int k) {  // (kSpread) instruction k of the copy of tile t + 1, pinned where called
         if constexpr (kSpread) {
-          static_assert(KvCopy<KLayout>::kLoads == 4 && KvCopy<VLayout>::kLoads == 4, "four pieces");
+          static_assert(decltype(mine)::kLoads == 4, "four pieces");
           __builtin_amdgcn_sched_barrier(0);
-          if (k == 0) next_buf = mine.tile_buffer(key0(t + 1), sk);
-          mine.issue(next_buf, k, next_lds);
+          if (k == 0) next = tile_of(t + 1);
+          mine.issue_one(next, k, next_lds);
           __builtin_amdgcn_sched_barrier(0);
         }
       };
@@ -312,6 +332,7 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
       // differently pipelined one costs more registers than a wave has).  QK(t+1) also
       // runs where its result is never read (past this wave's last key; t + 1 = n_tiles,
       // on a stale buffer): active(t + 1) implies active(t), and S(t+1) checks it.
+      fetch_ahead(t + 1);
       __builtin_amdgcn_s_setprio(1);
       if (active(t)) pv_qk_step(oacc, lds + v_tile(t & 1), pf, s, lds + k_tile((t + 1) & 1), qf, lane, ahead);
       __builtin_amdgcn_s_setprio(0);
