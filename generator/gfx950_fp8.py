@@ -1085,12 +1085,14 @@ def paged_chunks(a: Asm, kind: str, i: int, ahead: int, stage: int) -> list:
     Where V takes K's pages (:func:`_carried`), K's chunk i keeps its page (``ent + k_slots +
     i``) and ``16 (G - slot units) 16 + rows`` (``ent + 2 k_slots + i``) for V's chunk i of the
     same block, a phase later.  Cost per load (a wave's 1 KiB) against the plain loop's 3 SALU
-    and a VALU (plus dma_setup's 5 a kind and block): 25 SALU (group and extent 7, row in its
-    page 7, the clamped page's 64-bit address 10, M0 1), K's 26 where it keeps its page and row;
-    a carried V load 14 (rows and row 5, address 8, M0 1); each page-table entry 6 SALU and an
-    s_load_dword (_fetch_entries): per block and wave at d64 and d128 46 SALU and one scalar
-    load, d192x128 93 and three, d256 124 and four.  No VALU, no VGPR; SGPRs: the entries and
-    kept pages only."""
+    and a VALU (plus dma_setup's 5 a kind and block): 23 SALU (group and extent 7, row in its
+    page 7, the clamped page's 64-bit address 8, M0 1), K's 24 where it keeps its page and row;
+    a carried V load 12 (rows and row 5, address 6, M0 1); each page-table entry 6 SALU and an
+    s_load_dword (_fetch_entries): per block and wave at d64 and d128 42 SALU and one scalar
+    load, d192x128 87 and three, d256 116 and four.  The page's offset is a 32 x 32 -> 64-bit
+    product: the page stride is below 4 GiB (plan.PAGE_STRIDE_LIMIT, checked before launch).
+    M0 is written ahead of the address, so the load needs no nop (m0-lds-dma).  No VALU, no
+    VGPR; SGPRs: the entries and kept pages only."""
     p = a.p
     pitch = p.pitch_k if kind == "k" else p.pitch_v
     region = p.lds_k[0] if kind == "k" else p.lds_v[0]
@@ -1131,27 +1133,24 @@ def paged_chunks(a: Asm, kind: str, i: int, ahead: int, stage: int) -> list:
         a(f"s_and_b32 {t4}, {t4}, 0xff0")
         a(f"s_mul_i32 {a.s(r)}, {t4}, {stride}")
 
-    def page_offset():                  # page stride_b, 64-bit, in t5 and word 1
+    def page_offset():   # page stride_b (stride_b < 2^32: plan's check), 64-bit, in t5 and word 1
         if entry is not None:
             a(f"s_min_i32 {page}, {entry}, {a.s('lastpage')}")
             a(f"s_max_i32 {page}, {page}, 0")                        # the page, clamped
         a(f"s_mul_i32 {t5}, {page}, s{pstride}")
         a(f"s_mul_hi_u32 {a.s(r, 1)}, {page}, s{pstride}")
-        a(f"s_mul_i32 {t4}, {page}, s{pstride + 1}")
-        a(f"s_add_u32 {a.s(r, 1)}, {a.s(r, 1)}, {t4}")
 
-    def address():
+    def address():          # M0 first: the load needs no wait state after it (m0-lds-dma)
+        a(f"s_add_u32 m0, {a.s('wchunk')}, {region + stage * BLOCK_N * pitch + 8 * i * 1024}")
         a(f"s_add_u32 {a.s(r)}, {a.s(r)}, {t5}")
         a(f"s_addc_u32 {a.s(r, 1)}, {a.s(r, 1)}, 0")
         a(f"s_add_u32 {a.s(r)}, {a.s(r)}, {a.s(base)}")
         a(f"s_addc_u32 {a.s(r, 1)}, {a.s(r, 1)}, {a.s(base, 1)}")
 
     def issue():
-        a(f"s_add_u32 m0, {a.s('wchunk')}, {region + stage * BLOCK_N * pitch + 8 * i * 1024}")
-        a("s_nop 0")
         a(f"buffer_load_dwordx4 {a.v('dma' + kind)}, {a.sr(r, 4)}, 0 offen lds")
     first = [(5, taken)] if carry and kind == "v" else [(7, extent), (7 + keep, row)]
-    return first + [(4 + 2 * (entry is not None), page_offset), (4, address), (3, issue)]
+    return first + [(2 + 2 * (entry is not None), page_offset), (5, address), (1, issue)]
 
 
 def _run(pieces: list):
@@ -1159,30 +1158,34 @@ def _run(pieces: list):
     return lambda: [emit() for _, emit in pieces]
 
 
-def pack_shadows(p: Plan, pieces: list, pv: bool, qk: bool) -> list:
+def pack_shadows(a: Asm, pieces: list, pv: bool, qk: bool) -> list:
     """The pieces (issue slots, emitter) of a paged matrix phase's loads as one emitter per
     MFMA shadow (stage_matrix runs emitter j after MFMA j, those left over at the phase's
-    end), in order, each shadow filled up to its free issue slots: 16 (a 64-cycle MFMA) less
-    the operand reads issued there (reads_ahead), the last step's 8 more (the row sums'
-    MFMA).  Where the vector phase has no slack (d64: four shadows, too few for a step of a
-    load each); with slack stage_loop gives each step of a load (its extent, its address, its
-    issue) a shadow of its own, which modelled better there (docs/gfx950_fp8.md)."""
+    end): their instructions in order, each shadow filled to its free issue slots exactly (a
+    piece may straddle two: d64's K load then issues in the third shadow, not the fourth,
+    modelled 909.5 against about 943 cycles a tile): 16 (a 64-cycle MFMA) less the operand
+    reads issued there (reads_ahead), the last step's 8 more (the row sums' MFMA).  Used where
+    the vector phase has no slack (d64: four shadows, too few for a step of a load each); with
+    slack stage_loop gives each step of a load (its extent, its address, its issue) a shadow
+    of its own, which modelled better there (docs/gfx950_fp8.md)."""
+    p = a.p
     steps = _steps(p, pv, qk)
     matrix = reads_ahead(p)[0] if p.ahead and qk else []
     free = [16 - sum(1 for j, _ in matrix if j == s or (s + 1 == len(steps) and j > s))
             for s in range(len(steps))]
     if pv:
         free[-1] += 8
-    shadows, s, used = [[] for _ in steps], 0, 0
-    for n, emit in pieces:
-        while s < len(steps) and used and used + n > free[s]:
-            s, used = s + 1, 0
-        if s == len(steps):
-            shadows.append([emit])
-            continue
-        shadows[s].append(emit)
-        used += n
-    return [lambda fns=fns: [f() for f in fns] for fns in shadows]
+    text = []
+    for _, emit in pieces:              # each piece's instructions, in order
+        mark = len(a.lines)
+        emit()
+        text += a.lines[mark:]
+        del a.lines[mark:]
+    ends = np.cumsum(free).tolist()
+    shadows = [text[e - f:e] for e, f in zip(ends, free)]
+    if len(text) > ends[-1]:
+        shadows.append(text[ends[-1]:])
+    return [lambda t=t: a.lines.extend(t) for t in shadows]
 
 
 def dma_chunks(a: Asm, kind: str, block: str, ahead: int = 0, regs: str | None = None) -> list:
@@ -1751,7 +1754,7 @@ def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
                       for kind, i, ahead in _paged_phase_loads(a.p)]
             if a.p.slack:      # a shadow a step of a load (its address, then its issue)
                 return [_run(part) for c in chunks for part in (c[:-3], c[-3:-1], c[-1:]) if part]
-            return pack_shadows(a.p, sum(chunks, []), pv, qk)
+            return pack_shadows(a, sum(chunks, []), pv, qk)
         if early:
             return dma_chunks(a, "v", sp, 2, "t0") + dma_chunks(a, "k", sp, 3, "t2")
         return dma_chunks(a, "v", sp, 2) + dma_chunks(a, "k", sp, 3)

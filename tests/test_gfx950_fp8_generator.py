@@ -322,11 +322,12 @@ def test_a_paged_cache_takes_no_sgpr_of_its_own_and_leaves_the_plain_loop_as_it_
 
 
 @pytest.mark.parametrize("v", sweep(VARIANTS, quick={(64, 64, True), (256, 256, False)}))
-def test_a_paged_load_costs_25_salu_a_carried_v_load_14_and_an_entry_6_and_no_valu(v):
+def test_a_paged_load_costs_23_salu_a_carried_v_load_12_and_an_entry_6_and_no_valu(v):
     """Per load of a block (a wave's 1 KiB, one 16-row group): its group, extent and row in its
-    page (14 SALU), the clamped page's 64-bit address (10), M0 (1), a nop and the load; K's one
-    more where V takes its page a phase later (d64, d128), that V load 14 (its rows and row 5,
-    address 8, M0 1); each page-table entry 6 SALU and an s_load_dword.  No VALU."""
+    page (14 SALU), the clamped page's 64-bit address (8: a 32 x 32-bit page offset), M0 (1,
+    ahead of the address: no nop before the load) and the load; K's one more where V takes its
+    page a phase later (d64, d128), that V load 12 (its rows and row 5, address 6, M0 1); each
+    page-table entry 6 SALU and an s_load_dword.  No VALU."""
     p = gen.plan(v)
     carried = (v.d_qk, v.d_v) in ((64, 64), (128, 128))
     assert gen._carried(p) == carried
@@ -336,12 +337,37 @@ def test_a_paged_load_costs_25_salu_a_carried_v_load_14_and_an_entry_6_and_no_va
         for _, emit in pieces:
             emit()
         ops = [line.split()[0] for line in a.lines if not line.strip().startswith("//")]
-        assert ops[-3:] == ["s_add_u32", "s_nop", "buffer_load_dwordx4"]
-        salu = sum(op.startswith("s_") and op != "s_nop" for op in ops)
-        assert salu == (14 if kind == "v" else 26) if carried else salu == 25
+        m0 = [n for n, line in enumerate(a.lines) if line.split()[1].startswith("m0")]
+        assert ops[-1] == "buffer_load_dwordx4" and "s_nop" not in ops and m0 == [len(ops) - 6]
+        salu = sum(op.startswith("s_") for op in ops)
+        assert salu == (12 if kind == "v" else 24) if carried else salu == 23
         assert not any(op.startswith("v_") for op in ops) and sum(n for n, _ in pieces) == len(ops)
     a = gen.Asm(p)
     gen._fetch_entries(a, gen._paged_fetches(p), 1)
     ops = [line.split()[0] for line in a.lines]
     n = p.k_slots if carried else p.k_slots + p.v_slots
     assert ops.count("s_load_dword") == n and len(ops) == 7 * n
+
+
+def test_d64s_paged_loads_fill_the_four_mfma_shadows_instruction_by_instruction():
+    """d64's matrix phase with QK and PV has four MFMA shadows (14, 14, 12 and 20 free issue
+    slots): the paged loads' instructions go into them in order, a piece straddling two where it
+    must, so V's load issues in the first shadow, K's in the third (not after the last MFMA) and
+    nothing is left over for the phase's end."""
+    v = Variant("gfx950", "fp8_e4m3", 64, 64, True)
+    p = gen.plan(v)
+    a = gen.Asm(p)
+    pieces = [pc for kind, i, ahead in gen._paged_phase_loads(p) for pc in gen.paged_chunks(a, kind, i, ahead, 1)]
+    whole = gen.Asm(p)
+    for _, emit in [pc for kind, i, ahead in gen._paged_phase_loads(p)
+                    for pc in gen.paged_chunks(whole, kind, i, ahead, 1)]:
+        emit()
+    shadows = []
+    for emit in gen.pack_shadows(a, pieces, True, True):
+        mark = len(a.lines)
+        emit()
+        shadows.append(a.lines[mark:])
+    assert sum(shadows, []) == whole.lines and len(shadows) == 4
+    assert [len(s) for s in shadows[:2]] == [14, 14]
+    loads = [n for n, s in enumerate(shadows) for line in s if "buffer_load" in line]
+    assert loads == [0, 2]

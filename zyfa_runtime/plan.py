@@ -260,6 +260,9 @@ def _descale_values(variant: Variant, names: set, descales) -> dict:
 #: The gfx950 FP8 kernels address each (sequence, head) slice of a tensor through a buffer
 #: resource: 32-bit offsets and range checks, rows past the sequence read as zeros.
 BUFFER_SPAN_LIMIT = 2**31
+#: The gfx950 FP8 kernels' paged loads address page n of a cache at ``n stride_b`` as a 32 x 32
+#: -> 64-bit product (generator/gfx950_fp8.py paged_chunks): a page stride below 4 GiB.
+PAGE_STRIDE_LIMIT = 2**32
 
 
 def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
@@ -267,7 +270,8 @@ def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
     one buffer covers span less than 2 GiB (K and V: a whole sequence of one head, which the
     kernel cuts to seqlen_k / max_seqlen_k whatever cu_seqlens holds; Q and O: the 256 rows of a
     workgroup), and rows do not overlap (a row stride of at least the head
-    dim: the range check that ends a sequence relies on it)."""
+    dim: the range check that ends a sequence relies on it); a paged cache's page stride is
+    below 4 GiB (PAGE_STRIDE_LIMIT)."""
     b_ = 0 if problem.varlen else 1
     block_m = Variant("gfx950", problem.dtype, problem.d_qk, problem.d_v, problem.causal).tile.block_m
     rows_q = min(problem.seqlen_q, block_m)
@@ -285,6 +289,12 @@ def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
             raise ValueError(f"{name}: the rows one buffer of the gfx950 FP8 kernels covers span "
                              f"{span} bytes, more than {BUFFER_SPAN_LIMIT - 1} (32-bit offsets): "
                              "use a smaller row stride or shorter key sequences")
+    if problem.kvcache == "paged":
+        for name, t in (("k", k), ("v", v)):
+            if int(t.strides[0]) >= PAGE_STRIDE_LIMIT:
+                raise ValueError(f"{name}: a page stride of {int(t.strides[0])} bytes, more than "
+                                 f"{PAGE_STRIDE_LIMIT - 1}: the gfx950 FP8 kernels multiply a page "
+                                 "by its stride in 32 bits; pass a cache of smaller pages")
 
 
 def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict) -> tuple:

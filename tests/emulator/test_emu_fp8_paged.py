@@ -29,7 +29,7 @@ from tests.emulator.test_emu_fp8 import PBytes
 from tests.emulator.test_emu_fp8_features import F8, check, expected_blocks, prebuilt, traced_head  # noqa: F401
 from tests.sweeps import sweep
 
-from zyfa_runtime import flash_attn_with_kvcache, fp8_models, reference
+from zyfa_runtime import TensorRef, flash_attn_with_kvcache, fp8_models, reference
 from zyfa_runtime import window as windows
 from zyfa_runtime.catalogue import Variant
 
@@ -220,3 +220,17 @@ def test_unread_cache_seqlens_and_page_table_are_clamped_to_the_cache(prebuilt, 
                 **{n: d[0] for n, d in ds.items()})
     check(v, out, lse, reference.kvcache_attention(q, k, vv, recipe="gfx950", **opts),
           reference.kvcache_attention(*(x.astype(np.float64) for x in (q, k, vv)), **opts))
+
+
+def test_a_cache_whose_pages_lie_4_gib_apart_or_more_is_refused_before_launch(prebuilt):
+    """The paged loads multiply a page by a 32-bit page stride (plan.PAGE_STRIDE_LIMIT):
+    a cache viewed with pages 2^32 bytes apart gives a clear ValueError and launches nothing."""
+    v = Variant("gfx950", "fp8_e4m3", 64, 64, True)
+    q, k, vv, table, ds = inputs(v, "page stride", 16, poison=False)
+    apart = TensorRef(ptr=k.ctypes.data, shape=k.shape, strides=(2**32,) + k.strides[1:],
+                      dtype="fp8_e4m3", device=("cpu", 0))
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt(v))) as driver:
+        launched = driver.machine.instructions
+        with pytest.raises(ValueError, match="page stride of 4294967296 bytes"):
+            flash_attn_with_kvcache(q, apart, vv, cache_seqlens=SEQLENS, page_table=table, causal=True, **ds)
+        assert driver.machine.instructions == launched
