@@ -2,8 +2,8 @@
 the runtime's refusal, before anything is loaded or launched, of what a kernel does not
 implement (a kernel table without the features, its values checked first); the
 gfx950 BF16 kernels run both KV caches (tests/emulator/test_emu_kvcache.py), the gfx950 FP8
-kernels contiguous ones (tests/emulator/test_emu_fp8_kvcache.py), the sm_90a serving kernels both
-(tests/test_gpu_kvcache.py), and the plan of such a call is checked here (its arguments, its
+kernels both (tests/emulator/test_emu_fp8_kvcache.py, test_emu_fp8_paged.py), the sm_90a serving
+kernels both (tests/test_gpu_kvcache.py), and the plan of such a call is checked here (its arguments, its
 tensor maps and workspace on sm_90a, the fake driver, with the checkout's manifest)."""
 
 import numpy as np
