@@ -172,7 +172,12 @@ def test_dense_matches_model_and_fp64(emulator, v, case):
     check_outputs(run_dense(emulator, v, rng, *CASES[case]))
 
 
-@pytest.mark.parametrize("v", sweep(VARIANTS))
+#: The layout and varlen tests' default run: one variant (their addressing is the same code in
+#: every variant; test_dense_matches_model_and_fp64 keeps both tile shapes and masks).
+QUICK_ONE = {(64, 64, True)}
+
+
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
 def test_strided_views(emulator, v):
     rng = np.random.default_rng(zlib.crc32(v.name.encode()))
     check_outputs(run_dense(emulator, v, rng, 2, 70, 70, 4, 2, strided=True))
@@ -341,7 +346,7 @@ VARLEN = {   # name: (seq_q, seq_k, hq, hkv)
 
 
 @pytest.mark.parametrize("case", VARLEN)
-@pytest.mark.parametrize("v", sweep(VARIANTS))
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
 def test_varlen(emulator, v, case):
     seq_q, seq_k, hq, hkv = VARLEN[case]
     rng = np.random.default_rng(zlib.crc32((v.name + case).encode()))
