@@ -1056,9 +1056,11 @@ def _fetch_entries(a: Asm, loads: list, ahead: int = 0, into: list | None = None
     """The page-table entries of ``loads`` ((kind, i, blocks ahead) each, at p + ``ahead``) into
     their SGPRs (_entry_of): the slot of each load's group, clamped to lastg (6 SALU and an
     s_load_dword a load).  In the loop: those of the next matrix phase, in the vector phase
-    before it (where it has slack, ``Plan.slack``) or after this matrix phase's last MFMA;
-    the vector phase's end waits for them (lgkmcnt(0), with its vmcnt(0)): no SMEM is
-    pending at a matrix phase's counted LDS waits.  ``into``: other SGPRs, one a load."""
+    before it (where it has slack, ``Plan.slack``) or in this matrix phase's last MFMA
+    shadow, after its last counted LDS wait (pack_shadows' ``tail``: off the phase's end,
+    where the two waves of a SIMD queue for its scalar unit); the vector phase's end waits
+    for them (lgkmcnt(0), with its vmcnt(0)): no SMEM is pending at a matrix phase's counted
+    LDS waits.  ``into``: other SGPRs, one a load."""
     t4 = a.s("t4")
     for n, (kind, i, blocks) in enumerate(loads):
         _group_of(a, t4, kind, i, blocks + ahead)
@@ -1158,33 +1160,49 @@ def _run(pieces: list):
     return lambda: [emit() for _, emit in pieces]
 
 
-def pack_shadows(a: Asm, pieces: list, pv: bool, qk: bool) -> list:
+#: Issue slots pack_shadows fills in a 64-cycle MFMA's shadow: 15 lie between the MFMA and the
+#: next one (t + 4 .. t + 60), less one for the other wave's VALU, which the next MFMA's issue
+#: waits for (d64 paged 16, cycles a tile: 12 slots 867.2, 13 855.7, 14 852.6, 15 854.0, 16
+#: 856.6, 17-18 865).
+SHADOW_SLOTS = 14
+
+
+def pack_shadows(a: Asm, pieces: list, pv: bool, qk: bool, tail: list = ()) -> list:
     """The pieces (issue slots, emitter) of a paged matrix phase's loads as one emitter per
-    MFMA shadow (stage_matrix runs emitter j after MFMA j, those left over at the phase's
-    end): their instructions in order, each shadow filled to its free issue slots exactly (a
-    piece may straddle two: d64's K load then issues in the third shadow, not the fourth,
-    modelled 909.5 against about 943 cycles a tile): 16 (a 64-cycle MFMA) less the operand
-    reads issued there (reads_ahead), the last step's 8 more (the row sums' MFMA).  Used where
-    the vector phase has no slack (d64: four shadows, too few for a step of a load each); with
-    slack stage_loop gives each step of a load (its extent, its address, its issue) a shadow
-    of its own, which modelled better there (docs/gfx950_fp8.md)."""
+    MFMA shadow (stage_matrix runs emitter j after MFMA j, with ``packed`` the last one after
+    the last PV MFMA, before the row sums; what is left over at the phase's end): their
+    instructions in order, each shadow filled to its free issue slots exactly (a piece may
+    straddle two; filled piece by piece, d64 modelled about 943 cycles a tile, instruction by
+    instruction 909.5): SHADOW_SLOTS less the operand reads issued there (reads_ahead; the
+    last step's come after the row sums).  ``tail``: pieces that start no earlier than the
+    last shadow (the next phase's page-table entries: after the phase's last counted LDS
+    wait, so that no SMEM is pending at one; there rather than after the phase, with the last
+    shadow before the row sums, d64 modelled 856.6 against 909.5 at 16 slots a shadow).  Used
+    where the vector phase has no slack (d64: four shadows, too few for a step of a load
+    each); with slack stage_loop gives each step of a load (its extent, its address, its
+    issue) a shadow of its own, which modelled better there (docs/gfx950_fp8.md)."""
     p = a.p
     steps = _steps(p, pv, qk)
     matrix = reads_ahead(p)[0] if p.ahead and qk else []
-    free = [16 - sum(1 for j, _ in matrix if j == s or (s + 1 == len(steps) and j > s))
+    last = len(steps) - 1
+    free = [SHADOW_SLOTS - (0 if pv and s == last else
+                            sum(1 for j, _ in matrix if j == s or (s == last and j > s)))
             for s in range(len(steps))]
-    if pv:
-        free[-1] += 8
-    text = []
-    for _, emit in pieces:              # each piece's instructions, in order
-        mark = len(a.lines)
-        emit()
-        text += a.lines[mark:]
-        del a.lines[mark:]
+
+    def text(ps):                       # each piece's instructions, in order
+        out = []
+        for _, emit in ps:
+            mark = len(a.lines)
+            emit()
+            out += a.lines[mark:]
+            del a.lines[mark:]
+        return out
+    body, after = text(pieces), text(tail)
     ends = np.cumsum(free).tolist()
-    shadows = [text[e - f:e] for e, f in zip(ends, free)]
-    if len(text) > ends[-1]:
-        shadows.append(text[ends[-1]:])
+    cut = ends[-1] - free[-1]           # where the last shadow starts
+    shadows = [body[e - f:e] for e, f in zip(ends[:-1], free[:-1])]
+    rest = body[cut:] + after
+    shadows += [rest[:free[-1]]] + ([rest[free[-1]:]] if len(rest) > free[-1] else [])
     return [lambda t=t: a.lines.extend(t) for t in shadows]
 
 
@@ -1314,14 +1332,18 @@ def stage_prefetch(a: Asm, pv_block: str | None, qk_block: str | None) -> None:
         _read(a, steps[i], i)
 
 
-def _mfma(a: Asm, st: tuple, buf: int, last: bool) -> None:
+def _mfma(a: Asm, st: tuple, buf: int, last: bool, shadow=None) -> None:
     """The MFMA of step ``st`` from operand buffer ``buf``; after the phase's ``last`` step
-    (a PV chunk), the row sums of its P."""
+    (a PV chunk), the row sums of its P, with ``shadow`` (an emitter: a paged phase's last
+    loads) between the two, in the PV MFMA's shadow, which the row sums would otherwise
+    wait out."""
     frag = a.vr("fr", 8 * buf, 8)
     if st[0] == "pv":
         o = a.vr("o", 16 * st[1], 16)
         a(f"v_mfma_scale_f32_32x32x64_f8f6f4 {o}, {frag}, {a.vr('p', 0, 8)}, {o}, "
           f"{a.v('scales')}, {a.v('sb')}")
+        if last and shadow is not None:
+            shadow()
         if last:
             a.note("row sums of P: D[i][j] sums the k groups g with g%2 == (i/4)%2 of "
                    "column j, so every lane gets its own query's sum (used by the next "
@@ -1338,13 +1360,14 @@ def _mfma(a: Asm, st: tuple, buf: int, last: bool) -> None:
 
 
 def _matrix_ahead(a: Asm, pv_block: str | None, qk_block: str | None, loads: list,
-                  u: int) -> None:
+                  u: int, packed: bool = False) -> None:
     """The matrix phase with ``ahead``: step j's operand is in buffer j, read before the
     phase (:func:`reads_ahead`); after MFMA j come the next phase's reads into buffer j
     (K of the block after ``qk_block`` from stage u + 1, V of ``qk_block`` from stage u;
     issued even when the next phase has no QK, the last) and a buffer->LDS load.  Each
     MFMA waits for the reads up to its own in issue order (at most 15 counted: lgkmcnt's
-    width, which only waits longer)."""
+    width, which only waits longer).  ``packed``: the loads are :func:`pack_shadows`' (a
+    paged phase at d64), whose last shadow is the last PV MFMA's, before the row sums."""
     p = a.p
     both = _steps(p, True, True)
     steps = _steps(p, pv_block is not None, qk_block is not None)
@@ -1363,7 +1386,8 @@ def _matrix_ahead(a: Asm, pv_block: str | None, qk_block: str | None, loads: lis
         buf = both.index(st)
         last = max(k for k, b in enumerate(order) if b == buf)
         a(f"s_waitcnt lgkmcnt({min(15, len(order) - 1 - last)})")
-        _mfma(a, st, buf, last=i + 1 == n and st[0] == "pv")
+        sums = i + 1 == n and st[0] == "pv"
+        _mfma(a, st, buf, last=sums, shadow=loads.pop(0) if sums and loads and packed else None)
         if st[0] == "qk" and (i + 1 == n or steps[i + 1][0] != "qk"):
             qk_done = len(a.lines)
         # buffer i is free once MFMA i has issued (the last phase, PV only, is shorter)
@@ -1388,7 +1412,7 @@ def _finish_matrix(a: Asm, loads: list, qk_done: int | None) -> None:
 
 
 def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
-                 u: int = 0) -> None:
+                 u: int = 0, packed: bool = False) -> None:
     """The matrix phase: QK of block ``qk_block`` (S^T = K . Q^T) and PV of block
     ``pv_block`` (O^T += 2^-k V^T . P^T, then the row sums of its P) as one software
     pipeline whose operands are read ``frag_bufs`` steps ahead in a ring of 8-register
@@ -1404,7 +1428,7 @@ def stage_matrix(a: Asm, pv_block: str | None, qk_block: str | None, loads=None,
     nb = p.frag_bufs
     loads = list(loads or [])
     if p.ahead:
-        _matrix_ahead(a, pv_block, qk_block, loads, u)
+        _matrix_ahead(a, pv_block, qk_block, loads, u, packed)
         return
     steps = _steps(p, pv_block is not None, qk_block is not None)
     n = len(steps)
@@ -1754,7 +1778,9 @@ def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
                       for kind, i, ahead in _paged_phase_loads(a.p)]
             if a.p.slack:      # a shadow a step of a load (its address, then its issue)
                 return [_run(part) for c in chunks for part in (c[:-3], c[-3:-1], c[-1:]) if part]
-            return pack_shadows(a, sum(chunks, []), pv, qk)
+            entries = [(7 * len(_paged_fetches(a.p)),       # the next matrix phase's
+                        lambda: _fetch_entries(a, _paged_fetches(a.p), 1))]
+            return pack_shadows(a, sum(chunks, []), pv, qk, tail=entries)
         if early:
             return dma_chunks(a, "v", sp, 2, "t0") + dma_chunks(a, "k", sp, 3, "t2")
         return dma_chunks(a, "v", sp, 2) + dma_chunks(a, "k", sp, 3)
@@ -1775,12 +1801,11 @@ def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
             a("s_barrier")
             a("s_setprio 1")
         _by_case(a, lambda pv, qk: stage_matrix(a, pv, qk, loads(u, pv is not None, qk is not None)
-                                                if with_loads else None, u),
+                                                if with_loads else None, u,
+                                                packed=paged and not a.p.slack),
                  none=(lambda: [emit() for emit in loads(u)]) if with_loads else None,
                  prefix=open_phase)
         a("s_setprio 0")
-        if paged and with_loads and not a.p.slack:
-            _fetch_entries(a, _paged_fetches(a.p), 1)       # the next matrix phase's
 
     def vector(block_of_p: int, u_next: int):
         """Barrier, then SM(q), q = p - block_of_p, if this wave computes block q: an

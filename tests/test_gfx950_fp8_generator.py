@@ -350,24 +350,32 @@ def test_a_paged_load_costs_23_salu_a_carried_v_load_12_and_an_entry_6_and_no_va
 
 
 def test_d64s_paged_loads_fill_the_four_mfma_shadows_instruction_by_instruction():
-    """d64's matrix phase with QK and PV has four MFMA shadows (14, 14, 12 and 20 free issue
-    slots): the paged loads' instructions go into them in order, a piece straddling two where it
-    must, so V's load issues in the first shadow, K's in the third (not after the last MFMA) and
-    nothing is left over for the phase's end."""
+    """d64's matrix phase with QK and PV has four MFMA shadows (12, 12, 10 and 14 free issue
+    slots: SHADOW_SLOTS less the operand reads issued in each; the last is the last PV MFMA's,
+    before the row sums, whose reads come after them): the paged loads' instructions go into
+    them in order, a piece straddling two where it must, so V's load issues in the second
+    shadow and K's in the fourth; the next phase's page-table entries (the tail) follow in the
+    fourth, after the phase's last counted LDS wait, and nothing is left over for the phase's
+    end."""
     v = Variant("gfx950", "fp8_e4m3", 64, 64, True)
     p = gen.plan(v)
     a = gen.Asm(p)
     pieces = [pc for kind, i, ahead in gen._paged_phase_loads(p) for pc in gen.paged_chunks(a, kind, i, ahead, 1)]
+    tail = [(7, lambda: gen._fetch_entries(a, gen._paged_fetches(p), 1))]
     whole = gen.Asm(p)
     for _, emit in [pc for kind, i, ahead in gen._paged_phase_loads(p)
                     for pc in gen.paged_chunks(whole, kind, i, ahead, 1)]:
         emit()
+    gen._fetch_entries(whole, gen._paged_fetches(p), 1)
     shadows = []
-    for emit in gen.pack_shadows(a, pieces, True, True):
+    for emit in gen.pack_shadows(a, pieces, True, True, tail=tail):
         mark = len(a.lines)
         emit()
         shadows.append(a.lines[mark:])
     assert sum(shadows, []) == whole.lines and len(shadows) == 4
-    assert [len(s) for s in shadows[:2]] == [14, 14]
+    assert [len(s) for s in shadows[:3]] == [gen.SHADOW_SLOTS - 2, gen.SHADOW_SLOTS - 2, gen.SHADOW_SLOTS - 4]
+    assert len(shadows[3]) <= gen.SHADOW_SLOTS
     loads = [n for n, s in enumerate(shadows) for line in s if "buffer_load" in line]
-    assert loads == [0, 2]
+    assert loads == [1, 3]
+    entries = [n for n, s in enumerate(shadows) for line in s if line.split()[0] == "s_load_dword"]
+    assert entries == [3]
