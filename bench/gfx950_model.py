@@ -623,6 +623,17 @@ def loop_alone(v: Variant, features: Features, seqlen_k: int, params) -> dict:
                 softmax=softmax_valu(res))
 
 
+def beside_the_first(rows, measure, key):
+    """(label, features, figures, ratio to the first row's) for each (label, features) of
+    ``rows``: figures = measure(features), ratio = figures[key] over the first row's (the
+    baseline: 1 for itself), measured in order, one row at a time (the tables print as they go)."""
+    first = None
+    for label, feats in rows:
+        figures = measure(feats)
+        first = first or figures
+        yield label, feats, figures, figures[key] / first[key]
+
+
 def softcap_table(argv=None) -> int:
     """Print (markdown) the FP8 kernels' plain loop beside its capped bodies (the call's softcap
     and page table select one at run time; ``generator/gfx950_fp8.py``: stage_loops), d128 and
@@ -640,11 +651,8 @@ def softcap_table(argv=None) -> int:
     for dq, dv in SOFTCAP_DIMS:
         for causal in (False, True):
             v = Variant("gfx950", "fp8_e4m3", dq, dv, causal)
-            plain = None
-            for label, feats in SOFTCAP_ROWS:
-                f = loop_alone(v, feats, args.seqlen_k, params)
-                plain = plain or f
-                ratio = f["period"] / plain["period"]
+            for label, feats, f, ratio in beside_the_first(
+                    SOFTCAP_ROWS, lambda feats: loop_alone(v, feats, args.seqlen_k, params), "period"):
                 print(f"| {v.name} | {label} | {f['period']:,.0f} | {100 * f['mfma']:.0f} % | "
                       f"{100 * f['valu']:.0f} % | {f['softmax']:.0f} | {ratio:.2f} |", flush=True)
                 if feats == SOFTCAP:
@@ -677,11 +685,8 @@ def paged_table(dims=PAGED_DIMS, tokens=PAGED_TOKENS, batch=1, heads_q=32, dtype
     verdicts = []
     for dq, dv in dims:
         v = Variant("gfx950", dtype, dq, dv, True)
-        dense = None
-        for label, feats in PAGED_ROWS:
-            p = predict(v, batch, heads_q, tokens, tokens, features=feats)
-            dense = dense or p
-            ratio = p["tflops"] / dense["tflops"]
+        for label, feats, p, ratio in beside_the_first(
+                PAGED_ROWS, lambda feats: predict(v, batch, heads_q, tokens, tokens, features=feats), "tflops"):
             period = kernel_cost(v, cycles.CALIBRATED, feats).periods[0]
             print(f"| d{dq} | {label} | {p['tflops']:,.0f} ({p['tflops_min']:,.0f}-{p['tflops_max']:,.0f}) | "
                   f"{period:,.0f} | {ratio:.3f} |", flush=True)

@@ -7,7 +7,7 @@ import pytest
 
 from generator import codeobject, kernel_source
 from generator.codeobject import amdgpu_kernels, amdgpu_target, cubin_kernels, msgpack_loads
-from generator.toolchain import ToolchainError, find_toolchain
+from tests.test_toolchain import toolchain_or_skip
 from zyfa_runtime.catalogue import all_variants, kernarg_size, kernargs
 
 # A kernel whose argument layout is known: (offset, size) by natural alignment.
@@ -38,24 +38,17 @@ extern "C" __global__ void tiny(int n, float* out) { out[threadIdx.x] = n; }
 CUDA_PROBE_PARAMS = [(0, 8), (8, 1), (16, 8), (24, 4), (28, 4), (32, 2), (40, 8), (48, 8)]
 
 
-def _toolchain(arch):
-    try:
-        return find_toolchain(arch)
-    except ToolchainError as e:
-        pytest.skip(f"no {arch} toolchain here: {e}")
-
-
 @pytest.fixture(scope="module")
 def hsaco(tmp_path_factory):
     out = tmp_path_factory.mktemp("hip") / "probe.hsaco"
-    _toolchain("gfx950").compile_cxx(HIP_PROBE, out)
+    toolchain_or_skip("gfx950").compile_cxx(HIP_PROBE, out)
     return out.read_bytes()
 
 
 @pytest.fixture(scope="module")
 def cubin(tmp_path_factory):
     out = tmp_path_factory.mktemp("cuda") / "probe.cubin"
-    _toolchain("sm_90a").compile_cxx(CUDA_PROBE, out)
+    toolchain_or_skip("sm_90a").compile_cxx(CUDA_PROBE, out)
     return out.read_bytes()
 
 
@@ -185,7 +178,7 @@ GFX950_BF16 = [v for v in all_variants() if v.arch == "gfx950" and v.dtype == "b
 @pytest.fixture(scope="module")
 def gfx950_images(tmp_path_factory):
     """name -> code object, compiled once per module (about 0.2 s each)."""
-    tc = _toolchain("gfx950")
+    tc = toolchain_or_skip("gfx950")
     out_dir, images = tmp_path_factory.mktemp("gfx950"), {}
 
     def get(v):
@@ -238,7 +231,7 @@ def test_a_build_whose_wgmmas_ptxas_serialises_fails(tmp_path):
     kernel's WGMMAs (it still runs, without any overlap): the build refuses it, and builds the
     same loop without that read."""
     from generator.toolchain import CompileError
-    tc = _toolchain("sm_90a")
+    tc = toolchain_or_skip("sm_90a")
     tc.compile_cxx(_wgmma_probe(False), tmp_path / "ok.cubin")
     assert (tmp_path / "ok.cubin").stat().st_size > 0
     with pytest.raises(CompileError, match="serialised the WGMMAs"):

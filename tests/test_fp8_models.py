@@ -350,24 +350,35 @@ def test_sm90a_folded_bytes_are_the_fma_forms_but_for_rare_boundaries(spread):
     np.testing.assert_allclose(fold.out, fma.out, atol=2e-3)
 
 
+def one_head_through_two_recipes(seed, spread, first, second):
+    """One e4m3 head (96 causal queries after 300 keys, d128, scores scaled by ``spread``)
+    through the recipes named ``first`` and ``second``: (q, k, v), the options, both results."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((96, 128)).astype(ml_dtypes.float8_e4m3fn)
+    k = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
+    v = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
+    kw = dict(softmax_scale=spread / np.sqrt(128), causal=True)
+    return ((q, k, v), kw, fp8_models.head_forward(q, k, v, RECIPES[first], **kw),
+            fp8_models.head_forward(q, k, v, RECIPES[second], **kw))
+
+
+def assert_each_block_max_is_c0(codes, block, c0):
+    """In every ``block``-key block a row of one_head_through_two_recipes' head sees, its
+    largest byte is c0."""
+    for blk in range(0, 300, block):
+        sees = np.arange(96) + 300 - 96 >= blk
+        assert (codes[sees, blk:blk + block].max(axis=1) == c0).all()
+
+
 @pytest.mark.parametrize("spread", [1.0, 30.0])
 def test_sm90a_half_precision_bytes_are_the_folded_forms_to_an_eighth_of_a_code(spread):
     """sm_90a/quad's byte (the correction in f16x2) against the folded fp32 form on the same w:
     each block's maximum is c0 in both, the rest one code apart at most and in a few % of
     bytes (y held to 1/8 code), and O within the rounding of P."""
-    import ml_dtypes
-    rng = np.random.default_rng(6)
-    q = rng.standard_normal((96, 128)).astype(ml_dtypes.float8_e4m3fn)
-    k = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
-    v = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
-    kw = dict(softmax_scale=spread / np.sqrt(128), causal=True)
-    h2 = fp8_models.head_forward(q, k, v, RECIPES["sm_90a/quad"], **kw)
-    fold = fp8_models.head_forward(q, k, v, RECIPES["sm_90a/fold"], **kw)
+    _, _, h2, fold = one_head_through_two_recipes(6, spread, "sm_90a/quad", "sm_90a/fold")
     a, b = h2.p_codes.astype(int), fold.p_codes.astype(int)
     assert np.abs(a - b).max() <= 1 and 0 < np.mean(a != b) < 0.1
-    for blk in range(0, 300, 128):
-        sees = np.arange(96) + 300 - 96 >= blk
-        assert (a[sees, blk:blk + 128].max(axis=1) == RECIPES["sm_90a"].c0).all()
+    assert_each_block_max_is_c0(a, 128, RECIPES["sm_90a"].c0)
     np.testing.assert_allclose(h2.out, fold.out, atol=1.5e-2)
 
 
@@ -486,18 +497,10 @@ def test_gfx950_ashr_bytes_are_the_cvt_bytes_but_near_ties(spread):
     v_cvt_pk_u8_f32 byte on the same scores: rint(y) both, y held to 1/256 code instead of an
     fp32 ulp, so bytes differ by one code only where y lies that close to a tie (about 0.2 %),
     and each block's maximum still gets c0."""
-    rng = np.random.default_rng(5)
-    q = rng.standard_normal((96, 128)).astype(ml_dtypes.float8_e4m3fn)
-    k = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
-    v = rng.standard_normal((300, 128)).astype(ml_dtypes.float8_e4m3fn)
-    kw = dict(softmax_scale=spread / np.sqrt(128), causal=True)
-    new = fp8_models.head_forward(q, k, v, RECIPES["gfx950"], **kw)
-    old = fp8_models.head_forward(q, k, v, RECIPES["gfx950/pk_u8"], **kw)
+    (q, k, v), kw, new, old = one_head_through_two_recipes(5, spread, "gfx950", "gfx950/pk_u8")
     a, b = new.p_codes.astype(int), old.p_codes.astype(int)
     assert np.abs(a - b).max() <= 1 and np.mean(a != b) < 0.005
-    for blk in range(0, 300, 64):
-        sees = np.arange(96) + 300 - 96 >= blk
-        assert (a[sees, blk:blk + 64].max(axis=1) == RECIPES["gfx950"].c0).all()
+    assert_each_block_max_is_c0(a, 64, RECIPES["gfx950"].c0)
     qd, kd, vd = (x.astype(np.float64)[None, :, None] for x in (q, k, v))
     ref = reference.attention(qd, kd, vd, **kw)[0][:, 0]
     err_new, err_old = (reference.relative_error(r.out, ref) for r in (new, old))

@@ -18,12 +18,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tests import gpu_outputs
+from tests.gpu_outputs import model_args, poisoned
 from tests.test_gpu import DRIVER, WHY
 
 from zyfa_runtime import flash_attn_with_kvcache, reference
 from zyfa_runtime.catalogue import Variant, all_variants
-from zyfa_runtime.memory import DeviceArray, to_device
-from zyfa_runtime.selfcheck import MODEL_BOUNDS, RECIPE_FP64_BOUND, RECIPE_OF, _descales, _errors, _quantise, bounds
+from zyfa_runtime.memory import to_device
+from zyfa_runtime.selfcheck import _descales, _quantise
 
 ARCH = DRIVER.arch(0) if DRIVER is not None else None
 HQ, HKV = 4, 2
@@ -71,13 +73,6 @@ CASES = {
     "contiguous, lengths and pages out of range, unread": Case(0, LENS, (64,), garbage=True),
     "pages of 16, lengths and pages out of range, unread": Case(16, LENS, (64, 1, 37, 50), garbage=True),
 }
-
-
-def poisoned(shape, dtype):
-    """A device array of all-ones bytes: NaN in bf16 and fp32 alike."""
-    arr = DeviceArray(DRIVER, 0, shape, dtype)
-    DRIVER.memset_d8(arr.ptr, 0xFF, arr.nbytes)
-    return arr
 
 
 def cache_layout(case: Case, rng):
@@ -133,19 +128,7 @@ def check(v: Variant, out, lse, refused, run_ref):
     are within the variant's bounds of the fp64 reference (FP8: also of its recipe's model)."""
     if refused:
         assert ARCH != "sm_90a", "the sm_90a serving kernels run every KV cache"
-        assert np.isnan(out.numpy().astype(np.float64)).all(), "a refused call wrote its output"
-        return
-    ref_o, ref_lse = run_ref(None)
-    o_err, lse_err = _errors(out, lse, ref_o, ref_lse)
-    recipe = RECIPE_OF.get((v.arch, v.dtype))
-    if recipe is None:
-        o_bound, lse_bound = bounds(v)
-        assert o_err <= o_bound and lse_err <= lse_bound, (o_err, lse_err)
-        return
-    assert o_err <= RECIPE_FP64_BOUND, o_err
-    model_o, model_lse = run_ref(recipe)
-    o_err, lse_err = _errors(out, lse, model_o, model_lse)
-    assert o_err <= MODEL_BOUNDS[recipe][0] and lse_err <= MODEL_BOUNDS[recipe][1], (o_err, lse_err)
+    gpu_outputs.check(v, out, lse, refused, run_ref)
 
 
 @pytest.mark.gpu
@@ -194,9 +177,7 @@ def test_a_kvcache_call_matches_the_references_and_reads_no_unused_row(v, name):
                   return_lse=True)
         if recipe is None:
             return reference.kvcache_attention(*(m[1] for m in made), **kw)
-        ds = {n: m[2] for n, m in zip(("descale_q", "descale_k", "descale_v"), made)}
-        return reference.kvcache_attention(*(m[0] for m in made), recipe=recipe, **kw, **ds,
-                                           softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))))
+        return reference.kvcache_attention(*(m[0] for m in made), recipe=recipe, **kw, **model_args(v, made))
     check(v, out, lse, call(), run_ref)
 
 

@@ -13,12 +13,13 @@ Skipped (and reported) where no GPU backend is present, as tests/test_gpu.py.
 import numpy as np
 import pytest
 
+from tests.gpu_outputs import check, model_args, poisoned
 from tests.test_gpu import DRIVER, WHY
 
 from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, reference
 from zyfa_runtime.catalogue import Variant, all_variants
-from zyfa_runtime.memory import DeviceArray, to_device
-from zyfa_runtime.selfcheck import MODEL_BOUNDS, RECIPE_FP64_BOUND, RECIPE_OF, _descales, _errors, _quantise, bounds
+from zyfa_runtime.memory import to_device
+from zyfa_runtime.selfcheck import _descales, _quantise
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DRIVER is None, reason=WHY)]
 ARCH = DRIVER.arch(0) if DRIVER is not None else None
@@ -40,13 +41,6 @@ CASES = [
 ]
 
 
-def poisoned(shape, dtype):
-    """A device array of all-ones bytes: NaN in bf16 and fp32 alike."""
-    arr = DeviceArray(DRIVER, 0, shape, dtype)
-    DRIVER.memset_d8(arr.ptr, 0xFF, arr.nbytes)
-    return arr
-
-
 def needs_refusal(call):
     """Run ``call``; True where it was refused for a feature the kernel does not implement."""
     try:
@@ -64,25 +58,6 @@ def inputs(v: Variant, rng, lead_q, lead_k, hq=4, hkv=2):
             for lead, h, d in ((lead_q, hq, v.d_qk), (lead_k, hkv, v.d_qk), (lead_k, hkv, v.d_v))]
     dev = [to_device(DRIVER, 0, m[0], v.dtype) for m in made]
     return made, dev, _descales(DRIVER, 0, tuple(m[2] for m in made))
-
-
-def check(v: Variant, out, lse, got_refused, run_ref):
-    """Either the call was refused and the poisoned output is untouched, or out and lse are
-    within the variant's bounds of the fp64 reference (and, FP8, of its recipe's model)."""
-    if got_refused:
-        assert np.isnan(out.numpy().astype(np.float64)).all(), "a refused call wrote its output"
-        return
-    ref_o, ref_lse = run_ref(None)
-    o_err, lse_err = _errors(out, lse, ref_o, ref_lse)
-    recipe = RECIPE_OF.get((v.arch, v.dtype))
-    if recipe is None:
-        o_bound, lse_bound = bounds(v)
-        assert o_err <= o_bound and lse_err <= lse_bound, (o_err, lse_err)
-        return
-    assert o_err <= RECIPE_FP64_BOUND, o_err
-    model_o, model_lse = run_ref(recipe)
-    o_err, lse_err = _errors(out, lse, model_o, model_lse)
-    assert o_err <= MODEL_BOUNDS[recipe][0] and lse_err <= MODEL_BOUNDS[recipe][1], (o_err, lse_err)
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
@@ -116,9 +91,7 @@ def test_window_softcap_and_sinks_match_the_references_or_are_refused(v, name, o
         ref_opts = dict(opts, sinks=sinks_host, return_lse=True, **(cu if packed else {}))
         if recipe is None:
             return reference.attention(*(m[1] for m in made), **ref_opts)
-        ds = {n: m[2] for n, m in zip(("descale_q", "descale_k", "descale_v"), made)}
-        return reference.fp8_attention(*(m[0] for m in made), recipe=recipe, **ref_opts, **ds,
-                                       softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))))
+        return reference.fp8_attention(*(m[0] for m in made), recipe=recipe, **ref_opts, **model_args(v, made))
     refused = needs_refusal(call)
     assert not (refused and name == "window larger than the sequence"), "a window that cuts nothing was refused"
     check(v, out, lse, refused, run_ref)
@@ -170,7 +143,5 @@ def test_kvcache_matches_the_references_or_is_refused(v, name, page, lens, sq, o
         kw = dict(opts, sinks=sinks_host, cache_seqlens=seqlens, page_table=table, return_lse=True)
         if recipe is None:
             return reference.kvcache_attention(*(m[1] for m in made), **kw)
-        ds = {n: m[2] for n, m in zip(("descale_q", "descale_k", "descale_v"), made)}
-        return reference.kvcache_attention(*(m[0] for m in made), recipe=recipe, **kw, **ds,
-                                           softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))))
+        return reference.kvcache_attention(*(m[0] for m in made), recipe=recipe, **kw, **model_args(v, made))
     check(v, out, lse, needs_refusal(call), run_ref)

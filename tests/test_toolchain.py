@@ -64,7 +64,8 @@ amdhsa.version: [ 1, 2 ]
 """
 
 
-def _find(arch):
+def toolchain_or_skip(arch):
+    """The ``arch`` toolchain, or the test skipped (saying why) where there is none."""
     try:
         return find_toolchain(arch)
     except ToolchainError as e:
@@ -73,12 +74,12 @@ def _find(arch):
 
 @pytest.fixture(scope="module")
 def gfx950():
-    return _find("gfx950")
+    return toolchain_or_skip("gfx950")
 
 
 @pytest.fixture(scope="module")
 def nvcc():
-    return _find("sm_90a")
+    return toolchain_or_skip("sm_90a")
 
 
 def test_unknown_arch_is_a_toolchain_error():
@@ -146,7 +147,7 @@ def test_nvcc_has_no_assembler_path(nvcc, tmp_path):
 
 @pytest.mark.parametrize("arch", ["gfx950", "sm_90a"])
 def test_compile_errors_carry_the_compiler_output(arch, tmp_path):
-    tc = _find(arch)
+    tc = toolchain_or_skip(arch)
     out = tmp_path / "bad"
     with pytest.raises(CompileError) as e:
         tc.compile_cxx("int broken = ;\n", out)

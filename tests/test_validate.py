@@ -462,32 +462,31 @@ def test_cu_values_must_match_the_tensor_length(s):
     rejects(check_varlen, args, ValueError, f"cu_values_{s}", f"cu_seqlens_{s}")
 
 
+def rejects_cu_values(s, cu_q, cu_k, message):
+    """check_varlen refuses packed lengths ``cu_q`` (s "q") or ``cu_k`` (s "k"): a ValueError
+    naming cu_seqlens_{s} and ``message``."""
+    cu = np.array(cu_q if s == "q" else cu_k, np.int32)
+    rejects(check_varlen, varlen(**{f"cu_values_{s}": cu}), ValueError, f"cu_seqlens_{s}", message)
+
+
 @pytest.mark.parametrize("s", ["q", "k"])
 def test_cu_seqlens_must_start_at_zero(s):
-    cu = np.array([1, 3, 3, 8], np.int32) if s == "q" else np.array([2, 4, 6, 10], np.int32)
-    rejects(check_varlen, varlen(**{f"cu_values_{s}": cu}), ValueError,
-            f"cu_seqlens_{s}", "start at 0")
+    rejects_cu_values(s, [1, 3, 3, 8], [2, 4, 6, 10], "start at 0")
 
 
 @pytest.mark.parametrize("s", ["q", "k"])
 def test_cu_seqlens_must_be_non_decreasing(s):
-    cu = np.array([0, 5, 3, 8], np.int32) if s == "q" else np.array([0, 7, 6, 10], np.int32)
-    rejects(check_varlen, varlen(**{f"cu_values_{s}": cu}), ValueError,
-            f"cu_seqlens_{s}", "not non-decreasing")
+    rejects_cu_values(s, [0, 5, 3, 8], [0, 7, 6, 10], "not non-decreasing")
 
 
 @pytest.mark.parametrize("s", ["q", "k"])
 def test_cu_seqlens_must_not_run_beyond_the_packed_length(s):
-    cu = np.array([0, 3, 3, 9], np.int32) if s == "q" else np.array([0, 4, 6, 11], np.int32)
-    rejects(check_varlen, varlen(**{f"cu_values_{s}": cu}), ValueError,
-            f"cu_seqlens_{s}", "beyond the packed length")
+    rejects_cu_values(s, [0, 3, 3, 9], [0, 4, 6, 11], "beyond the packed length")
 
 
 @pytest.mark.parametrize("s", ["q", "k"])
 def test_cu_seqlens_must_cover_the_packed_length(s):
-    cu = np.array([0, 3, 3, 7], np.int32) if s == "q" else np.array([0, 4, 6, 9], np.int32)
-    rejects(check_varlen, varlen(**{f"cu_values_{s}": cu}), ValueError,
-            f"cu_seqlens_{s}", "short of the packed length")
+    rejects_cu_values(s, [0, 3, 3, 7], [0, 4, 6, 9], "short of the packed length")
 
 
 @pytest.mark.parametrize("s", ["q", "k"])

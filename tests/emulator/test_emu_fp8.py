@@ -158,6 +158,18 @@ def check_outputs(r):
     assert reference.relative_error(out, r["ref"][0]) <= RECIPE_FP64_BOUND
 
 
+def check_model_and_fp64(v, out, lse, q, k, vv, **ds):
+    """check_outputs of a call with descales (and cu_seqlens) ``ds``: against the ``gfx950``
+    recipe's model and fp64 on the dequantised inputs, at the kernel's fp32 softmax scale."""
+    scale = float(np.float32(1 / np.sqrt(v.d_qk)))
+    mo, ml = reference.fp8_attention(q, k, vv, recipe="gfx950", causal=v.causal, softmax_scale=scale,
+                                     return_lse=True, **ds)
+    ro, rl = reference.attention(q.astype(np.float64), k.astype(np.float64), vv.astype(np.float64),
+                                 causal=v.causal, softmax_scale=scale, return_lse=True, **ds)
+    check_outputs(dict(out=out.astype(np.float64), lse=lse.numpy().astype(np.float64), model=(mo, ml),
+                       ref=(ro, rl)))
+
+
 CASES = {   # name: (b, sq, sk, hq, hkv)
     "gqa3 ragged": (2, 77, 131, 6, 2),
     "gqa8 sq<sk": (1, 45, 150, 8, 1),
@@ -294,13 +306,7 @@ def test_descales_per_sequence_and_head_are_each_heads_own(emulator, v, form):
     finally:
         emulator.machine.observers.remove(rec)
     scale = float(np.float32(1 / np.sqrt(v.d_qk)))
-    ds = dict(descale_q=dq, descale_k=dk, descale_v=dv)
-    mo, ml = reference.fp8_attention(q, k, vv, recipe="gfx950", causal=v.causal, softmax_scale=scale,
-                                     return_lse=True, **ds)
-    ro, rl = reference.attention(q.astype(np.float64), k.astype(np.float64), vv.astype(np.float64),
-                                 causal=v.causal, softmax_scale=scale, return_lse=True, **ds)
-    check_outputs(dict(out=out.astype(np.float64), lse=lse.numpy().astype(np.float64), model=(mo, ml),
-                       ref=(ro, rl)))
+    check_model_and_fp64(v, out, lse, q, k, vv, descale_q=dq, descale_k=dk, descale_v=dv)
     for i in range(b):
         for h in range(hq):
             g = h // (hq // hkv)
@@ -329,14 +335,8 @@ def test_packed_descales_are_one_a_sequence_and_head(emulator, v):
     _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(seq_q),
                                     max_seqlen_k=max(seq_k), causal=v.causal, out=out, return_lse=True,
                                     descale_q=dq, descale_k=descale_view(dk, "transposed"), descale_v=dv)
-    scale = float(np.float32(1 / np.sqrt(v.d_qk)))
-    ds = dict(descale_q=dq, descale_k=dk, descale_v=dv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    mo, ml = reference.fp8_attention(q, k, vv, recipe="gfx950", causal=v.causal, softmax_scale=scale,
-                                     return_lse=True, **ds)
-    ro, rl = reference.attention(q.astype(np.float64), k.astype(np.float64), vv.astype(np.float64),
-                                 causal=v.causal, softmax_scale=scale, return_lse=True, **ds)
-    check_outputs(dict(out=out.astype(np.float64), lse=lse.numpy().astype(np.float64), model=(mo, ml),
-                       ref=(ro, rl)))
+    check_model_and_fp64(v, out, lse, q, k, vv, descale_q=dq, descale_k=dk, descale_v=dv, cu_seqlens_q=cu_q,
+                         cu_seqlens_k=cu_k)
 
 
 VARLEN = {   # name: (seq_q, seq_k, hq, hkv)

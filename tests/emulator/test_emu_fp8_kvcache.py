@@ -24,12 +24,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
-from tests.emulator.test_emu_fp8 import PBytes
-from tests.emulator.test_emu_fp8_features import check, expected_blocks, prebuilt, quantised, traced_head  # noqa: F401
+from tests.emulator.fp8_traced import (  # noqa: F401  (prebuilt: a fixture)
+    check_cache_against_model, check_query_blocks, prebuilt, quantised, traced_cache_call, traced_head)
 from tests.sweeps import sweep
 
-from zyfa_runtime import flash_attn_with_kvcache, fp8_models, reference
+from zyfa_runtime import fp8_models
 from zyfa_runtime import window as windows
 from zyfa_runtime.catalogue import Variant
 
@@ -57,50 +56,27 @@ def inputs(v: Variant, seed: str, q_rows=None, poison=True):
     return q, k, vv, dict(descale_q=np.array([dq]), descale_k=np.array([dk]), descale_v=np.array([dv]))
 
 
-def run(prebuilt, v: Variant, q, k, vv, descales, seqlens=SEQLENS, cu_seqlens_q=None, **call):
-    """The call into NaN-poisoned outputs, traced; (out, lse, the PBytes record)."""
-    packed = {} if cu_seqlens_q is None else dict(cu_seqlens_q=cu_seqlens_q,
-                                                  max_seqlen_q=int(np.diff(cu_seqlens_q).max()))
-    rec = PBytes(v)
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt(v)), ZYFA_EMULATOR_HAZARDS="1",
-                       ZYFA_EMULATOR_STRICT_HOST="1") as driver:
-        driver.machine.observers.append(rec)
-        out = np.full(q.shape[:-1] + (v.d_v,), np.nan, ml_dtypes.bfloat16)
-        _, lse = flash_attn_with_kvcache(q, k, vv, cache_seqlens=seqlens, causal=v.causal, out=out,
-                                         return_lse=True, **packed, **descales, **call)
-        lse = lse.numpy()
-        assert driver.hazards.instructions > 0 and not driver.hazards.violations
-    return out, lse, rec
-
-
 def check_cache(prebuilt, v: Variant, packed_lens=None):
     """One call over the contiguous cache (dense queries, or packed ones of ``packed_lens``):
     outputs against the model and fp64; per sequence, head and query block, the blocks each wave
     computed and every P byte against the model on the kernel's own scores."""
     cu = None if packed_lens is None else np.concatenate([[0], np.cumsum(packed_lens)]).astype(np.int32)
     q, k, vv, ds = inputs(v, "dense" if cu is None else "packed", None if cu is None else int(cu[-1]))
-    out, lse, rec = run(prebuilt, v, q, k, vv, ds, cu_seqlens_q=cu)
+    out, lse, rec = traced_cache_call(prebuilt, v, q, k, vv, ds, SEQLENS, cu_seqlens_q=cu)
     scale = float(np.float32(1 / np.sqrt(v.d_qk)))
-    opts = dict(cache_seqlens=SEQLENS, cu_seqlens_q=cu, causal=v.causal, softmax_scale=scale, return_lse=True,
-                **{n: d[0] for n, d in ds.items()})
-    model = reference.kvcache_attention(q, k, vv, recipe="gfx950", **opts)
-    ref = reference.kvcache_attention(*(x.astype(np.float64) for x in (q, k, vv)), **opts)
-    check(v, out, lse, model, ref)
+    check_cache_against_model(v, out, lse, q, k, vv, cache_seqlens=SEQLENS, cu_seqlens_q=cu, causal=v.causal,
+                              softmax_scale=scale, return_lse=True, **{n: d[0] for n, d in ds.items()})
     for b, sk in enumerate(int(n) for n in SEQLENS):
         qb = q[b] if cu is None else q[cu[b]:cu[b + 1]]
         sq = len(qb)
         for h in range(HQ):
-            for x in range(-(-sq // 256)):
-                s, codes, counts = traced_head(rec, v, windows.NONE, x, h, b, sq, sk)
-                assert counts == {w: n for w in range(8)
-                                  if (n := expected_blocks(v, windows.NONE, sq, sk, x, w))}, (b, x, counts)
-                if not sk:
-                    continue       # no key: no block computed (above), zeros and -inf (check)
-                res = fp8_models.head_forward(qb[:, h], k[b, :sk, h // (HQ // HKV)], vv[b, :sk, h // (HQ // HKV)],
-                                              "gfx950", causal=v.causal, softmax_scale=scale, scores=s,
-                                              **{n: d[0] for n, d in ds.items()})
-                rows = slice(256 * x, min(256 * x + 256, sq))
-                assert np.array_equal(codes[rows], res.p_codes[rows]), (b, h, x)
+            # no key: no block computed (the blocks), zeros and -inf (check), no byte to compare
+            model_codes = None if not sk else (
+                lambda s: fp8_models.head_forward(qb[:, h], k[b, :sk, h // (HQ // HKV)], vv[b, :sk, h // (HQ // HKV)],
+                                                  "gfx950", causal=v.causal, softmax_scale=scale, scores=s,
+                                                  **{n: d[0] for n, d in ds.items()}).p_codes)
+            check_query_blocks(v, windows.NONE, sq, sk, lambda x: traced_head(rec, v, windows.NONE, x, h, b, sq, sk),
+                               model_codes, (b, h))
     out = np.asarray(out, np.float64)
     rows_of = (lambda b: out[b]) if cu is None else (lambda b: out[cu[b]:cu[b + 1]])
     assert (rows_of(1) == 0).all()                                    # no keys: zeros
@@ -127,11 +103,10 @@ def test_a_window_and_sinks_over_a_contiguous_cache(prebuilt, v):
     q, k, vv, ds = inputs(v, "window")
     window = (20, 0 if v.causal else 9)
     sinks = np.array([0.5, 3.0], np.float32)
-    out, lse, _ = run(prebuilt, v, q, k, vv, ds, window_size=window, sinks=sinks)
-    opts = dict(cache_seqlens=SEQLENS, causal=v.causal, softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))),
-                window_size=window, sinks=sinks, return_lse=True, **{n: d[0] for n, d in ds.items()})
-    check(v, out, lse, reference.kvcache_attention(q, k, vv, recipe="gfx950", **opts),
-          reference.kvcache_attention(*(x.astype(np.float64) for x in (q, k, vv)), **opts))
+    out, lse, _ = traced_cache_call(prebuilt, v, q, k, vv, ds, SEQLENS, window_size=window, sinks=sinks)
+    check_cache_against_model(v, out, lse, q, k, vv, cache_seqlens=SEQLENS, causal=v.causal,
+                              softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))), window_size=window,
+                              sinks=sinks, return_lse=True, **{n: d[0] for n, d in ds.items()})
 
 
 @pytest.mark.slow
@@ -142,8 +117,7 @@ def test_unread_cache_seqlens_are_clamped_to_the_cache(prebuilt, v):
     counts clamped to [0, CACHE_ROWS] give."""
     q, k, vv, ds = inputs(v, "garbage", poison=False)
     seqlens = np.array([1 << 30, -5, 30], np.int32)
-    out, lse, _ = run(prebuilt, v, q, k, vv, ds, seqlens=seqlens, check_cache_seqlens=False)
-    opts = dict(cache_seqlens=np.clip(seqlens, 0, CACHE_ROWS), causal=v.causal, return_lse=True,
-                softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))), **{n: d[0] for n, d in ds.items()})
-    check(v, out, lse, reference.kvcache_attention(q, k, vv, recipe="gfx950", **opts),
-          reference.kvcache_attention(*(x.astype(np.float64) for x in (q, k, vv)), **opts))
+    out, lse, _ = traced_cache_call(prebuilt, v, q, k, vv, ds, seqlens, check_cache_seqlens=False)
+    check_cache_against_model(v, out, lse, q, k, vv, cache_seqlens=np.clip(seqlens, 0, CACHE_ROWS), causal=v.causal,
+                              return_lse=True, softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))),
+                              **{n: d[0] for n, d in ds.items()})

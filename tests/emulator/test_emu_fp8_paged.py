@@ -25,9 +25,8 @@ import numpy as np
 import pytest
 
 from tests.backends import using_backend
-from tests.emulator.test_emu_fp8 import PBytes
-from tests.emulator.test_emu_fp8_features import F8, check, expected_blocks, prebuilt, traced_head  # noqa: F401
-from tests.sweeps import sweep
+from tests.emulator.fp8_traced import (  # noqa: F401  (prebuilt: a fixture)
+    F8, check, check_cache_against_model, check_query_blocks, prebuilt, traced_cache_call, traced_head)
 
 from zyfa_runtime import TensorRef, flash_attn_with_kvcache, fp8_models, reference
 from zyfa_runtime import window as windows
@@ -90,23 +89,6 @@ def inputs(v: Variant, seed: str, page: int, q_rows=None, per_head=False, poison
     return q, k, vv, table, dict(zip(("descale_q", "descale_k", "descale_v"), ds))
 
 
-def run(prebuilt, v: Variant, q, k, vv, table, descales, seqlens=SEQLENS, cu_seqlens_q=None, **call):
-    """The call into NaN-poisoned outputs, hazard-checked on the strict emulator, traced;
-    (out, lse, the PBytes record)."""
-    packed = {} if cu_seqlens_q is None else dict(cu_seqlens_q=cu_seqlens_q,
-                                                  max_seqlen_q=int(np.diff(cu_seqlens_q).max()))
-    rec = PBytes(v)
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt(v)), ZYFA_EMULATOR_HAZARDS="1",
-                       ZYFA_EMULATOR_STRICT_HOST="1") as driver:
-        driver.machine.observers.append(rec)
-        out = np.full(q.shape[:-1] + (v.d_v,), np.nan, ml_dtypes.bfloat16)
-        _, lse = flash_attn_with_kvcache(q, k, vv, cache_seqlens=seqlens, page_table=table, causal=v.causal,
-                                         out=out, return_lse=True, **packed, **descales, **call)
-        lse = lse.numpy()
-        assert driver.hazards.instructions > 0 and not driver.hazards.violations
-    return out, lse, rec
-
-
 def check_paged(prebuilt, v: Variant, page: int, packed_lens=None, per_head=False, **call):
     """One call over a paged cache: outputs against the model and fp64; per sequence, head and
     query block, the blocks each wave computed and (without a window) every P byte against the
@@ -114,7 +96,7 @@ def check_paged(prebuilt, v: Variant, page: int, packed_lens=None, per_head=Fals
     cu = None if packed_lens is None else np.concatenate([[0], np.cumsum(packed_lens)]).astype(np.int32)
     q, k, vv, table, ds = inputs(v, "dense" if cu is None else "packed", page,
                                  None if cu is None else int(cu[-1]), per_head=per_head)
-    out, lse, rec = run(prebuilt, v, q, k, vv, table, ds, cu_seqlens_q=cu, **call)
+    out, lse, rec = traced_cache_call(prebuilt, v, q, k, vv, ds, SEQLENS, cu_seqlens_q=cu, page_table=table, **call)
     scale = float(np.float32(1 / np.sqrt(v.d_qk)))
     one = (lambda d, b: d[b, 0]) if per_head else (lambda d, b: d[0])
     opts = dict(cache_seqlens=SEQLENS, page_table=table, cu_seqlens_q=cu, causal=v.causal,
@@ -141,19 +123,15 @@ def check_paged(prebuilt, v: Variant, page: int, packed_lens=None, per_head=Fals
     for b, sk in enumerate(int(n) for n in SEQLENS):
         qb = q[b] if cu is None else q[cu[b]:cu[b + 1]]
         sq = len(qb)
+        keys = slice(int(cu_k[b]), int(cu_k[b + 1]))
         for h in range(HQ):
-            for x in range(-(-sq // 256)):
-                s, codes, counts = traced_head(rec, v, window, x, h, b, sq, sk)
-                assert counts == {w: n for w in range(8)
-                                  if (n := expected_blocks(v, window, sq, sk, x, w))}, (b, x, counts)
-                if not sk or "sinks" in call or "window_size" in call:
-                    continue       # no key: no block computed (above); the window's bytes: features' tests
-                keys = slice(int(cu_k[b]), int(cu_k[b + 1]))
-                res = fp8_models.head_forward(qb[:, h], kg[keys, h // (HQ // HKV)], vg[keys, h // (HQ // HKV)],
-                                              "gfx950", causal=v.causal, softmax_scale=scale, scores=s,
-                                              **{n: one(d, b) for n, d in ds.items()})
-                rows = slice(256 * x, min(256 * x + 256, sq))
-                assert np.array_equal(codes[rows], res.p_codes[rows]), (b, h, x)
+            # no key: no block computed (the blocks); the window's bytes: features' tests
+            model_codes = None if not sk or "sinks" in call or "window_size" in call else (
+                lambda s: fp8_models.head_forward(qb[:, h], kg[keys, h // (HQ // HKV)], vg[keys, h // (HQ // HKV)],
+                                                  "gfx950", causal=v.causal, softmax_scale=scale, scores=s,
+                                                  **{n: one(d, b) for n, d in ds.items()}).p_codes)
+            check_query_blocks(v, window, sq, sk, lambda x: traced_head(rec, v, window, x, h, b, sq, sk),
+                               model_codes, (b, h))
     out = np.asarray(out, np.float64)
     rows_of = (lambda b: out[b]) if cu is None else (lambda b: out[cu[b]:cu[b + 1]])
     if "sinks" not in call:
@@ -214,12 +192,10 @@ def test_unread_cache_seqlens_and_page_table_are_clamped_to_the_cache(prebuilt, 
     seqlens = np.array([1 << 30, -5, 30], np.int32)
     table[0, :] = np.arange(PAGES[page]) % num_pages
     table[0, 0], table[0, -1], table[2, 0] = -(1 << 30), 1 << 30, num_pages
-    out, lse, _ = run(prebuilt, v, q, k, vv, table, ds, seqlens=seqlens, check_cache_seqlens=False)
-    opts = dict(cache_seqlens=np.clip(seqlens, 0, PAGES[page] * page), page_table=np.clip(table, 0, num_pages - 1),
-                causal=v.causal, return_lse=True, softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))),
-                **{n: d[0] for n, d in ds.items()})
-    check(v, out, lse, reference.kvcache_attention(q, k, vv, recipe="gfx950", **opts),
-          reference.kvcache_attention(*(x.astype(np.float64) for x in (q, k, vv)), **opts))
+    out, lse, _ = traced_cache_call(prebuilt, v, q, k, vv, ds, seqlens, page_table=table, check_cache_seqlens=False)
+    check_cache_against_model(v, out, lse, q, k, vv, cache_seqlens=np.clip(seqlens, 0, PAGES[page] * page),
+                              page_table=np.clip(table, 0, num_pages - 1), causal=v.causal, return_lse=True,
+                              softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))), **{n: d[0] for n, d in ds.items()})
 
 
 def test_a_cache_whose_pages_lie_4_gib_apart_or_more_is_refused_before_launch(prebuilt):

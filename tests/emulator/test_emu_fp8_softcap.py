@@ -21,19 +21,18 @@ is compared with
 
 import zlib
 
-import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
+from tests.emulator.fp8_traced import (  # noqa: F401  (prebuilt: a fixture)
+    call_window, check_against_model, check_cache_against_model, check_packed_call, check_query_blocks,
+    packed_inputs, prebuilt, quantised, quantised_per_head, traced_call, traced_head)
 from tests.emulator.test_emu_fp8 import PBytes
-from tests.emulator.test_emu_fp8_features import call_window, check, expected_blocks, prebuilt, traced_head  # noqa: F401
 
-from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fp8_models, reference
+from zyfa_runtime import flash_attn_func, flash_attn_with_kvcache, fp8_models, reference
 from zyfa_runtime import window as windows
 from zyfa_runtime.catalogue import Variant
 
-F8 = ml_dtypes.float8_e4m3fn
 #: The cap's documented error against float64 tanh (fp8_models.gfx950_capped_scores).
 TANH_BOUND = 6 * 2.0 ** -24
 
@@ -71,12 +70,6 @@ class _Raw:
         self.codes = rec.codes
 
 
-def quantised(rng, shape, spread):
-    x = rng.standard_normal(shape).astype(np.float32) * spread
-    d = np.float32(np.abs(x).max() / 448.0)
-    return (x / d).astype(F8), d
-
-
 def inputs(rng, v, b, sq, sk, hq, hkv, per_head):
     """Q and K with scaled scores of about 20 standard deviations, V of 1; per_head: one descale
     a (sequence, key/value head), magnitudes apart by up to 2^3."""
@@ -84,14 +77,8 @@ def inputs(rng, v, b, sq, sk, hq, hkv, per_head):
     if not per_head:
         return [quantised(rng, (b, sq, hq, v.d_qk), spread), quantised(rng, (b, sk, hkv, v.d_qk), spread),
                 quantised(rng, (b, sk, hkv, v.d_v), 1.0)]
-    apart = np.float32([[1.0, 4.0], [0.5, 2.0]])[:b, :hkv]
-    parts = []
-    for s, h, d, m in ((sq, hq, v.d_qk, spread), (sk, hkv, v.d_qk, spread), (sk, hkv, v.d_v, 1.0)):
-        g = h // hkv
-        x = rng.standard_normal((b, s, h, d)).astype(np.float32) * m * np.repeat(apart, g, 1)[:, None, :, None]
-        ds = (np.abs(x).reshape(b, s, hkv, g, d).max(axis=(1, 3, 4)) / 448.0).astype(np.float32)
-        parts.append(((x / np.repeat(ds, g, 1)[:, None, :, None]).astype(F8), ds))
-    return parts
+    return quantised_per_head(rng, b, hkv, ((sq, hq, v.d_qk, spread), (sk, hkv, v.d_qk, spread),
+                                            (sk, hkv, v.d_v, 1.0)))
 
 
 def check_capped_scores(rec, v, window, x, h, i, sq, sk, softcap, scale, dq, dk):
@@ -119,35 +106,22 @@ def run(prebuilt, v, seed, sq, sk, softcap, window=windows.NONE, sink_mean=None,
     sinks = None if sink_mean is None else (sink_mean + 2 * rng.standard_normal(hq)).astype(np.float32)
     scale = float(np.float32(1 / np.sqrt(v.d_qk)))
     rec = CapBytes(v)
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt(v)), ZYFA_EMULATOR_HAZARDS="1",
-                       ZYFA_EMULATOR_STRICT_HOST="1") as driver:
-        driver.machine.observers.append(rec)
-        out = np.full((b, sq, hq, v.d_v), np.nan, ml_dtypes.bfloat16)
-        _, lse = flash_attn_func(q, k, vv, causal=v.causal, out=out, return_lse=True, window_size=window,
-                                 softcap=softcap, sinks=sinks, softmax_scale=scale, descale_q=np.atleast_1d(dq),
-                                 descale_k=np.atleast_1d(dk), descale_v=np.atleast_1d(dv))
-        lse = lse.numpy()
-        assert driver.hazards.instructions > 0 and not driver.hazards.violations   # it raises on one
-    ds = dict(descale_q=dq, descale_k=dk, descale_v=dv, causal=v.causal, softmax_scale=scale,
-              window_size=window, sinks=sinks, softcap=softcap, return_lse=True)
-    model = reference.fp8_attention(q, k, vv, recipe="gfx950", **ds)
-    ref = reference.attention(q.astype(np.float64), k.astype(np.float64), vv.astype(np.float64), **ds)
-    check(v, out, lse, model, ref)
+    out, lse = traced_call(prebuilt, v, rec, flash_attn_func, q, k, vv, causal=v.causal, window_size=window,
+                           softcap=softcap, sinks=sinks, softmax_scale=scale, descale_q=np.atleast_1d(dq),
+                           descale_k=np.atleast_1d(dk), descale_v=np.atleast_1d(dv))
+    check_against_model(v, out, lse, q, k, vv, descale_q=dq, descale_k=dk, descale_v=dv, causal=v.causal,
+                        softmax_scale=scale, window_size=window, sinks=sinks, softcap=softcap, return_lse=True)
     g = hq // hkv
     for i in range(b):
         for h in range(hq):
             one = (lambda d: d[i, h // g]) if per_head else (lambda d: d)
-            for x in range(-(-sq // 256)):
-                capped, codes, counts = check_capped_scores(rec, v, window, x, h, i, sq, sk, softcap, scale,
-                                                            one(dq), one(dk))
-                assert counts == {w: n for w in range(8)
-                                  if (n := expected_blocks(v, window, sq, sk, x, w))}, (x, counts)
-                res = fp8_models.head_forward(q[i, :, h], k[i, :, h // g], vv[i, :, h // g], "gfx950",
-                                              descale_q=one(dq), descale_k=one(dk), descale_v=one(dv),
-                                              causal=v.causal, softmax_scale=scale, scores=capped,
-                                              window_size=window, softcap=softcap)
-                rows = slice(256 * x, min(256 * x + 256, sq))
-                assert np.array_equal(codes[rows], res.p_codes[rows]), (i, h, x)
+            check_query_blocks(
+                v, window, sq, sk,
+                lambda x: check_capped_scores(rec, v, window, x, h, i, sq, sk, softcap, scale, one(dq), one(dk)),
+                lambda capped: fp8_models.head_forward(q[i, :, h], k[i, :, h // g], vv[i, :, h // g], "gfx950",
+                                                       descale_q=one(dq), descale_k=one(dk), descale_v=one(dv),
+                                                       causal=v.causal, softmax_scale=scale, scores=capped,
+                                                       window_size=window, softcap=softcap).p_codes, (i, h))
     return out, lse
 
 
@@ -222,26 +196,8 @@ def test_packed_sequences_take_the_softcap(prebuilt, v):
     """Packed (cu_seqlens), an empty query sequence among them: O and the LSE against the model
     and fp64 for every sequence."""
     rng = np.random.default_rng(zlib.crc32(f"packed softcap {v.name}".encode()))
-    seq_q, seq_k, hq, hkv = [70, 0, 270, 5], [90, 20, 300, 3], 2, 1
-    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (seq_q, seq_k))
-    spread = np.sqrt(20.0)
-    (q, dq), (k, dk), (vv, dv) = (quantised(rng, (cu_q[-1], hq, v.d_qk), spread),
-                                  quantised(rng, (cu_k[-1], hkv, v.d_qk), spread),
-                                  quantised(rng, (cu_k[-1], hkv, v.d_v), 1.0))
-    scale = float(np.float32(1 / np.sqrt(v.d_qk)))
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt(v)), ZYFA_EMULATOR_HAZARDS="1",
-                       ZYFA_EMULATOR_STRICT_HOST="1"):
-        out = np.full((cu_q[-1], hq, v.d_v), np.nan, ml_dtypes.bfloat16)
-        _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(seq_q),
-                                        max_seqlen_k=max(seq_k), causal=v.causal, out=out, return_lse=True,
-                                        softcap=20.0, softmax_scale=scale, descale_q=np.array([dq]),
-                                        descale_k=np.array([dk]), descale_v=np.array([dv]))
-        lse = lse.numpy()
-    ds = dict(descale_q=dq, descale_k=dk, descale_v=dv, causal=v.causal, softmax_scale=scale, softcap=20.0,
-              return_lse=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    model = reference.fp8_attention(q, k, vv, recipe="gfx950", **ds)
-    ref = reference.attention(q.astype(np.float64), k.astype(np.float64), vv.astype(np.float64), **ds)
-    check(v, out, lse, model, ref)
+    parts = packed_inputs(rng, v, np.sqrt(20.0))       # two query heads on one key/value head
+    check_packed_call(prebuilt, v, parts, softcap=20.0, softmax_scale=float(np.float32(1 / np.sqrt(v.d_qk))))
 
 
 @pytest.mark.slow
@@ -260,21 +216,13 @@ def test_a_softcap_over_a_paged_cache_with_a_window_and_sinks_is_the_models_bit_
     sinks = np.array([0.5, 3.0], np.float32)
     scale = float(np.float32(1 / np.sqrt(v.d_qk)))
     rec = CapBytes(v)
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt(v)), ZYFA_EMULATOR_HAZARDS="1",
-                       ZYFA_EMULATOR_STRICT_HOST="1") as driver:
-        driver.machine.observers.append(rec)
-        out = np.full(q.shape[:-1] + (v.d_v,), np.nan, ml_dtypes.bfloat16)
-        _, lse = flash_attn_with_kvcache(q, k, vv, cache_seqlens=paged.SEQLENS, page_table=table, causal=True,
-                                         out=out, return_lse=True, softcap=softcap, window_size=window,
-                                         sinks=sinks, softmax_scale=scale, **ds)
-        lse = lse.numpy()
-        assert driver.hazards.instructions > 0 and not driver.hazards.violations
+    out, lse = traced_call(prebuilt, v, rec, flash_attn_with_kvcache, q, k, vv, cache_seqlens=paged.SEQLENS,
+                           page_table=table, causal=True, softcap=softcap, window_size=window, sinks=sinks,
+                           softmax_scale=scale, **ds)
     dq, dk = ds["descale_q"][0], ds["descale_k"][0]
-    opts = dict(cache_seqlens=paged.SEQLENS, page_table=table, causal=True, softmax_scale=scale, softcap=softcap,
-                window_size=window, sinks=sinks, return_lse=True, **{n: d[0] for n, d in ds.items()})
-    model = reference.kvcache_attention(q, k, vv, recipe="gfx950", **opts)
-    ref = reference.kvcache_attention(*(x.astype(np.float64) for x in (q, k, vv)), **opts)
-    check(v, out, lse, model, ref)
+    check_cache_against_model(v, out, lse, q, k, vv, cache_seqlens=paged.SEQLENS, page_table=table, causal=True,
+                              softmax_scale=scale, softcap=softcap, window_size=window, sinks=sinks,
+                              return_lse=True, **{n: d[0] for n, d in ds.items()})
     kg, cu_k = reference.gather_cache(k, paged.SEQLENS, table)
     vg, _ = reference.gather_cache(vv, paged.SEQLENS, table)
     for b, sk in enumerate(int(n) for n in paged.SEQLENS):
@@ -283,11 +231,11 @@ def test_a_softcap_over_a_paged_cache_with_a_window_and_sinks_is_the_models_bit_
             if not sk:       # no key: no block, zeros (check); nothing capped
                 assert not any(wg == (0, h, b) for wg, _, _ in rec.codes)
                 continue
-            capped, codes, counts = check_capped_scores(rec, v, window, 0, h, b, sq, sk, softcap, scale, dq, dk)
-            assert counts == {w: n for w in range(8)
-                              if (n := expected_blocks(v, window, sq, sk, 0, w))}, (b, counts)
             g = paged.HQ // paged.HKV
-            res = fp8_models.head_forward(q[b, :, h], kg[keys, h // g], vg[keys, h // g], "gfx950", descale_q=dq,
-                                          descale_k=dk, descale_v=ds["descale_v"][0], causal=True,
-                                          softmax_scale=scale, scores=capped, window_size=window, softcap=softcap)
-            assert np.array_equal(codes, res.p_codes), (b, h)
+            check_query_blocks(       # one query block (40 queries)
+                v, window, sq, sk,
+                lambda x: check_capped_scores(rec, v, window, x, h, b, sq, sk, softcap, scale, dq, dk),
+                lambda capped: fp8_models.head_forward(q[b, :, h], kg[keys, h // g], vg[keys, h // g], "gfx950",
+                                                       descale_q=dq, descale_k=dk, descale_v=ds["descale_v"][0],
+                                                       causal=True, softmax_scale=scale, scores=capped,
+                                                       window_size=window, softcap=softcap).p_codes, (b, h))

@@ -9,11 +9,10 @@ recognizer applies them (the snippets' "fixed" forms use exactly the number of N
 import zlib
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.backends import using_backend
+from tests.emulator.test_emu_kernels import bf16, emulator  # noqa: F401  (emulator: a fixture)
 from tests.sweeps import sweep
 from emukit import build, run
 
@@ -307,17 +306,6 @@ kernels = pytest.mark.skipif(
     reason="gfx950 code objects not built (python build.py --arch gfx950)")
 
 
-@pytest.fixture(scope="module")
-def emulator():
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
-                       ZYFA_EMULATOR_HAZARDS="1") as driver:
-        yield driver
-
-
-def _bf16(rng, shape):
-    return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
-
-
 @kernels
 @pytest.mark.parametrize("variant", sweep(VARIANTS, key=tuple,
                                            name=lambda v: f"d{v[0]}x{v[1]}_{'causal' if v[2] else 'full'}"))
@@ -328,7 +316,7 @@ def test_bf16_kernels_are_hazard_clean(emulator, variant):
     assert chk is not None and chk.raise_on_error
     rng = np.random.default_rng(zlib.crc32(repr(variant).encode()))
     # 2 query blocks x 2 heads, several KV tiles with a partial last one, GQA 2
-    q, k, v = _bf16(rng, (1, 70, 2, dq)), _bf16(rng, (1, 90, 1, dq)), _bf16(rng, (1, 90, 1, dv))
+    q, k, v = bf16(rng, (1, 70, 2, dq)), bf16(rng, (1, 90, 1, dq)), bf16(rng, (1, 90, 1, dv))
     before = chk.instructions
     out = flash_attn_func(q, k, v, causal=causal)          # raises HazardError on a violation
     assert chk.instructions - before == emulator.machine.last.instructions > 0
@@ -341,7 +329,7 @@ def test_bf16_kernels_are_hazard_clean(emulator, variant):
 def test_bf16_kernel_interleavings_agree(emulator):
     from zyfa_runtime import flash_attn_func
     rng = np.random.default_rng(7)
-    q, k, v = _bf16(rng, (1, 64, 1, 64)), _bf16(rng, (1, 80, 1, 64)), _bf16(rng, (1, 80, 1, 64))
+    q, k, v = bf16(rng, (1, 64, 1, 64)), bf16(rng, (1, 80, 1, 64)), bf16(rng, (1, 80, 1, 64))
     cfg = emulator.machine.config
     saved = cfg.quantum, cfg.seed
 
@@ -376,7 +364,7 @@ def test_real_kernel_with_one_nop_or_wait_removed_is_caught(emulator):
     from zyfa_emulator import CodeObject, LoadedCode
     from zyfa_runtime import flash_attn_func
     rng = np.random.default_rng(3)
-    q, k, v = _bf16(rng, (1, 64, 1, 64)), _bf16(rng, (1, 64, 1, 64)), _bf16(rng, (1, 64, 1, 64))
+    q, k, v = bf16(rng, (1, 64, 1, 64)), bf16(rng, (1, 64, 1, 64)), bf16(rng, (1, 64, 1, 64))
     chk = emulator.hazards
     chk.record_tight = True
     try:
