@@ -667,7 +667,8 @@ def test_a_window_is_reduced_to_the_bounds_that_cut_keys():
 @pytest.mark.parametrize("softcap,exc,words", [
     ("30", TypeError, ("softcap", "float")), (True, TypeError, ("softcap",)),
     (-1.0, ValueError, ("softcap", ">= 0")), (math.nan, ValueError, ("softcap", "finite")),
-    (math.inf, ValueError, ("softcap", "finite")), (1e-45, ValueError, ("softcap", "normal")),
+    (math.inf, ValueError, ("softcap", "finite")), (1e-45, ValueError, ("softcap", "2^-115")),
+    (2.0 ** -116, ValueError, ("softcap", "2^-115")), (1e-37, ValueError, ("softcap", "2^-115")),
     (1e39, ValueError, ("softcap", "float32")),
 ])
 def test_softcap_is_zero_or_a_finite_positive_float32_normal(softcap, exc, words):
@@ -679,6 +680,7 @@ def test_softcap_of_zero_is_off_and_a_positive_one_is_a_feature():
     assert check_dense(**dense(softcap=0)).softcap == 0.0 and features_of(check_dense(**dense(softcap=0.0))) == ()
     p = check_dense(**dense(softcap=30))
     assert p.softcap == 30.0 and features_of(p) == ("softcap",)
+    assert check_dense(**dense(softcap=2.0 ** -115)).softcap == 2.0 ** -115   # the smallest taken
     # the kernels' softmax_scale / softcap must be a float32 normal too
     rejects(check_dense, dense(softcap=1e30, softmax_scale=1e-10), ValueError, "softmax_scale / softcap")
 

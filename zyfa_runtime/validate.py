@@ -399,9 +399,14 @@ def check_window(causal, window_size) -> tuple[int, int]:
     return windows.normalize(causal, window_size)
 
 
+#: The smallest softcap: the gfx950 FP8 kernels scale capped scores by fp32(softcap log2 e),
+#: which their byte arithmetic needs at 2^-115 or more (docs/gfx950_fp8.md, the Lean byte).
+SOFTCAP_MIN = 2.0 ** -115
+
+
 def check_softcap(softcap, softmax_scale: float) -> float:
-    """``softcap``: 0 (off) or a finite positive real whose fp32 value and the kernels' fp32
-    ``softmax_scale / softcap`` are finite normal numbers."""
+    """``softcap``: 0 (off) or a finite real of at least SOFTCAP_MIN whose fp32 value and the
+    kernels' fp32 ``softmax_scale / softcap`` are finite normal numbers."""
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
     cap = float(softcap)
@@ -409,6 +414,9 @@ def check_softcap(softcap, softmax_scale: float) -> float:
         raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap}")
     if cap == 0:
         return 0.0
+    if cap < SOFTCAP_MIN:
+        raise ValueError(f"softcap = {softcap} is below 2^-115, the smallest the kernels take (0: off); "
+                         "softcaps are the logits' scale, 30 or 50 in Gemma 2")
     tiny = float(np.finfo(np.float32).tiny)
     with np.errstate(over="ignore", under="ignore"):
         f32, ratio = np.float32(cap), np.float32(softmax_scale / cap)
