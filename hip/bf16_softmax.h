@@ -43,16 +43,80 @@ struct KeyWindow {
 
 // Masked scores -> -inf.  Each bound has its own pass, run only on tiles that cross it
 // (flash_fwd.hip decides per wave): keys before the row's first (left window edge) ...
-__device__ inline void mask_before(f32x16 (&s)[kKeySubs], int n0, int first, int g) {
-  const int lim0 = first - (n0 + 4 * g);
+//
+// mask_before, on a wave's left-edge tiles (one or two a wave): a wave's 32 rows start their
+// windows on consecutive keys (first_lo .. first_hi, wave-uniform), so each 32-key subtile is
+// wholly inside every row's window (left as it is), wholly before every row's first key (-inf:
+// one v_mov_b64 a pair of scores) or cut (at most two of a tile's four).  A cut subtile is
+// masked in key order under EXEC (mask_before_sub): v_cmpx keeps the lanes whose row does not
+// see the key yet and a move writes -inf to those; as the keys grow lanes only leave, so each
+// v_cmpx narrows EXEC further, and the pass ends once none is left (tested every four keys).
+// A compare and a select a score (the form before) cost 16 cycles a score: each select waited
+// two wait states for its compare's VCC; 1,024 cycles a 128-key tile in the step that then
+// set the phase (docs/gfx950_bf16.md, windows).  One assembly block a subtile, EXEC saved and
+// restored in it (the compiler must not see scores move under a narrowed EXEC).
+__device__ inline void mask_before_sub(f32x16& x, int lim, int room) {
+  // the subtile's floats in pairs (VGPR pairs): float 2j + h of the subtile is half h of pj
+  f32x2 p0 = {x[0], x[1]}, p1 = {x[2], x[3]}, p2 = {x[4], x[5]}, p3 = {x[6], x[7]};
+  f32x2 p4 = {x[8], x[9]}, p5 = {x[10], x[11]}, p6 = {x[12], x[13]}, p7 = {x[14], x[15]};
+  const f32x2 ninf = {neg_inf(), neg_inf()};
+  u64 saved;
+  // lim: the row's first key, counted from the subtile's first key of this lane (n0 + 32 n +
+  // 4g); room: first_lo minus the subtile's first key (>= 32: wholly masked).  Float e holds key
+  // 8 (e / 4) + e % 4 of the lane's: floats 0-3 keys 0-3, 4-7 keys 8-11, 8-11 keys 16-19, 12-15
+  // keys 24-27, increasing with e.  A masked float is written by v_pk_mov_b32 with op_sel (the
+  // other half of its pair kept).
+#define ZYFA_MASK_LO(p, key) "v_cmpx_lt_i32 vcc, " #key ", %[lim]\n v_pk_mov_b32 %[" #p "], %[ninf], %[" #p "] op_sel:[0,1]\n"
+#define ZYFA_MASK_HI(p, key) "v_cmpx_lt_i32 vcc, " #key ", %[lim]\n v_pk_mov_b32 %[" #p "], %[" #p "], %[ninf] op_sel:[0,0]\n"
+#define ZYFA_MASK_ALL(p) "v_mov_b64 %[" #p "], %[ninf]\n"
+  asm volatile(
+      "s_mov_b64 %[saved], exec\n"
+      "s_cmp_lt_i32 %[room], 32\n"
+      "s_cbranch_scc1 1f\n"
+      ZYFA_MASK_ALL(p0) ZYFA_MASK_ALL(p1) ZYFA_MASK_ALL(p2) ZYFA_MASK_ALL(p3)
+      ZYFA_MASK_ALL(p4) ZYFA_MASK_ALL(p5) ZYFA_MASK_ALL(p6) ZYFA_MASK_ALL(p7)
+      "s_branch 2f\n"
+      "1:\n"
+      ZYFA_MASK_LO(p0, 0) ZYFA_MASK_HI(p0, 1) ZYFA_MASK_LO(p1, 2) ZYFA_MASK_HI(p1, 3)
+      "s_cbranch_execz 2f\n"
+      ZYFA_MASK_LO(p2, 8) ZYFA_MASK_HI(p2, 9) ZYFA_MASK_LO(p3, 10) ZYFA_MASK_HI(p3, 11)
+      "s_cbranch_execz 2f\n"
+      ZYFA_MASK_LO(p4, 16) ZYFA_MASK_HI(p4, 17) ZYFA_MASK_LO(p5, 18) ZYFA_MASK_HI(p5, 19)
+      "s_cbranch_execz 2f\n"
+      ZYFA_MASK_LO(p6, 24) ZYFA_MASK_HI(p6, 25) ZYFA_MASK_LO(p7, 26) ZYFA_MASK_HI(p7, 27)
+      "2:\n"
+      "s_mov_b64 exec, %[saved]\n"
+      : [p0] "+v"(p0), [p1] "+v"(p1), [p2] "+v"(p2), [p3] "+v"(p3), [p4] "+v"(p4), [p5] "+v"(p5),
+        [p6] "+v"(p6), [p7] "+v"(p7), [saved] "=&s"(saved)
+      : [lim] "v"(lim), [room] "s"(room), [ninf] "v"(ninf)
+      : "vcc", "scc");
+#undef ZYFA_MASK_LO
+#undef ZYFA_MASK_HI
+#undef ZYFA_MASK_ALL
+  x = f32x16{p0.x, p0.y, p1.x, p1.y, p2.x, p2.y, p3.x, p3.y, p4.x, p4.y, p5.x, p5.y, p6.x, p6.y, p7.x, p7.y};
+}
+
+__device__ inline void mask_before(f32x16 (&s)[kKeySubs], int n0, int first, int g, int first_lo, int first_hi) {
+  if constexpr (kDqk > 192) {  // d256 (32-key tiles): compare and select (the form above spilled)
+    const int lim0 = first - (n0 + 4 * g);
+#pragma unroll
+    for (int n = 0; n < kKeySubs; ++n) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const int key = 8 * (e / 4) + (e % 4) + 32 * n;  // minus n0 + 4g
+        s[n][e] = key >= lim0 ? s[n][e] : neg_inf();
+      }
+    }
+    return;
+  }
+  // (n0 opaque here, on the edge tiles only: otherwise the compiler kept lim0 as a VGPR
+  // induction variable stepped in every tile's matrix step, 8 cycles a tile at d128)
+  const int lim0 = first - 4 * g - opaque_sgpr(n0);  // the row's first key, minus n0 + 4g
 #pragma unroll
   for (int n = 0; n < kKeySubs; ++n) {
-    const int lim = lim0 - 32 * n;  // keys of subtile n: 32 n + key, key < 32 an inline constant
-#pragma unroll
-    for (int e = 0; e < 16; ++e) {
-      const int key = 8 * (e / 4) + (e % 4);  // minus n0 + 32 n + 4g
-      s[n][e] = key >= lim ? s[n][e] : neg_inf();
-    }
+    const int k0 = opaque_sgpr(n0) + 32 * n;  // the subtile's first key
+    if (k0 >= first_hi) break;  // every row sees all its keys (and the later subtiles')
+    mask_before_sub(s[n], lim0 - 32 * n, first_lo - k0);
   }
 }
 

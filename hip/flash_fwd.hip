@@ -292,8 +292,16 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
     f32x16 s[kKeySubs];
     __builtin_amdgcn_s_setprio(1);  // matrix work first where both waves of a SIMD can issue
     if (active(0)) qk_step(s, lds + k_tile(0), qf, lane);
-    __builtin_amdgcn_s_setprio(0);
-    sync_workgroup();
+    // (kFeatures) at priority 1 up to the barrier: the moves the compiler places after QK(0)
+    // (its results into the loop's registers) otherwise wait for the VALU behind the other
+    // group's S(0) on the same SIMD, whose left-edge masks make it the longest step.
+    if constexpr (kFeatures) {
+      sync_workgroup();
+      __builtin_amdgcn_s_setprio(0);
+    } else {
+      __builtin_amdgcn_s_setprio(0);
+      sync_workgroup();
+    }
     bf16x8 pf[kPvSteps];
     for (int t = 0; t < n_tiles; ++t) {
       // S(t)
@@ -311,9 +319,13 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
       if constexpr (!kSpread) copy(t + 1);
       if (active(t)) {
         const int n0 = key0(t);
-        if (capped) cap_scores(s, cap_k);
-        if (kFeatures && n0 < w_clean_first) mask_before(s, n0, win.first(row), g);
-        if (n0 + kBlockN > w_clean_end) mask_after(s, n0, win.end(row), g);
+        // (softcap and the left edge expected not: laid out off the tile's straight path, a
+        // tile without them takes no branch for them; n0 opaque in mask_after at d <= 192, as
+        // in mask_before: no lane-bound induction variable in the matrix step; d256 spilled)
+        if (__builtin_expect(capped, 0)) cap_scores(s, cap_k);
+        if (kFeatures && __builtin_expect(n0 < w_clean_first, 0))
+          mask_before(s, n0, win.first(row), g, win.first(w0), w_clean_first);
+        if (n0 + kBlockN > w_clean_end) mask_after(s, kFeatures && kDqk <= 192 ? opaque_sgpr(n0) : n0, win.end(row), g);
         sm.update(s, pf, oacc, piece);
       } else {
 #pragma unroll

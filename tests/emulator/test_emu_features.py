@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import PREBUILT, bf16, built_with, compare, emulator  # noqa: F401 (emulator: a fixture)
+from emukit import O_BOUND, PREBUILT, bf16, built_with, compare, emulator  # noqa: F401 (emulator: a fixture)
 from tests.sweeps import sweep
 
 from zyfa_runtime import catalogue, flash_attn_func, flash_attn_varlen_func, reference
@@ -82,6 +82,35 @@ def test_a_window_limits_each_row_to_its_keys(emulator, v, case):
         right = 0
     q, k, vv = inputs(v, 1, 300, 420)
     check(v, q, k, vv, window_size=(left, right))
+
+
+#: Left bounds of the edge test below, on Sq = 256, Sk = 512 (row r's window starts at key
+#: r + 256 - left): where the first rows' windows start in their 32-key subtile -- 193: 31 keys
+#: into one (each wave's rows cut two subtiles), 224: at a subtile's start, 250: 6 keys in.
+EDGE_LEFTS = (193, 224, 250)
+
+
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
+@pytest.mark.parametrize("left", [pytest.param(x, marks=() if x == EDGE_LEFTS[0] else pytest.mark.slow)
+                                  for x in EDGE_LEFTS])
+def test_each_row_starts_its_window_exactly_at_its_first_key(emulator, v, left):
+    # Scores fall by 2 (scaled, natural log) from each key to the next (q = e0, key j = -16 j
+    # e0, bf16-rounded, at softmax_scale 0.125), so each row puts 0.86 of its weight on its own
+    # first key: a key masked one early or late moves that row's O by about V's size, far past
+    # the bound.  The 8 waves' rows start their windows 32 keys apart: the left-edge tiles hold
+    # subtiles wholly before a wave's rows, cut by them, and past them, and whole tiles before
+    # the later waves' rows (hip/bf16_softmax.h, mask_before).
+    _, _, vv = inputs(v, 7, 256, 512, hq=1, hkv=1)
+    q = np.zeros((1, 256, 1, v.d_qk), np.float32)
+    q[..., 0] = 1.0
+    k = np.zeros((1, 512, 1, v.d_qk), np.float32)
+    k[:, :, :, 0] = -16.0 * np.arange(512)[:, None]
+    q, k = bf16(q), bf16(k)
+    right = 0 if v.causal else -1
+    o, _ = check(v, q, k, vv, window_size=(left, right), softmax_scale=0.125)
+    for off_by_one in (left - 1, left + 1):   # the same call with the edge one key off: far out
+        near = reference.attention(q, k, vv, causal=v.causal, window_size=(off_by_one, right), softmax_scale=0.125)
+        assert reference.relative_error(o, near) > 10 * O_BOUND
 
 
 @pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
