@@ -58,8 +58,9 @@ Serving features (runtime arguments; catalogue.FEATURES_OF).  A sliding window m
 K and V resources to the workgroup's first key block and sets each wave's block counts
 (stage_window, skipped by a uniform branch without a window): blocks wholly outside the
 workgroup's windows are never loaded, those the window's edges cut are masked (the right edge
-as the causal diagonal; the left edge by a second mask, out of line).  Sinks join each row in
-the epilogue (stage_sink, where the pointer is not null).  A contiguous KV cache gives each
+as the causal diagonal; the left edge out of line, by a second mask or, where the registers
+fit, by biases made once; a block no row of the wave sees is a bare phase).  Sinks join each
+row in the epilogue (stage_sink, where the pointer is not null).  A contiguous KV cache gives each
 sequence its key count, clamped to its slot of the cache (stage_cache, where the pointer is
 not null), before anything derives from it.  A softcap (where the argument is not 0) and a
 paged cache (where the page table's pointer is not null) each select a body of the loop out
@@ -90,6 +91,7 @@ ROWS = 32              # query rows per wave (the 32 columns of S^T)
 BLOCK_M = WAVES * ROWS
 BLOCK_N = RECIPE.block_keys          # 64 keys per block
 NEG_INF = "0xff800000"
+LEFT_BIAS = 2 * 32                   # left-edge biases: two blocks x 32 scores a lane
 NO_KEY = np.float32(-2.0 ** 64)      # the block max of a row that sees none of the block
 RSRC_WORD3 = "0x00020000"            # raw buffer: DATA_FORMAT 32, no swizzle, no ADD_TID
 KERNARG_SGPR = 8                     # the kernarg segment is loaded into s[8:...]
@@ -237,6 +239,12 @@ def plan(v: Variant) -> Plan:
             break
     else:
         raise ValueError(f"{v.name}: {vg.next} VGPRs + {ag.next} AGPRs exceed {VGPR_LIMIT}")
+    # the window's left-edge biases (stage_window), where they fit (d64): 0 or -inf per score
+    # of S^T for the two blocks a wave's left edge can cut; after every other register, so
+    # the plain loop's registers are as they were
+    if -(-(vg.next + LEFT_BIAS) // 8) * 8 + ag.next <= VGPR_LIMIT:
+        vg.take("lbias", LEFT_BIAS, 2)
+        n_vgpr = -(-vg.next // 8) * 8
     sg = _Pool("s", KERNARG_SGPR + len(kernarg_image(v)))
     singles = ("c", "sq", "sk", "qf", "m0row", "diag", "wave", "wrow0", "nb", "wnb",
                "wfull", "p", "pb", "qb", "dv", "kstr64", "vstr64", "t4", "t5", "dl", "dr")
@@ -948,6 +956,62 @@ def _window_values(a: Asm) -> None:
     a("s_branch .Lwindow_done")
 
 
+def _biases_in_the_shadow(a: Asm) -> None:
+    """Where the left-edge biases fit (d64): a wave with a block the left edge cuts or hides
+    (``lcut_p`` past the group's lag: never without a window) makes them out of line while
+    the loop's first loads are in flight (3 SALU and a branch not taken on the plain path)."""
+    if "lbias" not in a.p.vgpr:
+        return
+    go, back = a.new_label("biases"), a.new_label("biases_done")
+    a(f"s_lshr_b32 {a.s('t4')}, {a.s('wave')}, 2")               # the group's lag
+    a(f"s_cmp_lg_u32 {a.s('lcut_p')}, {a.s('t4')}")
+    a(f"s_cbranch_scc1 {go}")
+    a.label(back)
+
+    def path():
+        a.label(go)
+        _left_biases(a)
+        a(f"s_branch {back}")
+    a.out_of_line.append(path)
+
+
+def _left_biases(a: Asm) -> None:
+    """The left edge's masks as additive biases, once a workgroup (where the registers fit):
+    a block the left edge cuts but does not wholly hide from the wave is one of the two
+    before wlo (``pb`` = -1 or -2: the wave's first keys ``lo(wrow0 .. wrow0 + 31)`` span 32),
+    so ``lbias`` holds, for ``pb`` = -1 then -2, per score of S^T (register 16h + r, key
+    offset ``_key_offset(h, r)``) 0 where _mask's left compare keeps it, else -inf; the
+    vector phase then adds them to the scores, 16 packed adds instead of 69 slots
+    (stage_softmax).  64 VALU a set, once; a set whose block the wave never takes (wholly
+    hidden: ``wleft + 64 (n + 1) >= 64``) is not made."""
+    t, j = a.v("tmp"), a.v("mn")
+    a.note("left-edge biases: lbias[32 n + 16h + r] = 0 if key offset >= wleft + 64 (n + 1) "
+           "+ row - 4g, else -inf (n = 0, 1: pb = -1, -2)")
+    a(f"v_and_b32 {j}, 31, v0")
+    a(f"v_bfe_u32 {t}, v0, 5, 1")
+    a(f"v_lshlrev_b32 {t}, 2, {t}")
+    a(f"v_sub_u32 {j}, {j}, {t}")                       # row - 4g
+    masks = ("vcc", a.sr("t0", 2), a.sr("t2", 2))
+    b0 = a.p.vgpr["lbias"]
+    idx = [(h, r) for h in range(2) for r in range(16)]
+    for n in range(2):
+        unseen = a.new_label("no_bias")
+        a(f"s_cmp_ge_i32 {a.s('wleft')}, {-BLOCK_N * n}")     # pb = -1 - n hidden: no set
+        a(f"s_cbranch_scc1 {unseen}")
+        a(f"s_add_i32 {a.s('t4')}, {a.s('wleft')}, {BLOCK_N * (n + 1)}")
+        a(f"v_add_u32 {t}, {a.s('t4')}, {j}")
+
+        def select(i):
+            a(f"v_cndmask_b32_e64 v{b0 + 32 * n + i}, {a.v('ninf')}, 0, {masks[i % 3]}")
+        for i, (h, r) in enumerate(idx):   # masks rotate: each read 2+ wait states after its write
+            a(f"v_cmp_ge_i32_e64 {masks[i % 3]}, {_key_offset(h, r)}, {t}")
+            if i >= 2:
+                select(i - 2)
+        select(len(idx) - 2)
+        select(len(idx) - 1)
+        a.label(unseen)
+
+
 def _paged_setup(a: Asm) -> None:
     """A paged KV cache (``flash_attn_with_kvcache`` with a page table): key t of sequence b is
     row ``t % page_size`` of page ``page_table[b, t / page_size]`` of the caches (num_pages,
@@ -1571,6 +1635,14 @@ def _mask(a: Asm, block: str, edge: str) -> None:
     select(len(idx) - 1)
 
 
+def _add_biases(a: Asm, n: int) -> None:
+    """S^T += lbias set ``n`` (16 v_pk_add_f32: a kept score plus 0 is itself, a hidden one
+    -inf)."""
+    b0 = a.p.vgpr["lbias"] + 32 * n
+    for i in range(16):
+        a(f"v_pk_add_f32 {a.vr('s', 2 * i, 2)}, {a.vr('s', 2 * i, 2)}, v[{b0 + 2 * i}:{b0 + 2 * i + 1}]")
+
+
 def _block_max(a: Asm, masked: bool) -> None:
     """mx = the row's block max: 32 scores in-lane (16 slots), lanes l and l^32 (3 slots, the
     previous block's row sums in the permlane's shadow).  A boundary row that sees no key of
@@ -1678,14 +1750,16 @@ def _cap(a: Asm) -> None:
         a(f"v_pk_fma_f32 {r}, {r}, {capb}, {capb} op_sel:[0,0,1] op_sel_hi:[1,0,1]")
 
 
-def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False, cap: bool = False) -> None:
+def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False, cap: bool = False,
+                  bias: int | None = None) -> None:
     """Lean P, the row sums and the merge for one block.  VALU slots per wave and 64-key block
     (d_v = 128; a slot is 4 cycles, and a 32 x 128 block is 2 wave-blocks of 4 cycles a slot,
     so cycles per 32 x 128 = 8 x slots): block max 16 + exchange 3 + row sums 2 + U and
     merge 12 + packed FMA 16 + bytes 16 + O rescale d_v / 4 = 97 (776 cycles per 32 x 128);
     a boundary block (``masked``) adds 69 (the mask 65, NO_KEY 2, the merge's guard 2), one the
-    window's left edge cuts (``left``) 69 more (its 64 compares and selects, its limit 5); the
-    softcap (``cap``, :func:`_cap`) 112 more, first."""
+    window's left edge cuts (``left``) 69 more (its 64 compares and selects, its limit 5), or
+    16 where its biases are made (``bias``: the set, _left_biases); the softcap (``cap``,
+    :func:`_cap`) 112 more, first."""
     if cap:
         a.note("softcap: S' -> 2^-es tanh(x), in place")
         _cap(a)
@@ -1697,7 +1771,10 @@ def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False, cap: boo
             a(f"s_cbranch_scc1 {uncut}")
         _mask(a, block, "right")
         a.label(uncut)
-    if left:
+    if left and bias is not None:
+        a.note("the window's left edge: its biases (0 or -inf, _left_biases) added to the scores")
+        _add_biases(a, bias)
+    elif left:
         a.note("the window's left edge: scores of keys before the row's first become -inf")
         _mask(a, block, "left")
     a.note("block max of the row: 32 scores in-lane, then lanes l and l^32")
@@ -1761,6 +1838,7 @@ def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
         a(f"s_mov_b32 {a.s('ent')}, {a.s('t2', 1)}")      # M(0)'s: K(3)
     elif paged:
         _fetch_entries(a, _paged_fetches(a.p))           # M(0)'s: K(3) (and V(2))
+    _biases_in_the_shadow(a)
     a("s_waitcnt vmcnt(0) lgkmcnt(0)" if paged else "s_waitcnt vmcnt(0)")
     a("s_barrier")
     a(f"s_mov_b32 {sp}, 0")
@@ -1854,10 +1932,36 @@ def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
         a.label(done)
 
         def left_edge():
+            """A block before wlo: wholly before the window of every row of the wave (its
+            first row's lo at or past the block's end: wleft - 64 pb >= 64) a bare phase
+            that keeps the row state (P = 0, x = 1: the next row sums and PV add nothing),
+            else the masked softmax with the left edge."""
+            hidden = a.new_label("hidden")
             a.label(left)
+            a(f"s_lshl_b32 {a.s('t4')}, {pb}, {int(math.log2(BLOCK_N))}")
+            a(f"s_sub_i32 {a.s('t5')}, {a.s('wleft')}, {a.s('t4')}")
+            a(f"s_cmp_ge_i32 {a.s('t5')}, {BLOCK_N}")
+            a(f"s_cbranch_scc1 {hidden}")
+            sets = (0, 1) if "lbias" in a.p.vgpr else (None,)
+            if len(sets) > 1:     # pb = -1 or -2 (the others are hidden): the set, before the barrier
+                second = a.new_label("bias2")
+                a(f"s_cmp_eq_i32 {pb}, -1")
+                a(f"s_cbranch_scc0 {second}")
+            for n in sets:
+                if n == 1:
+                    a.label(second)
+                a("s_barrier")
+                reads()
+                stage_softmax(a, pb, masked=True, left=True, cap=capped, bias=n)
+                a(f"s_branch {done}")
+            a.label(hidden)
             a("s_barrier")
             reads()
-            stage_softmax(a, pb, masked=True, left=True, cap=capped)
+            a.note("a block no row of the wave sees: the last block's row sums, then x = 1, P = 0")
+            stage_row_sums(a)
+            a(f"v_mov_b32 {a.v('x')}, 1.0")
+            for q in range(8):
+                a(f"v_mov_b32 {a.v('p', q)}, 0")
             a(f"s_branch {done}")
         a.out_of_line.append(left_edge)
 

@@ -123,9 +123,12 @@ def traced_head(rec, v, window, x, y, z, sq, sk):
 
 def expected_blocks(v, window, sq, sk, x, wave) -> int:
     """The blocks wave ``wave`` of query block x computes: from the workgroup's first to the
-    last its rows' windows meet."""
+    last its rows' windows meet; none where its first row's window starts at or past their end
+    (blocks no row of the wave sees keep its state without a softmax)."""
     hi = key_bounds(v, window, sq, sk, 256 * x + 32 * wave + 31)[1]
-    return max(-(-hi // 64) - first_block(v, window, sq, sk, x), 0)
+    kb0 = first_block(v, window, sq, sk, x)
+    n = max(-(-hi // 64) - kb0, 0)
+    return 0 if key_bounds(v, window, sq, sk, 256 * x + 32 * wave)[0] >= 64 * (kb0 + n) else n
 
 
 def traced_call(prebuilt, v: Variant, rec, call, q, k, vv, **args):
