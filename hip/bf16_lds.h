@@ -109,6 +109,15 @@ __device__ inline void lds_dma16_pair(u32 lo, u32 hi, u32 bytes, u32 voff_a, u32
                : "memory", "m0", "s20", "s21", "s22", "s23", "s24", "s25", "s26", "s27");
 }
 
+// a x b by v_mul_u32_u24 (full rate; v_mul_lo_u32 is quarter rate): the low 32 bits of the
+// product of a's and b's low 24 bits; `a_uniform` wave-uniform (an SGPR).  In assembly: given
+// masks in C instead, the compiler folded them back into a v_mul_lo_u32.
+__device__ inline u32 mul_u24(u32 a_uniform, u32 b) {
+  u32 r;
+  asm("v_mul_u32_u24 %0, %1, %2" : "=v"(r) : "s"(a_uniform), "v"(b));
+  return r;
+}
+
 // A sequence's pages in a paged KV cache (the arguments' page_table, page_size, num_pages):
 // `table`, its row of page_table (slot i: the page of keys [i page_size, (i + 1) page_size));
 // `units`, page_size / 16 (16-row groups a page, 1 .. 16); `magic` = magic_of(page_size) =
@@ -264,7 +273,13 @@ struct CopyCore {
   // exist (rows x stride bytes: no lane reads past its own row's kWidth; none: zeros).
   // `page_stride`: elements between two pages of the tensor (its stride_b).
   // kRowGiven = false: `row_off` is ignored and computed here (above d 64; at d 256 a VGPR held
-  // for it from the load spilled).
+  // for it from the load spilled).  kRowGiven (d 64, where this is in the step that sets the
+  // period): the page's offset one 32 x 32 -> 64-bit multiply-add (v_mad_u64_u32) onto the
+  // base, not two (the runtime refuses page strides of 4 GiB or more: plan.PAGE_STRIDE_LIMIT),
+  // the size a 24-bit multiply (rows <= 16; row strides of 16 MiB or more refused:
+  // plan.PAGE_ROW_STRIDE_LIMIT), and no mask of the high word (the page is clamped to the
+  // cache, whose addresses are below 2^48).  Above d 64 the code of before (the copy hides under
+  // the matrix step there).
   template <bool kRowGiven = true>
   __device__ PagedTile tile(int n0, int sk, int entry, u32 row_off, const PageMap& pages, i64 page_stride,
                             int lane) const {
@@ -274,9 +289,14 @@ struct CopyCore {
     asm("" : "+v"(left));  // (two steps: a clamp is a v_med3_i32, which the emulator has not)
     const u32 rows = u32(left < 0 ? 0 : left);  // 0 .. 16
     const u32 row_step = 2u * u32(stride);  // bytes from a row of a page to the next
-    const u64 at = reinterpret_cast<u64>(src) + u64(pages.clamp(entry)) * (2ull * u64(page_stride)) +
-                   (kRowGiven ? row_off : pages.row_of(g, pages.slot_of(g)) * row_step);
-    return {u32(at), u32(at >> 32) & 0xffffu, rows * row_step};
+    if constexpr (kRowGiven) {
+      const u64 at = (reinterpret_cast<u64>(src) + row_off) + u64(pages.clamp(entry)) * u64(u32(2 * page_stride));
+      return {u32(at), u32(at >> 32), mul_u24(row_step, rows)};
+    } else {
+      const u64 at = reinterpret_cast<u64>(src) + u64(pages.clamp(entry)) * (2ull * u64(page_stride)) +
+                     pages.row_of(g, pages.slot_of(g)) * row_step;
+      return {u32(at), u32(at >> 32) & 0xffffu, rows * row_step};
+    }
   }
   // Instruction n's buffer, read out of lane n (v_readlane).
   __device__ static u32x4 lane_buffer(const PagedTile& b, int n) {

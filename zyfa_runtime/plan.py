@@ -95,6 +95,8 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     kernel = table.get(device, variant)
     if variant.built_from == "asm-generator":
         _check_buffer_spans(problem, q, k, v, out)
+    elif arch == "gfx950" and problem.kvcache == "paged":
+        _check_paged_strides(problem, k, v)
     names = {a["name"] for a in kernel.entry["kernargs"]}
 
     b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
@@ -260,9 +262,13 @@ def _descale_values(variant: Variant, names: set, descales) -> dict:
 #: The gfx950 FP8 kernels address each (sequence, head) slice of a tensor through a buffer
 #: resource: 32-bit offsets and range checks, rows past the sequence read as zeros.
 BUFFER_SPAN_LIMIT = 2**31
-#: The gfx950 FP8 kernels' paged loads address page n of a cache at ``n stride_b`` as a 32 x 32
-#: -> 64-bit product (generator/gfx950_fp8.py paged_chunks): a page stride below 4 GiB.
+#: The gfx950 kernels' paged loads address page n of a cache at ``n stride_b`` as a 32 x 32
+#: -> 64-bit product (generator/gfx950_fp8.py paged_chunks; BF16: hip/bf16_lds.h
+#: CopyCore::tile): a page stride below 4 GiB.
 PAGE_STRIDE_LIMIT = 2**32
+#: The gfx950 BF16 kernels' paged copies size a 16-row group's buffer as its rows x the row
+#: stride by a 24-bit multiply (v_mul_u32_u24): a row stride (stride_s) below 16 MiB.
+PAGE_ROW_STRIDE_LIMIT = 2**24
 
 
 def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
@@ -295,6 +301,23 @@ def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
                 raise ValueError(f"{name}: a page stride of {int(t.strides[0])} bytes, more than "
                                  f"{PAGE_STRIDE_LIMIT - 1}: the gfx950 FP8 kernels multiply a page "
                                  "by its stride in 32 bits; pass a cache of smaller pages")
+
+
+def _check_paged_strides(problem: validate.Problem, k, v) -> None:
+    """What the paged copies of the gfx950 BF16 kernels need, as a clear error before launch: a
+    page stride below 4 GiB (PAGE_STRIDE_LIMIT) and a row stride below 16 MiB
+    (PAGE_ROW_STRIDE_LIMIT), in bytes."""
+    elem = 2  # bf16
+    for name, t in (("k", k), ("v", v)):
+        page, row = int(t.strides[0]) * elem, int(t.strides[1]) * elem
+        if page >= PAGE_STRIDE_LIMIT:
+            raise ValueError(f"{name}: a page stride of {page} bytes, more than {PAGE_STRIDE_LIMIT - 1}: the "
+                             "gfx950 kernels multiply a page by its stride in 32 bits; pass a cache of smaller "
+                             "pages")
+        if row >= PAGE_ROW_STRIDE_LIMIT:
+            raise ValueError(f"{name}: a row stride of {row} bytes, more than {PAGE_ROW_STRIDE_LIMIT - 1}: the "
+                             "gfx950 BF16 kernels size a page's rows by a 24-bit multiply; pass a cache with "
+                             "rows closer together")
 
 
 def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict) -> tuple:
