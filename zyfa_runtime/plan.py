@@ -96,7 +96,7 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
     if variant.built_from == "asm-generator":
         _check_buffer_spans(problem, q, k, v, out)
     elif arch == "gfx950" and problem.kvcache == "paged":
-        _check_paged_strides(problem, k, v)
+        _check_paged_strides(k, v, elem=2, row_limit=PAGE_ROW_STRIDE_LIMIT)
     names = {a["name"] for a in kernel.entry["kernargs"]}
 
     b_ = 0 if problem.varlen else 1  # dense tensors have a leading batch dim
@@ -296,26 +296,21 @@ def _check_buffer_spans(problem: validate.Problem, q, k, v, out) -> None:
                              f"{span} bytes, more than {BUFFER_SPAN_LIMIT - 1} (32-bit offsets): "
                              "use a smaller row stride or shorter key sequences")
     if problem.kvcache == "paged":
-        for name, t in (("k", k), ("v", v)):
-            if int(t.strides[0]) >= PAGE_STRIDE_LIMIT:
-                raise ValueError(f"{name}: a page stride of {int(t.strides[0])} bytes, more than "
-                                 f"{PAGE_STRIDE_LIMIT - 1}: the gfx950 FP8 kernels multiply a page "
-                                 "by its stride in 32 bits; pass a cache of smaller pages")
+        _check_paged_strides(k, v, elem=1)
 
 
-def _check_paged_strides(problem: validate.Problem, k, v) -> None:
-    """What the paged copies of the gfx950 BF16 kernels need, as a clear error before launch: a
-    page stride below 4 GiB (PAGE_STRIDE_LIMIT) and a row stride below 16 MiB
-    (PAGE_ROW_STRIDE_LIMIT), in bytes."""
-    elem = 2  # bf16
+def _check_paged_strides(k, v, elem: int, row_limit: int | None = None) -> None:
+    """What the paged loads of the gfx950 kernels need, as a clear error before launch: a page
+    stride below 4 GiB (PAGE_STRIDE_LIMIT) and, where ``row_limit`` (the BF16 kernels'
+    PAGE_ROW_STRIDE_LIMIT), a row stride below it; in bytes, ``elem`` bytes an element."""
     for name, t in (("k", k), ("v", v)):
         page, row = int(t.strides[0]) * elem, int(t.strides[1]) * elem
         if page >= PAGE_STRIDE_LIMIT:
             raise ValueError(f"{name}: a page stride of {page} bytes, more than {PAGE_STRIDE_LIMIT - 1}: the "
                              "gfx950 kernels multiply a page by its stride in 32 bits; pass a cache of smaller "
                              "pages")
-        if row >= PAGE_ROW_STRIDE_LIMIT:
-            raise ValueError(f"{name}: a row stride of {row} bytes, more than {PAGE_ROW_STRIDE_LIMIT - 1}: the "
+        if row_limit is not None and row >= row_limit:
+            raise ValueError(f"{name}: a row stride of {row} bytes, more than {row_limit - 1}: the "
                              "gfx950 BF16 kernels size a page's rows by a 24-bit multiply; pass a cache with "
                              "rows closer together")
 
