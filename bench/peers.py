@@ -647,23 +647,31 @@ def build_impl(name, ctx, causal, tri: TritonFP8):
     raise ValueError(name)
 
 
-def run_point(shape, causal, impls, args, sampler, tri):
+def point_context(shape, seed: int, real=None) -> dict:
+    """One point's tensors: bf16 Q, K, V (Gaussian from ``seed``, or tiled from captured
+    activations ``real``), their e4m3 codes with per-tensor descales, and the softmax scale."""
     import torch
     B, Hq, Hkv, S, dqk, dv = shape
-    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    g = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
-    if args.real is not None:
-        q, k, v = (torch.from_numpy(x).to(dev).to(torch.bfloat16) for x in tile_real(args.real, shape))
+    if real is not None:
+        q, k, v = (torch.from_numpy(x).to(dev).to(torch.bfloat16) for x in tile_real(real, shape))
         sm = 0.125   # the model's own scale (the derived d128 heads too, as in the study)
     else:
         q = torch.randn(B, S, Hq, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
         k = torch.randn(B, S, Hkv, dqk, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
         v = torch.randn(B, S, Hkv, dv, generator=g, device=dev, dtype=torch.float32).to(torch.bfloat16)
         sm = 1.0 / math.sqrt(dqk)
-    q8, dq_ = quantise(q)
-    k8, dk_ = quantise(k)
-    v8, dv_ = quantise(v)
-    ctx = dict(q=q, k=k, v=v, q8=q8, k8=k8, v8=v8, dq=dq_, dk=dk_, dv=dv_, sm_scale=sm)
+    (q8, dq), (k8, dk), (v8, dvs) = (quantise(t) for t in (q, k, v))
+    return dict(q=q, k=k, v=v, q8=q8, k8=k8, v8=v8, dq=dq, dk=dk, dv=dvs, sm_scale=sm)
+
+
+def run_point(shape, causal, impls, args, sampler, tri):
+    import torch
+    dqk, dv = shape[4:]
+    ctx = point_context(shape, args.seed, args.real)
+    q, k, v, sm = ctx["q"], ctx["k"], ctx["v"], ctx["sm_scale"]
+    q8, dq_, k8, dk_, v8, dv_ = (ctx[n] for n in ("q8", "dq", "k8", "dk", "v8", "dv"))
     rows_t, ref_bf = ref_slice(q, k, v, causal, sm, args.ref_heads)
     deq = [c.float() * d for c, d in ((q8, dq_), (k8, dk_), (v8, dv_))]
     _, ref_fp8 = ref_slice(*deq, causal, sm, args.ref_heads)

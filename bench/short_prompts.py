@@ -45,20 +45,6 @@ class _NoSampler:
         return {}
 
 
-def context(shape, seed: int) -> dict:
-    """The tensors of one point (bf16 Gaussian, e4m3 codes with per-tensor descales), as
-    peers.run_point makes them."""
-    import math
-    import torch
-    B, Hq, Hkv, S, dqk, dv = shape
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(B, S, h, d, generator=g, device="cuda").to(torch.bfloat16)
-               for h, d in ((Hq, dqk), (Hkv, dqk), (Hkv, dv)))
-    (q8, dq), (k8, dk), (v8, dvs) = (peers.quantise(t) for t in (q, k, v))
-    return dict(q=q, k=k, v=v, q8=q8, k8=k8, v8=v8, dq=dq, dk=dk, dv=dvs,
-                sm_scale=1.0 / math.sqrt(dqk))
-
-
 def time_graph(call, n_calls: int, replays: int) -> float:
     """Milliseconds a call, from ``n_calls`` calls captured into one CUDA graph (median of
     ``replays`` replays, each between two events)."""
@@ -105,7 +91,7 @@ def run(args) -> dict:
     with torch.cuda.stream(side):
         for shape in args.shapes:
             for causal in args.causal:
-                ctx = context(shape, args.seed)
+                ctx = peers.point_context(shape, args.seed)
                 fl = peers.flops(shape, causal)
                 calls, res = {}, {}
                 for name in args.impls:
