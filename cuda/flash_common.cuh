@@ -236,28 +236,28 @@ __device__ __forceinline__ int narrow_to_window(const P& p, CtaWork& w) {
   return shift;
 }
 
-// Softcap: each raw score x -> u = 1 / (1 + 2^(-kc x)), kc = 2 log2(e) softcap_scale (the
-// runtime's softcap_scale = softmax_scale / softcap): u is the logistic of 2 t, t = x
-// softmax_scale / softcap, and tanh t = 2u - 1, so the capped logit softcap tanh t is
-// 2 softcap u - softcap.  The softmax takes 2 softcap log2(e) as its score factor and leaves the
-// constant -softcap to the LSE and the sink (no instruction a score spent on it); u in [0, 1]
-// keeps the quad's integer row maximum (quad_row_max) on its fast path, and x of either sign
-// and any size gives no NaN (2^(-kc x) = inf: u = rcp(inf) = 0).  Three instructions a score
-// beside the multiply: ex2.approx.ftz, an add, rcp.approx.ftz.  Runs before any mask (u of a
-// masked -inf would be 0, a weight of e^-softcap, not none).
-// Error: with ex2.approx within 2^-22 and rcp.approx within 2^-23 relative (PTX ISA) and the
-// fp32 roundings of kc x and 1 + E, |du| <= u (1 - u) (ln 2 |kc x| 2^-24 + 2^-22) + u (2^-24 +
-// 2^-23) <= 0.224 x 2^-24 + 2^-24 + 1.5 x 2^-23 < 2.6e-7, so tanh t is within 5.2e-7 and a capped
-// logit within softcap x 5.2e-7 (with the softmax's fp32 multiply by 2 softcap log2(e), softcap
-// x 7e-7): each weight within a factor 1 +- 1.4e-5 at Gemma 2's softcap 50, far below the 2^-9
-// of P's bf16 rounding that the BF16 kernels' bounds (selfcheck: O 8e-3, LSE 1e-3 / 2.5e-3) are
-// made of.
-__device__ __forceinline__ void cap_scores(float (&s)[zyfa_cfg::kBlockN / 2], float kc) {
+// Softcap: each raw score x -> u = (1 + tanh t) / 2, t = x softcap_scale (the runtime's
+// softcap_scale = softmax_scale / softcap), so the capped logit softcap tanh t is 2 softcap u -
+// softcap.  The softmax takes 2 softcap log2(e) as its score factor and leaves the constant
+// -softcap to the LSE and the sink (no instruction a score spent on it); u in [0, 1] keeps the
+// quad's integer row maximum (quad_row_max) on its fast path.  Three instructions a score, one
+// of them MUFU's (tanh.approx.f32), beside the softmax's own ex2: the logistic by ex2 and rcp it
+// replaced took two, and MUFU set the pace (the softcap's TFLOP/s rose 1.10-1.12x, same run,
+// bench/results/2026-12-06_h200_softcap_tanh).  Runs before any mask (u of a masked -inf would
+// be 0, a weight of e^-softcap, not none).  x of any size gives u in [0, 1] (tanh.approx is
+// exactly +-1 from |t| = 16 on, measured to 32, and at +-inf: the PTX ISA); a NaN stays NaN.
+// Error: tanh.approx.f32 is within 8.0e-6 absolute of tanh (measured over every fp32 t on an
+// H200, the run above), t's rounding moves tanh by at most 0.45 x 2^-24 and u's by 2^-25, so a
+// capped logit is within softcap x 8.1e-6 of the exact one (with the softmax's fp32 multiply by 2
+// softcap log2(e), softcap x 8.3e-6): each weight within a factor 1 +- 4.2e-4 at Gemma 2's
+// softcap 50, below the 2^-9 of P's bf16 rounding that the BF16 kernels' bounds (selfcheck: O
+// 8e-3, LSE 1e-3 / 2.5e-3) are made of.
+__device__ __forceinline__ void cap_scores(float (&s)[zyfa_cfg::kBlockN / 2], float softcap_scale) {
 #pragma unroll
   for (int i = 0; i < zyfa_cfg::kBlockN / 2; ++i) {
     float u;
-    asm("{\n.reg .f32 e;\nmul.ftz.f32 e, %1, %2;\nex2.approx.ftz.f32 e, e;\nadd.ftz.f32 e, e, 0f3F800000;\n"
-        "rcp.approx.ftz.f32 %0, e;\n}\n" : "=f"(u) : "f"(s[i]), "f"(-kc));
+    asm("{\n.reg .f32 t;\nmul.ftz.f32 t, %1, %2;\ntanh.approx.f32 t, t;\nfma.rn.ftz.f32 %0, t, 0f3F000000, 0f3F000000;\n}\n"
+        : "=f"(u) : "f"(s[i]), "f"(softcap_scale));
     s[i] = u;
   }
 }
@@ -314,7 +314,7 @@ struct ServingScores {
   int diag;   // the narrowed CtaWork's
   __device__ ServingScores(const P& p_, int diag_) : p(p_), diag(diag_) {}
   __device__ void apply(float (&s)[zyfa_cfg::kBlockN / 2], int n0, int wg_row0, int r_lo, int quad_col) const {
-    if (p.softcap > 0.f) cap_scores(s, 2.f * 1.4426950408889634f * p.softcap_scale);   // 2 log2(e) softcap_scale
+    if (p.softcap > 0.f) cap_scores(s, p.softcap_scale);
     window_edges(p, diag, s, n0, wg_row0, r_lo, quad_col);
   }
 };

@@ -635,47 +635,22 @@ __device__ __forceinline__ bool finish_piece(const P& p, const Segment& g, float
 // diagonal keeps its recipe); softcap hands the softmax tanh(S a), a = fp32(softmax_scale dq dk
 // / softcap), with c = fp32(softcap log2(e)); a sink joins the row in the epilogue (with_sink).
 
-// 2^x for the softcap's logistic, x clamped to at most 126 (min.NaN: a NaN score stays NaN), so
-// that 1 + 2^x is finite and within rcp_fma's range; ex2.approx within 2^-22 relative (PTX ISA).
-__device__ __forceinline__ float ex2_capped(float x) {
-  float e;
-  asm("{\n.reg .f32 t;\nmin.NaN.f32 t, %1, 0f42FC0000;\nex2.approx.ftz.f32 %0, t;\n}\n" : "=f"(e) : "f"(x));
-  return e;
-}
-
-// 1 / d for d in [1, 2^126 + 1] on the FMA pipe (five FFMA and an integer subtract), not the
-// MUFU pipe that the softcap's ex2 fills (MUFU issues an eighth of what the FMA pipe does: Lean P
-// has no exponential of its own, and MUFU's ex2 + rcp a score took twice a block's WGMMA time;
-// measured, 1.06-1.08x the softcap's TFLOP/s at d128, bench/results/2026-12-05_h100_softcap_fma).
-// Not in the BF16 kernels, whose softmax keeps the FMA pipe busy (there it was 0.91-0.94x):
-//   r0 = bits 0x7EF311C3 - bits(d)        within 10.1 % of 1/d (a linear fit of 1/m in the mantissa)
-//   r1 = r0 + r0 (e + e^2), e = 1 - d r0  cubic: error e^3, within 1.04e-3
-//   r  = r1 + r1 e1,       e1 = 1 - d r1  Newton: error e1^2 + the roundings, within 1.11e-6
-// (the bounds measured over every power of two and 3 x 10^6 random d of the range).  d past 2^126
-// would make r0 negative: ex2_capped keeps 1 + 2^x below 2^126 + 1.  A NaN d gives NaN.
-__device__ __forceinline__ float rcp_fma(float d) {
-  float r = __int_as_float(0x7EF311C3 - __float_as_int(d));
-  float e = __fmaf_rn(-d, r, 1.f);
-  r = __fmaf_rn(r, __fmaf_rn(e, e, e), r);
-  e = __fmaf_rn(-d, r, 1.f);
-  return __fmaf_rn(r, e, r);
-}
-
-// The softcap of a block's raw scores: t = tanh(x), x = fp32(S a) (the model's x exactly), as
-// 1 - 2 / (1 + 2^(2 log2(e) x)) by ex2_capped (ex2.approx, the one MUFU instruction a score) and
-// rcp_fma (the reciprocal on the FMA pipe): |t - fp32(tanh x)| <= 0.45 x 2^-24
-// (the rounding of 2 log2(e) x) + 0.5 x 2^-22 (ex2) + 2^-23 (1 + e) + 2 x 1.11e-6 (rcp_fma, t's
-// 2 r with r <= 1) + 2^-24 (the FMA) + 2^-25 (the model's own rounding) < 2.6e-6, so a logit is
-// within softcap x 2.6e-6 of the model's and a Lean byte moves only where its y lies that close
-// to a rounding boundary (fp8_models: hardware tanh is within its documented error of the model,
-// not byte for byte).  x of any size gives no NaN (2 log2(e) x clamped to 126: t = 1 - 2^-125,
-// which rounds to 1); a NaN score stays NaN.
+// The softcap of a block's raw scores: t = tanh(x), x = fp32(S a) (the model's x exactly), by
+// MUFU's tanh.approx.f32: two instructions a score.  Its error, measured over every fp32 x on an
+// H200 (bench/results/2026-12-06_h200_softcap_tanh): at most 8.0e-6 (2^-16.9) absolute and
+// 1.1e-5 relative for |x| <= 32, exactly +-1 from |x| = 16 on (+-1 at +-inf and NaN for NaN: the
+// PTX ISA's special values, so no x gives a NaN that S had not); with the model's own rounding
+// of tanh (2^-25) a capped logit is within softcap x 8.1e-6 of the model's (fp8_models: hardware
+// tanh within its measured error, not byte for byte), 4.1e-4 at Gemma 2's softcap 50 against
+// the Lean byte's 1/8 step of log2(P).  It replaced 1 - 2 / (1 + 2^(2 log2(e) x)) by ex2.approx
+// and a reciprocal on the FMA pipe (eleven instructions a score, within 2.6e-6): the consumers
+// are bound by their instruction issue, and the softcap's TFLOP/s rose 1.31-1.35x (same run).
 __device__ __forceinline__ void cap_tanh(float (&s)[kBlockN / 2], float a) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) {
     float x;
     asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(x) : "f"(s[i]), "f"(a));   // not contracted: the model's x
-    s[i] = __fmaf_rn(rcp_fma(1.f + ex2_capped(x * 2.8853900817779268f)), -2.f, 1.f);
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(s[i]) : "f"(x));
   }
 }
 

@@ -187,7 +187,7 @@ class Recipe:
                     block)) or "e8m0" (gfx950's: powers of two only, as E8M0 operand scales of
                     the scaled MFMA; ``c`` stays that of descales 1).
     ``softcap_form`` how the capped score is formed (:func:`_capped_scores`): "tanh" (float64
-                    tanh, rounded once: a kernel's tanh is within its documented error of it)
+                    tanh, rounded once: a kernel's tanh is within its measured error of it: docs/sm90a.md)
                     or "exp_rcp" (gfx950's: the kernel's fp32 instructions,
                     :func:`gfx950_capped_scores`, so that bytes compare exactly).
     Sweep a study with ``recipe.replace(field=value, ...)``.
@@ -658,7 +658,7 @@ def _capped_scores(qh, kt, scale: float, dq, dk, softcap: float, form: str = "ta
     """The softcapped scores a kernel hands the recipe, and its log2 constant: ``S`` the fp32
     score (exact, as step 1), ``x = fp32(S a)`` with ``a = fp32(scale dq dk / softcap)``, the
     capped score ``fp32(tanh(x))`` (float64 tanh: a kernel's hardware tanh is within its
-    documented error of it, not byte for byte), in units of ``softcap``: the recipe's ``c`` is
+    measured error of it, not byte for byte), in units of ``softcap``: the recipe's ``c`` is
     then ``fp32(softcap log2 e)``.  ``dq``, ``dk``: one value each, or with the "tile" fold of
     block descales (H, Sq, 1) and (H, 1, Sk): ``a`` per score.  ``form`` "exp_rcp": the capped
     score of :func:`gfx950_capped_scores` instead (the same units and ``c``)."""
