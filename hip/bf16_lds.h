@@ -383,13 +383,20 @@ __device__ inline void load_q(bf16x8 (&qf)[kQkSteps], const u16* q, int row, i64
 // d 64: 3, not 4 (its registers allow 4): the four matrix waves' first reads go to the CU's one
 // LDS in a burst at the step's start, and the last wave to get it starts its MFMAs that much
 // later (2,804 cycles a tile against 2,879; 2: 2,937, the MFMAs wait on LDS latency).
-constexpr int kDepth = kDqk > 192 ? 2 : kDqk > 128 ? 3 : kDqk > 64 ? 4 : 3;
+// d 256: 3 (2 before its reads took one address register: kXorReads; at 2 each MFMA waited
+// for the read issued after the MFMA two before it, about 78 cycles of LDS latency a pair),
+// except in the paged loop, whose page state leaves room for 2 only (3 spilled there).
+constexpr int kDepth = kDqk > 128 ? 3 : kDqk > 64 ? 4 : 3;
+constexpr int kDepthPaged = kDqk > 192 ? 2 : kDepth;
 
 // kPrimed: `buf` holds operands 0 .. kDepth-1 already, read before the step (pv_ahead below).
-using Operands = u32x4[kDepth];
+// (The functions below take the depth as a template parameter of the same name: the paged
+// loop's is kDepthPaged.)
+template <int D>
+using OperandsOf = u32x4[D];
 
-template <int N1, int R1, int N2, int R2, bool kPrimed = false, class Read, class Use>
-__device__ inline void pipelined(Operands& buf, Read read, Use use) {
+template <int N1, int R1, int N2, int R2, bool kPrimed = false, int kDepth, class Read, class Use>
+__device__ inline void pipelined(OperandsOf<kDepth>& buf, Read read, Use use) {
   constexpr int N = N1 + N2;
   if constexpr (!kPrimed) {
 #pragma unroll
@@ -415,32 +422,64 @@ __device__ inline void pipelined(Operands& buf, Read read, Use use) {
   }
 }
 
-// At d 256, O^T and Q^T take 192 of a wave's 256 registers: there the per-lane read
-// addresses are recomputed each tile (a few VALU ops beside 64 MFMAs) instead of being
-// kept in registers for the whole loop.
+// At d 256, O^T and Q^T take 192 of a wave's 256 registers: there the stages' lane bases
+// (kXorReads) are made anew each tile (a few VALU ops beside 32 MFMAs) instead of being kept
+// in registers for the whole loop.
 __device__ inline int lane_for_addresses(int lane) {
   if constexpr (kDqk > 192) asm volatile("" : "+v"(lane));
   return lane;
 }
 
-// S^T = K . Q^T, operand x = (n, st) = (x / kQkSteps, x % kQkSteps): s[n] holds keys
-// 32n + 8j + 4g + r (float 4j + r) of this lane's query.  A: lane (i, g) reads key 32n + i,
-// chunk 2 st + g (d = 16 st + 8 g ..): one ds_read_b128.
+// d 256 (kXorReads): a matrix step's read addresses are one lane base a stage and a constant
+// XOR a read (plus the read's immediate offset), not a register per distinct address.  Both
+// swizzles XOR a lane's row bits into chunk-index bits that no other part of the address
+// touches (K: bits 5-7 of the byte address, V: bits 6-7; the tile's base is a multiple of
+// 16 KiB, a row 512 bytes), so the address of chunk c ^ swizzle is (base with c = 0) ^ 16 c'
+// for the chunk bits c' the XOR covers, the rest an immediate.  Operands that share a XOR are
+// taken one after the other (QK: st and st + 8, 256 bytes apart; PV: the four (ps, dt) of one
+// dt % 4), so one VALU op serves them: a stage holds its base and one address where the
+// step held twelve addresses, each made by a few VALU ops at its start.
+constexpr bool kXorReads = kDqk > 192;
+static_assert(!kXorReads || (kKeySubs == 1 && kQkSteps == 16 && KLayout::kSpan == 16 && kDvTiles == 8 &&
+                             kPvSteps == 2 && VLayout::kSpan == 16 && kDv == 256),
+              "the XOR reads are d 256's: one 32-key subtile, 512-byte rows, swizzles on 16 chunks");
+
+// The LDS byte address of a generic pointer into LDS, and an LDS pointer from one.
+__device__ inline u32 lds_byte(const u16* p) {
+  return u32(reinterpret_cast<unsigned long long>((const ZYFA_LDS u16*)p));
+}
+template <class T>
+__device__ inline const ZYFA_LDS T* lds_ptr(u32 a) { return __builtin_bit_cast(const ZYFA_LDS T*, a); }
+
+// S^T = K . Q^T, operand x = (n, st) = (x / kQkSteps, x % kQkSteps) (kXorReads: n = 0 and
+// st = 0, 8, 1, 9, ..: st and st + 8 share a XOR): s[n] holds keys 32n + 8j + 4g + r
+// (float 4j + r) of this lane's query.  A: lane (i, g) reads key 32n + i, chunk 2 st + g
+// (d = 16 st + 8 g ..): one ds_read_b128.
 struct QkStage {
   static constexpr int kOperands = kKeySubs * kQkSteps, kReads = 1;
   const u16* kt;
   int i, g;
-  __device__ QkStage(const u16* kt_, int lane) : kt(kt_), i(lane & 31), g(lane >> 5) {}
+  u32 base;  // (kXorReads) this lane's byte address of chunk g ^ swizzle of its row (st 0)
+  __device__ QkStage(const u16* kt_, int lane) : kt(kt_), i(lane & 31), g(lane >> 5) {
+    if constexpr (kXorReads) base = lds_byte(kt) + u32(2 * kDqk * i + 16 * (g ^ KLayout::swizzle(i)));
+  }
+  __device__ static constexpr int step(int x) {
+    return kXorReads ? 8 * (x % 2) + x / 2 % 8 + 16 * (x / 16) : x % kQkSteps;
+  }
   __device__ u32x4 read(int x) const {
+    if constexpr (kXorReads) {
+      const int st = step(x);  // chunk 2 st + g: bits 1-3 of 2 st under the XOR, bit 4 an offset
+      return *lds_ptr<u32x4>((base ^ u32(32 * (st % 8))) + u32(256 * (st / 8)));
+    }
     constexpr int kSpan = KLayout::kSpan;
     const int n = x / kQkSteps, st = x % kQkSteps, r = 32 * n + i, c = 2 * st;  // chunk c + g
     const u16* src = kt + r * kDqk + 8 * slot<KLayout>(c / kSpan * kSpan, (c % kSpan) | g, KLayout::swizzle(r));
     return *reinterpret_cast<const u32x4*>(src);
   }
   __device__ static void mfma(f32x16 (&s)[kKeySubs], const bf16x8 (&qf)[kQkSteps], int x, u32x4 kf) {
-    const int n = x / kQkSteps, st = x % kQkSteps;
+    const int n = x / kQkSteps, st = step(x);
     s[n] = __builtin_amdgcn_mfma_f32_32x32x16_bf16(__builtin_bit_cast(bf16x8, kf), qf[st],
-                                                   st == 0 ? f32x16{} : s[n], 0, 0, 0);
+                                                   x % kQkSteps == 0 ? f32x16{} : s[n], 0, 0, 0);
   }
 };
 
@@ -456,22 +495,40 @@ __device__ inline i16x4 read_vt4(const u16* vt, int key, int dv) {
 }
 
 // O^T += V^T . P^T, operand x = (ps, dt) = (x / kDvTiles, x % kDvTiles) over the tile's
-// 16-key steps.  A: lane (i, g) of 16-lane group G = lane / 16 holds dv 32 dt + i
+// 16-key steps (kXorReads: the four of dt % 4 = x / 4 together, ps = x / 2 % 2, dt / 4 = x % 2).
+// A: lane (i, g) of 16-lane group G = lane / 16 holds dv 32 dt + i
 // (i = 16 (G % 2) + lane % 16) and keys 16 ps + 4 g + {0..3} (items 0-3),
 // 16 ps + 8 + 4 g + {0..3} (items 4-7): P^T's key map.  Two ds_read_b64_tr_b16.
 struct PvStage {
   static constexpr int kOperands = kPvSteps * kDvTiles, kReads = 2;
   const u16* vt;
   int g, sl, half;
-  __device__ PvStage(const u16* vt_, int lane) : vt(vt_), g(lane >> 5), sl(lane & 15), half((lane >> 4) & 1) {}
+  u32 base;  // (kXorReads) this lane's byte address of its 8 bytes at (ps, dt) = (0, 0)
+  __device__ PvStage(const u16* vt_, int lane) : vt(vt_), g(lane >> 5), sl(lane & 15), half((lane >> 4) & 1) {
+    if constexpr (kXorReads) {
+      const int key = 4 * g + sl / 4, dv = 16 * half + 4 * (sl % 4);  // chunk dv / 8 < 4: under no XOR
+      base = lds_byte(vt) + u32(2 * kDv * key + 16 * ((dv >> 3) ^ VLayout::swizzle(key)) + 2 * (dv & 7));
+    }
+  }
+  // (kXorReads) The stage of a base made before (pv_ahead's, held across the barrier).
+  __device__ PvStage(u32 base_) : vt(nullptr), g(0), sl(0), half(0), base(base_) {}
+  __device__ static constexpr int ps_of(int x) { return kXorReads ? x / 2 % 2 : x / kDvTiles; }
+  __device__ static constexpr int dt_of(int x) { return kXorReads ? x / 4 + 4 * (x % 2) : x % kDvTiles; }
   __device__ u32x4 read(int x) const {
-    const int ps = x / kDvTiles, dt = x % kDvTiles;
+    const int ps = ps_of(x), dt = dt_of(x);
+    if constexpr (kXorReads) {
+      // dv 32 dt ..: chunk 4 dt + .., bits 2-3 (dt % 4) under the XOR, dt / 4 an offset of 256
+      const u32 a = (base ^ u32(64 * (dt % 4))) + u32(2 * kDv * 16 * ps + 256 * (dt / 4));
+      const i16x4 lo = __builtin_amdgcn_ds_read_tr16_b64_v4i16((ZYFA_LDS i16x4*)lds_ptr<i16x4>(a));
+      const i16x4 hi = __builtin_amdgcn_ds_read_tr16_b64_v4i16((ZYFA_LDS i16x4*)lds_ptr<i16x4>(a + 2 * kDv * 8));
+      return __builtin_bit_cast(u32x4, __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7));
+    }
     const int key = 16 * ps + 4 * g + sl / 4, dv = 32 * dt + 16 * half + 4 * (sl % 4);
     return __builtin_bit_cast(u32x4, __builtin_shufflevector(read_vt4(vt, key, dv), read_vt4(vt, key + 8, dv),
                                                              0, 1, 2, 3, 4, 5, 6, 7));
   }
   __device__ static void mfma(f32x16 (&oacc)[kDvTiles], const bf16x8 (&pf)[kPvSteps], int x, u32x4 vf) {
-    const int ps = x / kDvTiles, dt = x % kDvTiles;
+    const int ps = ps_of(x), dt = dt_of(x);
     oacc[dt] = __builtin_amdgcn_mfma_f32_32x32x16_bf16(__builtin_bit_cast(bf16x8, vf), pf[ps], oacc[dt], 0, 0, 0);
   }
 };
@@ -486,18 +543,25 @@ struct PvStage {
 // across the barrier spilled; d 64: the softmax step, the longer one there, got longer.)
 constexpr bool kAhead = kDqk > 128;
 
-__device__ inline void pv_ahead(Operands& ahead, const u16* vt, int lane) {
+// Returns (kXorReads) the V stage's lane base, which pv_qk_step (kHeldBase) then takes instead
+// of making it again: one VGPR across the barrier, where the base's dozen VALU ops at the
+// matrix step's start held its first MFMA (the plain loop's only: flash_fwd.hip).
+template <int kDepth>
+__device__ inline u32 pv_ahead(OperandsOf<kDepth>& ahead, const u16* vt, int lane) {
   static_assert(kDepth <= PvStage::kOperands, "the operands read ahead are PV's");
   lane = lane_for_addresses(lane);
   const PvStage v(vt, lane);
 #pragma unroll
   for (int x = 0; x < kDepth; ++x) ahead[x] = v.read(x);
+  if constexpr (kXorReads) return v.base;
+  else return 0;
 }
+template <int kDepth, bool kHeldBase = false>
 __device__ inline void pv_qk_step(f32x16 (&oacc)[kDvTiles], const u16* vt, const bf16x8 (&pf)[kPvSteps],
                                   f32x16 (&s)[kKeySubs], const u16* kt, const bf16x8 (&qf)[kQkSteps], int lane,
-                                  Operands& ahead) {
+                                  OperandsOf<kDepth>& ahead, u32 vbase) {
   lane = lane_for_addresses(lane);
-  const PvStage v(vt, lane);
+  const PvStage v = kHeldBase ? PvStage(vbase) : PvStage(vt, lane);
   const QkStage k(kt, lane);
   constexpr int NP = PvStage::kOperands, NQ = QkStage::kOperands;
   pipelined<NP, PvStage::kReads, NQ, QkStage::kReads, kAhead>(
@@ -509,10 +573,11 @@ __device__ inline void pv_qk_step(f32x16 (&oacc)[kDvTiles], const u16* vt, const
 }
 
 // M(0): S^T(0) = K(0) Q^T alone.
+template <int kDepth = detail::kDepth>
 __device__ inline void qk_step(f32x16 (&s)[kKeySubs], const u16* kt, const bf16x8 (&qf)[kQkSteps], int lane) {
   lane = lane_for_addresses(lane);
   const QkStage k(kt, lane);
-  Operands buf;
+  OperandsOf<kDepth> buf;
   pipelined<QkStage::kOperands, QkStage::kReads, 0, 1>(buf, [&](int x) { return k.read(x); },
                                                        [&](int x, u32x4 a) { QkStage::mfma(s, qf, x, a); });
 }

@@ -290,8 +290,12 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
     if (!lead) sync_workgroup();  // the stagger
     // M(0)
     f32x16 s[kKeySubs];
+    constexpr int kDepthHere = kPaged ? kDepthPaged : kDepth;  // operands in flight (bf16_lds.h)
+    // (d 256) the V stage's base held from pv_ahead to the matrix step in the plain loop only:
+    // the features' loop (the paged one's too at d 256) spilled the softcap's factor with it
+    constexpr bool kHeldBase = kXorReads && !kFeatures;
     __builtin_amdgcn_s_setprio(1);  // matrix work first where both waves of a SIMD can issue
-    if (active(0)) qk_step(s, lds + k_tile(0), qf, lane);
+    if (active(0)) qk_step<kDepthHere>(s, lds + k_tile(0), qf, lane);
     // (kFeatures) at priority 1 up to the barrier: the moves the compiler places after QK(0)
     // (its results into the loop's registers) otherwise wait for the VALU behind the other
     // group's S(0) on the same SIMD, whose left-edge masks make it the longest step.
@@ -333,10 +337,11 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
       }
       // (kAhead) M(t+1)'s first operands, at the end of S(t) (V(t) is complete: its copy was
       // waited for before the last barrier, and its buffer is refilled only in phase 2t + 4)
-      Operands ahead;
+      OperandsOf<kDepthHere> ahead;
+      u32 vbase = 0;  // (kHeldBase) the V stage's lane base, from pv_ahead
       if constexpr (kAhead) {
         __builtin_amdgcn_sched_barrier(0);
-        if (active(t)) pv_ahead(ahead, lds + v_tile(t & 1), lane);
+        if (active(t)) vbase = pv_ahead(ahead, lds + v_tile(t & 1), lane);
       }
       wait_vm_all();
       sync_workgroup();
@@ -346,7 +351,9 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
       // on a stale buffer): active(t + 1) implies active(t), and S(t+1) checks it.
       fetch_ahead(t + 1);
       __builtin_amdgcn_s_setprio(1);
-      if (active(t)) pv_qk_step(oacc, lds + v_tile(t & 1), pf, s, lds + k_tile((t + 1) & 1), qf, lane, ahead);
+      if (active(t))
+        pv_qk_step<kDepthHere, kHeldBase>(oacc, lds + v_tile(t & 1), pf, s, lds + k_tile((t + 1) & 1), qf, lane,
+                                          ahead, vbase);
       __builtin_amdgcn_s_setprio(0);
       sync_workgroup();
     }
