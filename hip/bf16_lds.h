@@ -138,12 +138,25 @@ struct PageMap {
   __device__ u32 slot_of(u32 g) const { return u32(u64(2u * g) * magic >> 32); }
   __device__ u32 row_of(u32 g, u32 slot) const { return 16u * (g - slot * units); }
   // A table entry as a page of the cache: clamped to [0, last_page] whatever it holds.
-  // (In two steps: a clamp is a v_med3_i32, which the emulator has not.)
+  // (In two steps, as first written for an emulator without v_med3_i32: above d 64, whose code
+  // objects are kept as they were; d 64 takes clamp_med3.)
   __device__ u32 clamp(int page) const {
     page = page > last_page ? last_page : page;
     asm("" : "+v"(page));
     return u32(page < 0 ? 0 : page);
   }
+  // d 64 (CopyCore::tile's kRowGiven, in the softmax step, which sets the period there): the
+  // same clamp as one v_med3_i32; and the slot and the row offset of group g from 2 g (`g2`,
+  // CopyCore::lane_group2): slot_of's multiply-high takes 2 g as it is, no shift a tile, and
+  // 16 (g - slot units) = 8 (2 g - slot 2 units).
+  // (In assembly: the compiler forms a v_med3_i32 only for constant bounds.)
+  __device__ u32 clamp_med3(int page) const {
+    u32 r;
+    asm("v_med3_i32 %0, %1, 0, %2" : "=v"(r) : "v"(page), "s"(last_page));
+    return r;
+  }
+  __device__ u32 slot_of2(u32 g2) const { return u32(u64(g2) * magic >> 32); }
+  __device__ u32 row_of2(u32 g2, u32 slot) const { return 8u * (g2 - slot * (2u * units)); }
 };
 
 // The copy of one tile, global -> LDS, by `buffer_load_dwordx4 ... lds`: each lane's 16
@@ -255,6 +268,14 @@ struct CopyCore {
     const u32 last = u32(sk - 1) >> 4;  // sk >= 1: a tile is copied only below sk
     return raw < last ? raw : last;
   }
+  // lane_group's group doubled, 2 g (PageMap::slot_of2): 2 raw = n0 / 8 + twice the group's
+  // place in the tile (n0 is a multiple of kBlockN), clamped to 2 last.
+  __device__ u32 lane_group2(int n0, int sk, int lane) const {
+    const int n = lane < kLoads ? lane : kLoads - 1;
+    const u32 raw2 = (u32(n0) >> 3) + 2u * (u32(1024 * (n * kCopyWaves + wave) / kRowBytes) / 16u);
+    const u32 last2 = 2u * (u32(sk - 1) >> 4);
+    return raw2 < last2 ? raw2 : last2;
+  }
   // The bytes between a page's first row and 16-row group g's (`slot`: the group's slot,
   // pages.slot_of(g)), as tile() wants them; the caller computes them a tile ahead, with
   // the slot whose entry it loads.  A row's offset in its page (< 256 rows) times the stride is
@@ -277,22 +298,24 @@ struct CopyCore {
   // period): the page's offset one 32 x 32 -> 64-bit multiply-add (v_mad_u64_u32) onto the
   // base, not two (the runtime refuses page strides of 4 GiB or more: plan.PAGE_STRIDE_LIMIT),
   // the size a 24-bit multiply (rows <= 16; row strides of 16 MiB or more refused:
-  // plan.PAGE_ROW_STRIDE_LIMIT), and no mask of the high word (the page is clamped to the
-  // cache, whose addresses are below 2^48).  Above d 64 the code of before (the copy hides under
-  // the matrix step there).
+  // plan.PAGE_ROW_STRIDE_LIMIT), no mask of the high word (the page is clamped to the cache,
+  // whose addresses are below 2^48), and both clamps (the page, the rows) one v_med3_i32 each.
+  // Above d 64 the code of before (the copy hides under the matrix step there).
   template <bool kRowGiven = true>
   __device__ PagedTile tile(int n0, int sk, int entry, u32 row_off, const PageMap& pages, i64 page_stride,
                             int lane) const {
     u32 raw;
     const u32 g = lane_group(n0, sk, lane, raw);
-    int left = sk - int(16u * raw) < 16 ? sk - int(16u * raw) : 16;
-    asm("" : "+v"(left));  // (two steps: a clamp is a v_med3_i32, which the emulator has not)
-    const u32 rows = u32(left < 0 ? 0 : left);  // 0 .. 16
     const u32 row_step = 2u * u32(stride);  // bytes from a row of a page to the next
     if constexpr (kRowGiven) {
-      const u64 at = (reinterpret_cast<u64>(src) + row_off) + u64(pages.clamp(entry)) * u64(u32(2 * page_stride));
+      const int have = sk - int(16u * raw);  // the group's rows below sk, clamped to [0, 16]: one v_med3_i32
+      const u32 rows = u32(have < 0 ? 0 : have > 16 ? 16 : have);
+      const u64 at = (reinterpret_cast<u64>(src) + row_off) + u64(pages.clamp_med3(entry)) * u64(u32(2 * page_stride));
       return {u32(at), u32(at >> 32), mul_u24(row_step, rows)};
     } else {
+      int left = sk - int(16u * raw) < 16 ? sk - int(16u * raw) : 16;
+      asm("" : "+v"(left));  // (two steps, as first written for an emulator without v_med3_i32)
+      const u32 rows = u32(left < 0 ? 0 : left);  // 0 .. 16
       const u64 at = reinterpret_cast<u64>(src) + u64(pages.clamp(entry)) * (2ull * u64(page_stride)) +
                      pages.row_of(g, pages.slot_of(g)) * row_step;
       return {u32(at), u32(at >> 32) & 0xffffu, rows * row_step};

@@ -174,27 +174,43 @@ struct OnlineSoftmax {
   // `between(k)`, k = 0 .. 3, runs at four points of it (work of the same step spread over it,
   // flash_fwd.hip): at its start, halfway through the row max, after the row max, after the
   // first 16-key step's exponentials.
+  // `fixed` (flash_fwd.hip's capped loop, kFixedMax): m stays where fix_max put it, no row max
+  // is taken, no vote (and the three first points run together at the start).
   template <class Between>
   __device__ void update(const f32x16 (&s)[kKeySubs], bf16x8 (&pf)[kPvSteps], f32x16 (&oacc)[kDvTiles],
-                         Between between) {
+                         Between between, bool fixed = false) {
+    auto vote = [&](float mx) {  // m to the exact max where the tile's exceeds it by kLazy
+      const float mc = max_halves(mx) * c;
+      if (__builtin_amdgcn_ballot_w64(mc > m + kLazy)) {  // wave-uniform
+        const float mn = __builtin_fmaxf(m, mc);
+        const float alpha = mn == neg_inf() ? 1.f : __builtin_amdgcn_exp2f(m - mn);  // m = -inf: 0
+        m = mn;
+        l2 *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < kDvTiles; ++dt) oacc[dt] *= alpha;
+      }
+    };
     float mx = neg_inf();
-    between(0);
+    if (__builtin_expect(fixed, 0)) {
+      between(0);
+      between(1);
+      between(2);
+    } else {
+      between(0);
 #pragma unroll
-    for (int n = 0; n < kKeySubs; ++n) {
-      if (n == kKeySubs / 2) between(1);
+      for (int n = 0; n < kKeySubs; ++n) {
+        if (n == kKeySubs / 2) between(1);
 #pragma unroll
-      for (int e = 0; e < 16; e += 2) mx = max3(mx, s[n][e], s[n][e + 1]);
+        for (int e = 0; e < 16; e += 2) mx = max3(mx, s[n][e], s[n][e + 1]);
+      }
+      between(2);
+      vote(mx);
     }
-    between(2);
-    const float mc = max_halves(mx) * c;
-    if (__builtin_amdgcn_ballot_w64(mc > m + kLazy)) {  // wave-uniform
-      const float mn = __builtin_fmaxf(m, mc);
-      const float alpha = mn == neg_inf() ? 1.f : __builtin_amdgcn_exp2f(m - mn);  // m = -inf: 0
-      m = mn;
-      l2 *= alpha;
-#pragma unroll
-      for (int dt = 0; dt < kDvTiles; ++dt) oacc[dt] *= alpha;
-    }
+    finish(s, pf, between);
+  }
+  // The exponentials, the row sum and P^T, against m.
+  template <class Between>
+  __device__ void finish(const f32x16 (&s)[kKeySubs], bf16x8 (&pf)[kPvSteps], Between between) {
     const float nm = m == neg_inf() ? 0.f : -m;  // no key seen yet: every score is -inf
 #pragma unroll
     for (int ps = 0; ps < kPvSteps; ++ps) {
@@ -214,6 +230,17 @@ struct OnlineSoftmax {
   __device__ void update(const f32x16 (&s)[kKeySubs], bf16x8 (&pf)[kPvSteps], f32x16 (&oacc)[kDvTiles]) {
     update(s, pf, oacc, [](int) {});
   }
+
+  // Capped logits are bounded: 2 softcap r + softcap, r in [-1, 0], lies in [-softcap, softcap].
+  // Where softcap <= kFixedCap, the softmax can run against the fixed m = -bias (m + bias = 0 in
+  // logit units: p = e^logit in [e^-softcap, e^softcap] = [2^-72.2, 2^72.2] at most), with no
+  // row max a tile (update's `fixed`): every p and every sum of up to 2^31 of them times a V of
+  // magnitude below 2^24 stays inside fp32's (and bf16's) normal range, so O / l and the LSE are
+  // as exact as with the running max (which needs 33 v_maximum3_f32 a tile and the vote; with
+  // the cap's 3 VALU slots a score it set the period at d 128).  Above kFixedCap the running
+  // max (the exponents would leave that range).  No key seen: l = 0, as before.
+  static constexpr float kFixedCap = 50.f;
+  __device__ void fix_max() { m = -bias; }
 
   // The query's full row sum (both halves); the same in lanes i and i + 32.
   __device__ float row_sum() const { return sum_halves(l2.x + l2.y); }

@@ -85,10 +85,13 @@ using LdsTiles = u16[2 * (kLdsK + kLdsV)];
 // Sinks (one term a row, after the loop) are read in both.
 //   kPaged = true: K and V from a paged cache, through page_table (with kFeatures; at d64 also
 //     without, flash_fwd below).
+//   kFixedMax = true (without kFeatures, d <= 192): the plain loop with the softcap, whose
+//     softmax runs against a fixed max (OnlineSoftmax::fix_max): calls with a softcap in
+//     (0, kFixedCap] and no window bound.
 // P: Params, or (paged) the Params of the argument segment read anew (late_constant_params):
 // the paged specialisation's arguments are loaded where it starts, not at the kernel's entry
 // with the others' (held across their branches, they spilled SGPRs).
-template <bool kFeatures, bool kPaged = false, class P = const Params>
+template <bool kFeatures, bool kPaged = false, bool kFixedMax = false, class P = const Params>
 __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds) {
   constexpr bool kCausal = zyfa_cfg::kCausal;
 
@@ -180,9 +183,12 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
   // 2 softcap r + softcap (cap_scores).
   // (An integer test of its bits, softcap >= 0: SALU, where a float compare is a VALU one
   // whose 64-bit lane mask would be held across the loop.)
-  const bool capped = kFeatures && as_int(p.softcap) > 0;
+  const bool capped = kFixedMax || (kFeatures && as_int(p.softcap) > 0);
   const float cap_k = 2.f * kLog2e * p.softcap_scale;  // softcap_scale = softmax_scale / softcap
   OnlineSoftmax sm(capped ? 2.f * p.softcap : p.softmax_scale, capped ? p.softcap : 0.f);
+  // kFixedMax (capped, softcap <= kFixedCap): the softmax against a fixed m, no row max
+  // (OnlineSoftmax::fix_max).
+  if constexpr (kFixedMax) sm.fix_max();
   f32x16 oacc[kDvTiles];
 #pragma unroll
   for (int dt = 0; dt < kDvTiles; ++dt) oacc[dt] = f32x16{};
@@ -221,6 +227,11 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
   int page_entry = 0;
   u32 page_row = 0;  // (kRowAhead) lane n: the byte offset of instruction n's first row in its page
   auto row_offset = [&](int t, u32& slot) {
+    if constexpr (kRowAhead) {  // (K's and V's rows as long: one group; from 2 g)
+      const u32 g2 = kcopy.lane_group2(key0(t), sk, lane);
+      slot = pages.slot_of2(g2);
+      return pages.row_of2(g2, slot) * (2u * u32(lead ? kcopy.stride : vcopy.stride));
+    }
     u32 raw;
     const u32 gk = kcopy.lane_group(key0(t), sk, lane, raw), gv = vcopy.lane_group(key0(t), sk, lane, raw);
     const u32 g = lead ? gk : gv;
@@ -330,7 +341,7 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
         if (kFeatures && __builtin_expect(n0 < w_clean_first, 0))
           mask_before(s, n0, win.first(row), g, win.first(w0), w_clean_first);
         if (n0 + kBlockN > w_clean_end) mask_after(s, kFeatures && kDqk <= 192 ? opaque_sgpr(n0) : n0, win.end(row), g);
-        sm.update(s, pf, oacc, piece);
+        sm.update(s, pf, oacc, piece, kFixedMax);
       } else {
 #pragma unroll
         for (int k = 0; k < 4; ++k) piece(k);
@@ -388,14 +399,26 @@ __device__ __attribute__((always_inline)) inline void flash_fwd(const Params& p)
   // The features' loop only where the call has one: a window bound (causal kernels: a left
   // one) or a softcap; a paged one for a paged cache.
   const bool features = as_int(p.softcap) > 0 || p.window_left >= 0 || (!zyfa_cfg::kCausal && p.window_right >= 0);
+  const bool window = p.window_left >= 0 || (!zyfa_cfg::kCausal && p.window_right >= 0);
   if (p.page_table) {
     // d64: a paged loop without the features too (its softmax step is the longer one, and the
     // features' few SALU ops and registers lengthen it); at larger head dims a fourth loop
     // spilled registers, and the paged copy hides under the matrix step anyway.
     if (zyfa_cfg::kDqk <= 64 && !features) attend<false, true>(*late_constant_params(), lds);
     else attend<true, true>(*late_constant_params(), lds);
-  } else if (!features) attend<false>(p, lds);
-  else attend<true>(p, lds);
+  } else if constexpr (zyfa_cfg::kDqk > 192) {  // (d256: a fourth loop spilled)
+    if (!features) attend<false>(p, lds);
+    else attend<true>(p, lds);
+  } else if (!features) {
+    attend<false>(p, lds);
+  } else if (!window && u32(as_int(p.softcap)) - 1u < u32(as_int(OnlineSoftmax::kFixedCap))) {
+    // no window bound, 0 < softcap <= kFixedCap (positive floats order as their bits): the plain
+    // loop with the cap and the softmax against a fixed m (OnlineSoftmax::fix_max), a loop of its
+    // own (a runtime flag in the features' loop cost its windowed launches 0.3 % at d128).
+    attend<false, false, true>(p, lds);
+  } else {
+    attend<true>(p, lds);
+  }
 }
 
 }  // namespace zyfa

@@ -579,6 +579,8 @@ def _define():
     S["v_max_i32"] = Spec("ii", "i", np.maximum, fp=False)
     S["v_min_u32"] = Spec("uu", "u", np.minimum, fp=False)
     S["v_max_u32"] = Spec("uu", "u", np.maximum, fp=False)
+    S["v_med3_i32"] = Spec("iii", "i", lambda a, b, c: np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c)), fp=False)
+    S["v_med3_u32"] = Spec("uuu", "u", lambda a, b, c: np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c)), fp=False)
     S["v_min3_i32"] = Spec("iii", "i", lambda a, b, c: np.minimum(np.minimum(a, b), c), fp=False)
     S["v_max3_i32"] = Spec("iii", "i", lambda a, b, c: np.maximum(np.maximum(a, b), c), fp=False)
     S["v_min3_u32"] = Spec("uuu", "u", lambda a, b, c: np.minimum(np.minimum(a, b), c), fp=False)

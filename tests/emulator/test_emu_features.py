@@ -142,12 +142,30 @@ def test_sinks_join_each_rows_denominator_and_may_dominate_it(emulator, v):
 
 
 @pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
-@pytest.mark.parametrize("softcap", [5.0, pytest.param(50.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("softcap", [5.0, pytest.param(50.0, marks=pytest.mark.slow),
+                                     pytest.param(200.0, marks=pytest.mark.slow)])
 def test_softcap_caps_the_scaled_scores_where_tanh_saturates_and_where_it_barely_bends(emulator, v, softcap):
     # softmax_scale 1 on unit-variance bf16 inputs: scores of tens (d 64-256), so a softcap of
-    # 5 saturates tanh for most keys and one of 50 bends only the largest.
+    # 5 saturates tanh for most keys and one of 50 bends only the largest.  Up to a softcap of
+    # 50 (OnlineSoftmax::kFixedCap, d <= 192) the softmax runs against a fixed max; 200 takes
+    # the running max of the features' loop.
     q, k, vv = inputs(v, 4, 130, 260)
     check(v, q, k, vv, softcap=softcap, softmax_scale=1.0)
+
+
+@pytest.mark.parametrize("v", sweep(VARIANTS, quick=QUICK_ONE))
+def test_capped_logits_far_below_the_fixed_max_keep_their_precision(emulator, v):
+    # Every score of a row strongly negative (q and k of opposite signs): with softcap 50 every
+    # logit lies near -50 (down to e^-50 = 2^-72 against the fixed max of 0), and the softmax
+    # over them must be as exact as over logits near the max.  Half the rows the other way
+    # (logits near +50: the top of the fixed range).  With sinks, folded in against the fixed m
+    # (one of them above every logit).
+    rng = np.random.default_rng(zlib.crc32(v.name.encode()) + 11)
+    sign = np.where(np.arange(130) % 2 == 0, 1.0, -1.0)[None, :, None, None]
+    q = bf16(np.abs(rng.standard_normal((1, 130, 4, v.d_qk))) * sign)
+    k = bf16(-np.abs(rng.standard_normal((1, 260, 2, v.d_qk))))
+    vv = bf16(rng.standard_normal((1, 260, 2, v.d_v)))
+    check(v, q, k, vv, softcap=50.0, softmax_scale=1.0, sinks=sinks(0.5, -30.0, 3.0, 60.0))
 
 
 @pytest.mark.slow

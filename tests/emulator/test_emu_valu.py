@@ -56,6 +56,7 @@ SNIPPETS = {
   v_lshlrev_b64 v[12:13], 40, v[0:1]
   v_xor_b32_e32 v14, 64, v0
   v_sub_u32_e32 v15, v1, v0""",
+    "med3_int": "v_med3_i32 v2, v0, 0, 16\n  v_med3_i32 v3, v0, v1, s4\n  v_med3_u32 v4, v0, v1, 16",
     "add_co": "v_add_co_u32_e32 v2, vcc, v0, v1\n  v_addc_co_u32_e32 v3, vcc, 0, v1, vcc",
     "sdwa_or": "v_or_b32_sdwa v2, v0, v1 dst_sel:DWORD dst_unused:UNUSED_PAD src0_sel:DWORD src1_sel:WORD_0",
     "sdwa_byte": "v_add_u32_sdwa v2, v0, v1 dst_sel:BYTE_1 dst_unused:UNUSED_PRESERVE src0_sel:BYTE_2 src1_sel:BYTE_0",
@@ -333,6 +334,17 @@ def test_integer_ops(code):
     assert np.array_equal(got, pair << 40)
     assert np.array_equal(w.v[14], a ^ 64)
     assert np.array_equal(w.v[15], b - a)
+
+
+def test_med3_integer_is_the_middle_value(code):
+    a = (LANE.astype(np.int64) * 7 - 200).astype(np.int32)          # -200 .. 241, signed
+    b = (LANE.astype(np.int64) * -3 + 90).astype(np.int32)
+    w = run(code, "med3_int", setv(v0=a.view(np.uint32), v1=b.view(np.uint32), s4=5))
+    mid = lambda x, y, z: np.maximum(np.minimum(x, y), np.minimum(np.maximum(x, y), z))
+    assert np.array_equal(w.v[2].view(np.int32), np.clip(a, 0, 16))
+    assert np.array_equal(w.v[3].view(np.int32), mid(a.astype(np.int64), b, 5))
+    ua, ub = a.view(np.uint32).astype(np.uint64), b.view(np.uint32).astype(np.uint64)
+    assert np.array_equal(w.v[4].astype(np.uint64), mid(ua, ub, 16))    # unsigned: negatives are large
 
 
 def test_add_with_carry_chain(code):
