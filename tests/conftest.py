@@ -1,5 +1,21 @@
 """pytest's header names the GPU backend the GPU tests will use, or why there is none (once,
-rather than in every skipped test's reason)."""
+rather than in every skipped test's reason); the fake driver's tests share one build of the
+sm_90a kernels they launch."""
+
+import pytest
+
+from tests.backends import build_sm90a
+
+#: The sm_90a variants the fake driver's tests launch (test_api, test_capture, test_staging;
+#: build.py --only substrings): one build a run.  bf16 d256 full stays unbuilt
+#: (test_api.test_unbuilt_variant_is_a_clear_error).
+FAKE_SM90A = ("bf16_d128x128,bf16_d192x128_full,bf16_d256x256_causal,bf16_d64x64_full,"
+              "fp8_e4m3_d64x64_full,fp8_e4m3_d256x256_full")
+
+
+@pytest.fixture(scope="session")
+def sm90a_prebuilt(tmp_path_factory):
+    return build_sm90a(tmp_path_factory, FAKE_SM90A)
 
 
 def pytest_report_header(config):

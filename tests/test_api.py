@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.backends import build_sm90a, using_backend
+from tests.backends import using_backend
 
 from zyfa_runtime import api, flash_attn_func, flash_attn_varlen_func, validate, workspace
 from zyfa_runtime import driver as drivers
@@ -21,11 +21,9 @@ from zyfa_runtime.launch import unpack_args
 from zyfa_runtime.memory import host_dtype
 
 
-@pytest.fixture(scope="module")
-def prebuilt(tmp_path_factory):
-    return build_sm90a(tmp_path_factory,
-                       "bf16_d128x128,bf16_d192x128_full,bf16_d256x256_causal,fp8_e4m3_d64x64_full,"
-                       "fp8_e4m3_d256x256_full")
+@pytest.fixture
+def prebuilt(sm90a_prebuilt):
+    return sm90a_prebuilt
 
 
 @pytest.fixture

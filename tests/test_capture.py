@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.backends import build_sm90a, using_backend
+from tests.backends import using_backend
 
 from zyfa_runtime import api, cache, flash_attn_func, flash_attn_varlen_func, workspace
 from zyfa_runtime import driver as drivers
@@ -26,10 +26,9 @@ FP8 = Variant("sm_90a", "fp8_e4m3", 64, 64, False)
 FP8_TAIL = Variant("sm_90a", "fp8_e4m3", 256, 256, False)
 
 
-@pytest.fixture(scope="module")
-def prebuilt(tmp_path_factory):
-    return build_sm90a(tmp_path_factory, "bf16_d128x128_full,bf16_d64x64_full,fp8_e4m3_d64x64_full,"
-                                         "fp8_e4m3_d256x256_full")
+@pytest.fixture
+def prebuilt(sm90a_prebuilt):
+    return sm90a_prebuilt
 
 
 @pytest.fixture

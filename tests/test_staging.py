@@ -6,7 +6,7 @@ device memory, as on a GPU), which records the queued copies and counts the read
 import numpy as np
 import pytest
 
-from tests.backends import build_sm90a, using_backend
+from tests.backends import using_backend
 
 from zyfa_runtime import api, flash_attn_varlen_func, staging, validate
 from zyfa_runtime import driver as drivers
@@ -19,9 +19,9 @@ BF16 = Variant("sm_90a", "bf16", 128, 128, False)
 FP8 = Variant("sm_90a", "fp8_e4m3", 64, 64, False)
 
 
-@pytest.fixture(scope="module")
-def prebuilt(tmp_path_factory):
-    return build_sm90a(tmp_path_factory, "bf16_d128x128_full,fp8_e4m3_d64x64_full")
+@pytest.fixture
+def prebuilt(sm90a_prebuilt):
+    return sm90a_prebuilt
 
 
 @pytest.fixture
