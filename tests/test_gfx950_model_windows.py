@@ -128,12 +128,13 @@ def test_the_traced_kernel_loads_exactly_the_tiles_the_model_charges_in_the_feat
     ``traced_tiles`` gives it -- and at d64, whose copy of tile t + 1 is spread over S(t)'s
     softmax with no branch a piece (hip/flash_fwd.hip, kSpread), one tile more: the pieces past
     the last tile fill the free buffer with keys no wave reads --, and its matrix instructions
-    are the features' loop's, none of the plain loop's; softcap alone runs the features' loop
-    too, sinks alone the plain one."""
+    are the features' loop's, none of the plain loop's; a softcap above 50 alone runs the
+    features' loop too, one of 50 or less a loop of its own (against a fixed max:
+    docs/gfx950_bf16.md), sinks alone the plain one."""
     win = windows.normalize(v.causal, window_size)
     runs = {}
     for f in (model.PLAIN, model.Features(window=win), model.Features(softcap=30.0),
-              model.Features(sinks=True)):
+              model.Features(softcap=100.0), model.Features(sinks=True)):
         shape, traced = model.trace_setup(v, f)
         tr = runs[f] = model._trace_cached(v, f)
         tiles = model.traced_tiles(v, tr.keys, shape["seqlen_q"], shape["seqlen_k"], traced.window)
@@ -142,7 +143,9 @@ def test_the_traced_kernel_loads_exactly_the_tiles_the_model_charges_in_the_feat
                  for wg in tr.workgroups]
         spread = v.d_qk == v.d_v == 64
         assert loads == [per_tile * (n + (spread and n > 0)) for n in tiles]
-    plain, window_run, softcap_run, sinks_run = runs.values()
+    plain, window_run, fixed_cap_run, softcap_run, sinks_run = runs.values()
     assert _mfma_pcs(window_run) and not _mfma_pcs(window_run) & _mfma_pcs(plain)
     assert _mfma_pcs(softcap_run) == _mfma_pcs(window_run)
+    fixed_cap = _mfma_pcs(fixed_cap_run)
+    assert fixed_cap and not fixed_cap & (_mfma_pcs(plain) | _mfma_pcs(window_run))
     assert _mfma_pcs(sinks_run) == _mfma_pcs(plain)
