@@ -39,7 +39,7 @@ def using_backend(name: str, **env: str):
 
 def build_sm90a(tmp_path_factory, only: str):
     """A prebuilt directory of the sm_90a variants ``only`` names (build.py --only), built
-    once for a test module."""
+    once a run (tests/conftest.py's ``sm90a_prebuilt``)."""
     import build
     out = tmp_path_factory.mktemp("prebuilt")
     assert build.main(["--arch", "sm_90a", "--only", only, "--out", str(out), "--jobs", "2"]) == 0
