@@ -815,17 +815,27 @@ struct Turns {
     else hand_over();
   }
 
-  // The first turn: S(0) = Q K(0)^T by issue_s0(), waited for, K(0)'s stage released.
-  template <class Bars, class IssueS0>
-  __device__ void first(const Bars& bars, IssueS0&& issue_s0) const {
+  // Before the consumers' first turn: consumer 1 arrives on consumer 0's barrier.
+  __device__ void begin() const {
     if (kAlternate && cw == 1) bar_arrive(kBar, 256);
-    mbar_wait(bars.kfull(0), 0);
+  }
+  // A tile's first turn: S(0) = Q K(0)^T by issue_s0() once K(0) has landed (its full barrier's
+  // phase `parity`), waited for, K(0)'s stage released.
+  template <class Bars, class IssueS0>
+  __device__ void s0(const Bars& bars, uint32_t parity, IssueS0&& issue_s0) const {
+    mbar_wait(bars.kfull(0), parity);
     take();
     wgmma_fence();
     issue_s0();
     hand_over();
     wgmma_wait<0>();
     if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(0));
+  }
+  // A CTA of one tile's first turn.
+  template <class Bars, class IssueS0>
+  __device__ void first(const Bars& bars, IssueS0&& issue_s0) const {
+    begin();
+    s0(bars, 0, issue_s0);
   }
 };
 
@@ -910,20 +920,142 @@ __device__ __forceinline__ int consumer_blocks(int wg_row0, int sq, int sk, int 
   return lane0(n);
 }
 
-// A turn of block m past the consumer's rows: no products; its K and V stages released in
-// order (each after the producer filled it, so that no release runs ahead of its phase).  K(0)
-// was released by the first turn's S(0).  `final`: the CTA's last block.
+// ---- persistent CTAs: what both bodies' schedulers share --------------------------------------
+//
+// A persistent CTA (zyfa_cfg::kPersistent) takes tiles in turn: thread 0 takes each next one from
+// tile_counter (TileQueue) and publishes it in slot j % 2 of Sched (its work; the end), with its
+// Q copied into buffer j % 2; the consumers read the slot, and each reader releases it (qempty)
+// once done with the slot and the buffer.  The bodies' own sections say who reads and when.
+struct Sched {
+  uint64_t tfull[2];    // slot b published (the scheduler's arrival)
+  uint64_t qempty[2];   // slot b and Q buffer b free: each consumer warp, the body's other readers
+  uint64_t qfull[2];    // Q buffer b landed (its rows past a packed sequence's end zeroed)
+  uint64_t qlanded[2];  // the copy of a packed sequence's last Q tile into buffer b
+  CtaWork work[2];      // the tile in slot b; n_blocks < 0: the end
+};
+__device__ __forceinline__ uint32_t shared_addr(const void* x) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(x));
+}
+
+// The K/V ring of kN stages over a persistent CTA's tiles: each tile starts at stage 0 (its
+// block n in stage n % kN), so that a block's stage, and the WGMMA descriptors of its K and V,
+// follow from n alone (a stage counted over the CTA's blocks is a per-thread register to ptxas,
+// and so are the descriptors derived from it: an R2UR before every WGMMA).  Phases are counted
+// per stage: bit s of `phases` the parity of stage s's uses by the tiles before, of `used`
+// whether it has had any.  A CTA of one tile (phases = used = 0) has KvBarriers' parities.
+template <int kN>
+struct TileRing {
+  static_assert(kN >= 2 && kN <= 32, "a stage a bit");
+  uint32_t phases = 0, used = 0;
+  __device__ uint32_t full_parity(int n) const {
+    const uint32_t u = static_cast<uint32_t>(n);
+    return ((phases >> (u % kN)) ^ (u / kN)) & 1u;
+  }
+  // Whether block n's stage was filled before (its empty barrier to be waited for), and the parity.
+  __device__ bool refill(int n) const { return n >= kN || ((used >> (static_cast<uint32_t>(n) % kN)) & 1u); }
+  __device__ uint32_t empty_parity(int n) const { return full_parity(n) ^ 1u; }
+  // After a tile of n_blocks: stage s had ceil((n_blocks - s) / kN) uses.
+  __device__ void end_tile(int n_blocks) {
+#pragma unroll
+    for (int s = 0; s < kN; ++s) {
+      const uint32_t uses = n_blocks > s ? static_cast<uint32_t>(n_blocks - 1 - s) / kN + 1 : 0u;
+      phases ^= (uses & 1u) << s;
+      used |= (uses > 0 ? 1u : 0u) << s;
+    }
+  }
+};
+
+// Tile t's work (false where its rows lie past its sequence's end).
+// The ring of a CTA of one tile: KvBarriers' parities (TileRing's where phases = used = 0).
 template <class Bars>
-__device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, int m, bool final) {
+struct OneTileRing {
+  __device__ uint32_t full_parity(int n) const { return Bars::kfull_parity(n); }
+};
+
+template <class P>
+__device__ __forceinline__ bool tile_work(const P& p, int t, CtaWork& w) {
+  const uint3 grid = make_uint3(p.tiles_x, p.tiles_y, p.tiles_z);
+  const uint32_t u = t, xy = grid.x * grid.y;
+  return cta_work(p, w, make_uint3(u % grid.x, u % xy / grid.x, u / xy), grid);
+}
+
+// The tiles of a launch, thread 0's: counter[0] the tiles taken past the grid's, counter[1]
+// the CTAs finished.
+template <class P>
+struct TileQueue {
+  const P& p;
+  unsigned* counter;
+  int n_tiles;
+  __device__ explicit TileQueue(const P& p_)
+      : p(p_), counter(static_cast<unsigned*>(const_cast<void*>(p_.tile_counter))), n_tiles(p_.tile_count) {}
+  __device__ int take() const { return gridDim.x + atomicAdd(counter, 1u); }
+  // The first tile with rows from tile t on, w its work; false at the end of the tiles, where
+  // the last CTA to get there zeroes the counter (every CTA's last take is before its count).
+  __device__ bool next(int t, CtaWork& w) const {
+    for (;; t = take()) {
+      if (t >= n_tiles) {
+        __threadfence();
+        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+          __threadfence();
+          atomicExch(counter, 0u);
+          atomicExch(counter + 1, 0u);
+        }
+        return false;
+      }
+      if (tile_work(p, t, w)) return true;
+    }
+  }
+};
+
+// Slot j % 2 := w (null: the end), published.
+__device__ __forceinline__ void publish(Sched& sh, int j, const CtaWork* w) {
+  const int b = j & 1;
+  if (w != nullptr) sh.work[b] = *w;
+  else sh.work[b].n_blocks = -1;
+  mbar_arrive(shared_addr(&sh.tfull[b]));
+}
+
+// Warp 2 where Q is packed: each tile's rows past its sequence's end zeroed (zero_tail_rows:
+// Q's tiles of kRows rows in K-blocks of kBox-byte rows, kTileBytes each, at q_at(b)).
+template <int kRows, int kBox, int kTileBytes, class Smem>
+__device__ void zero_q_tails(const Smem& sm, Sched& sh) {
+  uint32_t landed = 0;   // bit b: the phase of qlanded[b]
+  for (int j = 0;; ++j) {
+    const int b = j & 1;
+    mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
+    const int n_blocks = sh.work[b].n_blocks, rows = sh.work[b].seq.sq - sh.work[b].row0;
+    if (n_blocks < 0) return;
+    if (n_blocks > 0 && rows < kRows) {
+      zero_tail_rows<kRows, kBox, kTileBytes>(sm.q_at(b), shared_addr(&sh.qlanded[b]), shared_addr(&sh.qfull[b]),
+                                              rows, (landed >> b) & 1);
+      landed ^= 1u << b;
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
+  }
+}
+
+// A turn of block m past the consumer's rows: no products; its K and V stages released in
+// order (each after the producer filled it, so that no release runs ahead of its phase: kpar,
+// vpar, their full barriers').  K(0) was released by the first turn's S(0).  `final`: the
+// CTA's last block.
+template <class Bars>
+__device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, int m, bool final, uint32_t kpar,
+                                          uint32_t vpar) {
   const int k = m % Bars::kKRing, t = m % Bars::kVRing;
-  mbar_wait(bars.kfull(k), Bars::kfull_parity(m));
-  mbar_wait(bars.vfull(t), Bars::vfull_parity(m));
+  mbar_wait(bars.kfull(k), kpar);
+  mbar_wait(bars.vfull(t), vpar);
   turns.take();
   turns.hand_over(final);
   if (threadIdx.x % 32 == 0) {
     if (m > 0) mbar_arrive(bars.kempty(k));
     mbar_arrive(bars.vempty(t));
   }
+}
+// A CTA of one tile's (KvBarriers' parities).
+template <class Bars>
+__device__ __forceinline__ void idle_turn(const Bars& bars, const Turns& turns, int m, bool final) {
+  idle_turn(bars, turns, m, final, Bars::kfull_parity(m), Bars::vfull_parity(m));
 }
 
 }  // namespace zyfa

@@ -87,6 +87,7 @@ static_assert(kThreads == 128 * (1 + kConsumers) && kBlockM == 64 * kConsumers &
 
 constexpr int kVtStages = kStages;         // V^T stages: one ring with K
 constexpr int kTileQ = kBlockM * kDqk;      // bytes
+constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's Q copied during this one
 constexpr int kTileK = kBlockN * kDqk;
 constexpr int kPvN = kDv < 128 ? kDv : 128;  // N of one PV pass
 constexpr int kPasses = kDv / kPvN;
@@ -108,7 +109,7 @@ constexpr int kSlack = kBarsInOnes ? 0 : 1024;
 using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(kStages >= 2 && Bars::kBytes + 16 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
               "the mbarriers' bytes (and qfull, qlanded)");
-static_assert(kTileQ + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
+static_assert(kQBuffers * kTileQ + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
               "smem layout must match the catalogue");
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
 // registers do not hold the block accumulator and S(n + 1) in flight together.
@@ -126,9 +127,10 @@ static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two con
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
-  static constexpr uint32_t kK = kTileQ, kVt = kK + kStages * kTileK, kOnes = kDv * kBlockN,
+  static constexpr uint32_t kK = kQBuffers * kTileQ, kVt = kK + kStages * kTileK, kOnes = kDv * kBlockN,
                             kBars = kBarsInOnes ? kVt + kOnes + kOnesRows * 128 : kVt + kVtStages * kTileVt;
   uint32_t q;
+  __device__ uint32_t q_at(int b) const { return q + b * kTileQ; }
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
   // Word i of the ones in the V^T stages (kTileOnes / 4 words a stage), and whether it is one
@@ -349,11 +351,12 @@ __device__ __forceinline__ bool diagonal_pv(float (&acc_o)[kDv / 2], float (&acc
   return last;
 }
 
-// S(n + 1) into acc_s once K(n + 1) (stage k1) has landed, waited for; K released.  After a
-// diagonal block's PV, outside the turns (every block takes one, the PV's).
+// S(n + 1) into acc_s once K(n + 1) (stage k1) has landed (its full barrier's phase `parity`),
+// waited for; K released.  After a diagonal block's PV, outside the turns (every block takes
+// one, the PV's).
 __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg, const Smem& sm, const Bars& bars,
-                                       int n, int k1) {
-  mbar_wait(bars.kfull(k1), Bars::kfull_parity(n + 1));
+                                       uint32_t parity, int k1) {
+  mbar_wait(bars.kfull(k1), parity);
   wgmma_fence();
   issue_qk(acc_s, sQg, sm.k_at(k1));
   wgmma_wait<0>();
@@ -702,41 +705,61 @@ __device__ __forceinline__ float score_factor(const P& p, int b, int h_kv) {
   return log2_scale(p, b, h_kv);
 }
 
-// The consumers' work on one segment (s) of the CTA: w, its tile's; nb0, its first key block.
-template <bool kTail, class P>
-__device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWork& w, int wg, int nb0, int s) {
+// The consumer's blocks of one tile or segment into its O, l and frame: w, the tile's work
+// (its n_blocks: the segment's, warp-uniform); nb0, the segment's first key block; sQg, the
+// warpgroup's rows of its Q tile (in each 64-byte K-block), landed once qfull's phase qparity
+// completes; ring, the K/V ring's phases as the tile starts (TileRing, OneTileRing).  kOwnTurns: the consumers' turns
+// are the segment's own (a CTA a tile, a tail CTA's segment: begun here, consumer 1's last not
+// handed over), else a persistent CTA's, which run on over its tiles (begun once by the caller,
+// every turn handed over).
+template <bool kOwnTurns, class Ring, class P>
+__device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork& w, int n_blocks,
+                                       const ConsumerLane& me, uint32_t sQg, uint32_t qfull, uint32_t qparity,
+                                       int nb0, const Ring& ring, float (&acc_o)[kDv / 2],
+                                       float (&acc_l)[4], float (&frame)[2]) {
+  static_assert(kVtStages == kStages, "K and V^T: one ring (TileRing)");
   const Bars bars = sm.bars();
   // Keys counted from the segment's first (nb0 blocks in: a piece of a cut tile), so that nb0
   // is not held through the loop.
-  const int sq = w.seq.sq, sk = w.seq.sk - nb0 * kBlockN, row0 = w.row0, diag = w.diag - nb0 * kBlockN;
-  const int n_blocks = w.n_blocks;
-  const ConsumerLane me(wg, row0);
+  const int sq = w.seq.sq, sk = w.seq.sk - nb0 * kBlockN, diag = w.diag - nb0 * kBlockN;
   const int cw = me.cw, wg_row0 = me.wg_row0, lane = me.lane, quad_col = me.quad_col, r_lo = me.r_lo;
-  const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
   const float c = score_factor(p, w.b, w.h_kv);
   const Scores<P> scores(p, sm, diag, w.b, w.h_kv);
   const Turns turns{cw};
 
-  float acc_o[kDv / 2];
 #pragma unroll
   for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
-  float acc_l[4] = {0.f, 0.f, 0.f, 0.f};
-  float frame[2] = {-INFINITY, -INFINITY};    // F: the exponent O and l are relative to
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc_l[i] = 0.f;
+  frame[0] = frame[1] = -INFINITY;            // F: the exponent O and l are relative to
   float m_run[2] = {-INFINITY, -INFINITY};    // M: the running max of the block maxima
 
   if (n_blocks > 0) {
     float acc_s[kBlockN / 2];
-    mbar_wait(sm.qfull(), 0);
-    turns.first(bars, [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
+    mbar_wait(qfull, qparity);   // also where S(0) is not issued: the epilogue stages O in Q's rows
+    if constexpr (kOwnTurns) turns.begin();
+    // Blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the causal diagonal of its
+    // last row, or the end of the sequence): idle turns after the loops below.  A consumer of
+    // three with none of the blocks (its rows past a short sequence's end: at 128 rows, the
+    // 192-row tile's third) issues no S(0) either in the persistent kernel, where short prompts
+    // run: it releases K(0) and each block's stages (three consumers take no turns) and is done.
+    // (A branch around S(0) alone leaves its accumulators undefined on one path, and ptxas
+    // serialises the loop's WGMMAs; in the kernels of a CTA a tile this one spills 56-112 bytes.)
+    const int n_mine = consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
+    static_assert(!kBarsInOnes || kConsumers == 2, "nothing after the blocks where a consumer may leave early");
+    if (kPersistent && kConsumers > 2 && n_mine == 0) {
+      mbar_wait(bars.kfull(0), ring.full_parity(0));
+      if (lane == 0) mbar_arrive(bars.kempty(0));
+      for (int m = 0; m < n_blocks; ++m) idle_turn(bars, turns, m, false, ring.full_parity(m), ring.full_parity(m));
+      return;
+    }
+    turns.s0(bars, ring.full_parity(0), [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
     // The diagonal blocks (the "hi_lo" recipe at this d_v: P in two terms) are the warpgroup's
     // last, from n_two on, in a loop of their own after this one, so that the registers of
     // their second P never weigh on the other blocks'.  The last block leaves the loop from its
     // turn: the rest of the body is the same for every block, so that the compiler keeps
     // S(n + 1) in flight across the merge of block n.
-    // Blocks n_mine .. n_blocks - 1 lie past the warpgroup's rows (the causal diagonal of its
-    // last row, or the end of the sequence): idle turns after these loops.
-    const int n_mine = consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
     int n_two = n_mine;
     if constexpr (kCausal && kDiagHiLo) {
       n_two = first_diagonal_block(wg_row0, diag, n_blocks);   // <= n_blocks
@@ -747,7 +770,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
       const int t = n % kVtStages;            // V^T stage of block n
       const bool last = n + 1 == n_mine;
       const bool landed =
-          kTestEarly && mbar_test2(bars.vfull(t), Bars::vfull_parity(n), bars.kfull(k1), Bars::kfull_parity(n + 1));
+          kTestEarly && mbar_test2(bars.vfull(t), ring.full_parity(n), bars.kfull(k1), ring.full_parity(n + 1));
       // ---- softmax(n): mask, frame, Lean P ------------------------------------------------
       uint32_t pa[kBlockN / 8];
       float factor[2];
@@ -758,7 +781,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
       // The block from zero in the tensor core (its FP8 accumulation is not fp32: it keeps
       // fewer bits and would bias a long running sum), merged into the fp32 state below.
       float acc_b[kAccB];
-      mbar_wait_unless(landed, bars.vfull(t), Bars::vfull_parity(n));
+      mbar_wait_unless(landed, bars.vfull(t), ring.full_parity(n));
       if constexpr (kPasses > 1) {
         // d_v = 256: the registers hold one block accumulator and no S beside O, so each pass
         // of PV(n) and then S(n + 1) is a turn of its own: the other consumer's product runs
@@ -766,13 +789,13 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
         // (The first pass into an array of its own: see kAccB.)
         float acc_c[kPvN / 2];
         pv_pass_turn(acc_o, acc_l, acc_c, pa, factor, sm.vt_at(t), turns, 0, false);
-        pv_pass_turn(acc_o, acc_l, acc_b, pa, factor, sm.vt_at(t), turns, 1, last);
+        pv_pass_turn(acc_o, acc_l, acc_b, pa, factor, sm.vt_at(t), turns, 1, kOwnTurns && last);
         if (lane == 0) mbar_arrive(bars.vempty(t));
         if (last) {
           n = n_blocks;
           break;
         }
-        mbar_wait_unless(landed, bars.kfull(k1), Bars::kfull_parity(n + 1));
+        mbar_wait_unless(landed, bars.kfull(k1), ring.full_parity(n + 1));
         turns.take();
         wgmma_fence();
         issue_qk(acc_s, sQg, sm.k_at(k1));
@@ -786,7 +809,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
       issue_pv(acc_b, pa, sm.vt_at(t), 0);
       if (kSerialS || last) {
         // ---- merge(n); then (kSerialS) S(n + 1) outside the turns ----------------------------
-        turns.hand_over(last && n_mine == n_blocks);
+        turns.hand_over(kOwnTurns && last && n_mine == n_blocks);
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(bars.vempty(t));
         merge(acc_o, acc_l, acc_b, factor, 0);
@@ -794,10 +817,10 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
           n = n_mine;
           break;
         }
-        next_s(acc_s, sQg, sm, bars, n, k1);
+        next_s(acc_s, sQg, sm, bars, ring.full_parity(n + 1), k1);
         continue;
       }
-      mbar_wait_unless(landed, bars.kfull(k1), Bars::kfull_parity(n + 1));
+      mbar_wait_unless(landed, bars.kfull(k1), ring.full_parity(n + 1));
       issue_qk(acc_s, sQg, sm.k_at(k1));
       turns.hand_over();
 
@@ -818,20 +841,32 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
         softmax<true>(pa, pl, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
         float acc_b[kAccB];
         const int t = n % kVtStages;
-        mbar_wait(bars.vfull(t), Bars::vfull_parity(n));
+        mbar_wait(bars.vfull(t), ring.full_parity(n));
         if (diagonal_pv(acc_o, acc_l, acc_b, pa, pl, factor, sm, bars, turns, t, n + 1 == n_mine,
-                        n + 1 == n_blocks)) break;
-        next_s(acc_s, sQg, sm, bars, n, k1);   // the registers do not hold pl beside S(n + 1) in flight
+                        kOwnTurns && n + 1 == n_blocks)) break;
+        // the registers do not hold pl beside S(n + 1) in flight
+        next_s(acc_s, sQg, sm, bars, ring.full_parity(n + 1), k1);
       }
     }
 
     // The CTA's blocks past the warpgroup's rows: turns without products.
-    for (int m = n_mine; m < n_blocks; ++m) idle_turn(bars, turns, m, m + 1 == n_blocks);
+    for (int m = n_mine; m < n_blocks; ++m)
+      idle_turn(bars, turns, m, kOwnTurns && m + 1 == n_blocks, ring.full_parity(m), ring.full_parity(m));
   }
   if constexpr (kBarsInOnes) {   // l: the quad's first lane's (column 0 of the sum; see kBarsInOnes)
 #pragma unroll
     for (int i = 0; i < 4; i += 2) acc_l[i] = __shfl_sync(0xffffffffu, acc_l[i], lane & ~3);
   }
+}
+
+// The consumers' work on one segment (s) of the CTA: w, its tile's; nb0, its first key block.
+template <bool kTail, class P>
+__device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWork& w, int wg, int nb0, int s) {
+  const ConsumerLane me(wg, w.row0);
+  const int cw = me.cw, wg_row0 = me.wg_row0, r_lo = me.r_lo;
+  const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
+  float acc_o[kDv / 2], acc_l[4], frame[2];
+  attend<true>(p, sm, w, w.n_blocks, me, sQg, sm.qfull(), 0, nb0, OneTileRing<Bars>{}, acc_o, acc_l, frame);
   // The work derived again (its registers free through the loop).
   Segment g;
   CtaWork wo;
@@ -921,10 +956,148 @@ __device__ __forceinline__ void attention(const P& p) {
   }
 }
 
-// The kernel: the launch's whole tiles (those before tail_first, where the variant has a tail).
+// ---- persistent CTAs (kPersistent) -----------------------------------------------------------
+//
+// One CTA an SM (the grid: the SMs, or the tiles where there are fewer), taking tiles in turn as
+// BF16 d128's do (flash_fwd_ws.cuh; the shared parts in flash_common.cuh): its first tile its
+// blockIdx.x, the next ones from tile_counter in tiles_rule's order (heaviest first where
+// causal).  At short prompts a tile is one to four key blocks, and a CTA a tile leaves the SM
+// idle from its last product through its epilogue, the next CTA's start and its first copies
+// (the tile's Q, K(0), V^T(0) from memory) to its S(0): about as long as the tile's blocks.
+//   thread 0, the scheduler and the copies: per tile j its K and V^T blocks into the ring (each
+//     tile from stage 0: TileRing), then the next tile, taken once tile j's last block is copied,
+//     published in slot (j + 1) % 2 once tile j - 1 has released it (qempty: its epilogue done,
+//     warp 2 past it), and its Q copied into buffer (j + 1) % 2: the next tile's copies run
+//     while this one's blocks and epilogue do.  The first V^T copy waits for the pre-pass.
+//   warp 2 (a packed Q): the rows past a sequence's end zeroed (zero_q_tails).
+//   consumers: per tile, the blocks as a CTA a tile takes them (attend), every turn handed over
+//     (consumer 1 arrives once before its first; at the end consumer 0 takes its last hand-over),
+//     the epilogue through the tile's Q buffer, the slot released.  A tile without keys (an
+//     empty key sequence) is written out (O = 0, LSE = -inf) without a turn.
+static_assert(!kPersistent || (!kSplitTail && !kServing), "persistent: the plain kernels without a tail");
+
+// Tile w's Q into the buffer at dst, onto full, or onto landed where a packed sequence ends
+// inside it (warp 2 zeroes the rest, then completes full).
+template <class P>
+__device__ __forceinline__ void copy_tile_q(const P& p, uint32_t dst, uint32_t full, uint32_t landed,
+                                            const CtaWork& w) {
+  const bool packed = p.cu_seqlens_q != nullptr;
+  tma_tile<kBlockM, kDqk, 64>(dst, reinterpret_cast<uint64_t>(p.tmap_q),
+                              packed && w.seq.sq - w.row0 < kBlockM ? landed : full, w.h,
+                              packed ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed ? 0 : w.b);
+}
+
+// Thread 0 after the CTA's barrier: w the tile in slot 0 (more: there is one); its block 0
+// copied already where started (as the CTA started, after the pre-pass).
+template <class P>
+__device__ void schedule(const P& p, const Smem& sm, Sched& sh, CtaWork w, bool more, bool started) {
+  static_assert(!HasPages<P>::value, "persistent: no KV cache");
+  const TileQueue<P> queue(p);
+  const Bars bars = sm.bars();
+  TileRing<kStages> ring;
+  bool waited = started;   // for the pre-pass, before the first V^T copy
+  for (int j = 0; more; ++j) {
+    const Copies c = copies(p, w);
+    for (int m = j == 0 && started ? 1 : 0; m < w.n_blocks; ++m) {
+      const int s = m % kStages;
+      if (ring.refill(m)) {
+        mbar_wait(bars.kempty(s), ring.empty_parity(m));
+        mbar_wait(bars.vempty(s), ring.empty_parity(m));
+      }
+      copy_block(p, sm, s, c.gvt, m, w.h_kv, c.krow0, c.kbatch, !waited);
+      waited = true;
+    }
+    ring.end_tile(w.n_blocks);
+    // The next tile, taken once this one's last block is copied (kStages blocks before its end:
+    // a tile taken earlier would wait in this CTA while another SM could run it).
+    more = queue.next(queue.take(), w);
+    const int b = (j + 1) & 1;
+    if (j >= 1) mbar_wait(shared_addr(&sh.qempty[b]), ((j - 1) >> 1) & 1);   // tile j - 1's slot and Q
+    publish(sh, j + 1, more ? &w : nullptr);
+    if (more && w.n_blocks > 0)
+      copy_tile_q(p, sm.q_at(b), shared_addr(&sh.qfull[b]), shared_addr(&sh.qlanded[b]), w);
+  }
+}
+
+template <class P>
+__device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
+  consumer_registers();
+  const int wg = warpgroup_index();
+  const Turns turns{wg - 1};
+  TileRing<kStages> ring;
+  uint32_t qphase = 0;                        // bit b: the phase of qfull[b]
+  bool turned = false;
+  for (int j = 0;; ++j) {
+    const int b = j & 1;
+    mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
+    // The slot's block count, warp-uniform to the compiler (read from shared memory it is not,
+    // and ptxas serialises WGMMAs whose issue depends on a value it takes to diverge).
+    const int n_blocks = lane0(sh.work[b].n_blocks);
+    if (n_blocks < 0) {
+      if (turned && wg == 1) turns.take();    // consumer 1's last hand-over
+      return;
+    }
+    if (n_blocks > 0 && !turned) {
+      turns.begin();
+      turned = true;
+    }
+    const ConsumerLane me(wg, sh.work[b].row0);
+    const uint32_t sQg = sm.q_at(b) + me.cw * kConsumerRows * 64;
+    float acc_o[kDv / 2], acc_l[4], frame[2];
+    attend<false>(p, sm, sh.work[b], n_blocks, me, sQg, shared_addr(&sh.qfull[b]), (qphase >> b) & 1, 0, ring,
+                  acc_o, acc_l, frame);
+    if (n_blocks > 0) qphase ^= 1u << b;
+    write_rows(p, sh.work[b], acc_o, acc_l, frame, me.r_lo, me.wg_row0, me.cw, sQg);
+    fence_async_smem();   // the epilogue's writes to Q's buffer before the next tile's copy into it
+    __syncwarp();
+    if (me.lane == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
+    ring.end_tile(n_blocks);
+  }
+}
+
+template <class P>
+__device__ void persistent(const P& p) {
+  const Smem sm{smem_base_1024()};
+  __shared__ Sched sh;
+  CtaWork w;          // thread 0: the tile in slot 0
+  bool more = false, started = false;
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(shared_addr(&sh.tfull[b]), 1);
+      mbar_init(shared_addr(&sh.qempty[b]), 4 * kConsumers + (p.cu_seqlens_q != nullptr));
+      mbar_init(shared_addr(&sh.qfull[b]), 1);
+      mbar_init(shared_addr(&sh.qlanded[b]), 1);
+    }
+    sm.bars().init();
+    more = TileQueue<P>(p).next(blockIdx.x, w);
+    publish(sh, 0, more ? &w : nullptr);
+    if (more && w.n_blocks > 0) {
+      copy_tile_q(p, sm.q_at(0), shared_addr(&sh.qfull[0]), shared_addr(&sh.qlanded[0]), w);
+      const Copies c = copies(p, w);
+      copy_block(p, sm, 0, c.gvt, 0, w.h_kv, c.krow0, c.kbatch, true);
+      started = true;
+    }
+  }
+  for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads)
+    if (Smem::is_ones(i)) sts32(sm.ones_at(i), 0x38383838u);
+  fence_async_smem();
+  __syncthreads();
+
+  if (warpgroup_index() == 0) {
+    producer_registers();
+    if (threadIdx.x == 0) schedule(p, sm, sh, w, more, started);
+    else if (threadIdx.x / 32 == 2 && p.cu_seqlens_q != nullptr) zero_q_tails<kBlockM, 64, kTileQ>(sm, sh);
+    return;
+  }
+  consume_tiles(p, sm, sh);
+}
+
+// The kernel: the launch's whole tiles (those before tail_first, where the variant has a tail),
+// a CTA each, or (kPersistent) one CTA an SM taking them in turn.
 template <class P>
 __device__ void flash_fwd(const P& p) {
-  attention<false>(p);
+  if constexpr (kPersistent) persistent(p);
+  else attention<false>(p);
 }
 
 // The tail kernel (kSplitTail): the tiles from tail_first on, cut by keys (see above).

@@ -582,72 +582,6 @@ __device__ void one_tile(const P& p) {
 //     over; at the end consumer 0 takes the last hand-over.  S(0) has a turn of its own: moved
 //     into the tile's last turn it gains nothing, as both consumers' epilogues leave the tensor
 //     core idle together whichever turn S(0) takes.
-struct Sched {
-  uint64_t tfull[2];    // slot b published (the scheduler's arrival)
-  uint64_t qempty[2];   // slot b and Q buffer b free: each consumer warp, V's stream, warp 2 (packed Q)
-  uint64_t qfull[2];    // Q buffer b landed (its rows past a packed sequence's end zeroed)
-  uint64_t qlanded[2];  // the copy of a packed sequence's last Q tile into buffer b
-  CtaWork work[2];      // the tile in slot b; n_blocks < 0: the end
-};
-__device__ __forceinline__ uint32_t shared_addr(const void* x) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(x));
-}
-
-// The K/V ring over a persistent CTA's tiles: each tile starts at stage 0 (its block n in
-// stage n % 2), so that a block's stage, and the WGMMA descriptors of its K and V, follow from
-// n alone (a stage counted over the CTA's blocks is a per-thread register to ptxas, and so are
-// the descriptors derived from it: an R2UR before every WGMMA).  Phases are counted
-// per stage: bit s of `phases` the parity of stage s's uses by the tiles before, of `used`
-// whether it has had any.
-struct TileRing {
-  static_assert(kStages == 2, "two stages");
-  uint32_t phases = 0, used = 0;
-  __device__ uint32_t full_parity(int n) const { return ((phases >> (n & 1)) ^ (n >> 1)) & 1u; }
-  // Whether block n's stage was filled before (its empty barrier to be waited for), and the parity.
-  __device__ bool refill(int n) const { return n >= 2 || ((used >> (n & 1)) & 1u); }
-  __device__ uint32_t empty_parity(int n) const { return full_parity(n) ^ 1u; }
-  __device__ void end_tile(int n_blocks) {
-    phases ^= (static_cast<uint32_t>(n_blocks + 1) >> 1 & 1u) | (static_cast<uint32_t>(n_blocks) >> 1 & 1u) << 1;
-    used |= n_blocks >= 2 ? 3u : static_cast<uint32_t>(n_blocks);
-  }
-};
-
-// Tile t's work (false where its rows lie past its sequence's end).
-template <class P>
-__device__ __forceinline__ bool tile_work(const P& p, int t, CtaWork& w) {
-  const uint3 grid = make_uint3(p.tiles_x, p.tiles_y, p.tiles_z);
-  const uint32_t u = t, xy = grid.x * grid.y;
-  return cta_work(p, w, make_uint3(u % grid.x, u % xy / grid.x, u / xy), grid);
-}
-
-// The tiles of a launch, thread 0's: counter[0] the tiles taken past the grid's, counter[1]
-// the CTAs finished.
-template <class P>
-struct TileQueue {
-  const P& p;
-  unsigned* counter;
-  int n_tiles;
-  __device__ explicit TileQueue(const P& p_)
-      : p(p_), counter(static_cast<unsigned*>(const_cast<void*>(p_.tile_counter))), n_tiles(p_.tile_count) {}
-  __device__ int take() const { return gridDim.x + atomicAdd(counter, 1u); }
-  // The first tile with rows from tile t on, w its work; false at the end of the tiles, where
-  // the last CTA to get there zeroes the counter (every CTA's last take is before its count).
-  __device__ bool next(int t, CtaWork& w) const {
-    for (;; t = take()) {
-      if (t >= n_tiles) {
-        __threadfence();
-        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
-          __threadfence();
-          atomicExch(counter, 0u);
-          atomicExch(counter + 1, 0u);
-        }
-        return false;
-      }
-      if (tile_work(p, t, w)) return true;
-    }
-  }
-};
-
 template <class P>
 __device__ __forceinline__ KvAt kv_at(const P& p, const CtaWork& w) {
   const bool packed = p.cu_seqlens_k != nullptr;
@@ -664,21 +598,13 @@ __device__ __forceinline__ void copy_tile_q(const P& p, uint32_t dst, uint32_t f
          packed ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed ? 0 : w.b);
 }
 
-// Slot j % 2 := w (null: the end), published.
-__device__ __forceinline__ void publish(Sched& sh, int j, const CtaWork* w) {
-  const int b = j & 1;
-  if (w != nullptr) sh.work[b] = *w;
-  else sh.work[b].n_blocks = -1;
-  mbar_arrive(shared_addr(&sh.tfull[b]));
-}
-
 // Thread 0 after the CTA's barrier: w the tile in slot 0 (more: there is one); K(0) copied
 // already where k0 (as the CTA started).
 template <class P>
 __device__ void schedule_k(const P& p, const Smem& sm, Sched& sh, CtaWork w, bool more, bool k0) {
   const TileQueue<P> queue(p);
   const Bars bars = sm.bars();
-  TileRing ring;
+  TileRing<kStages> ring;
   for (int j = 0; more; ++j) {
     const KvAt kv = kv_at(p, w);
     for (int m = j == 0 && k0 ? 1 : 0; m < w.n_blocks; ++m) {
@@ -702,7 +628,7 @@ template <class P>
 __device__ void stream_v(const P& p, const Smem& sm, Sched& sh) {
   const Bars bars = sm.bars();
   const bool packed = p.cu_seqlens_k != nullptr;
-  TileRing ring;
+  TileRing<kStages> ring;
   uint32_t tails = 0;   // packed tails zeroed (vlanded's phases)
   for (int j = 0;; ++j) {
     const int b = j & 1;
@@ -722,24 +648,6 @@ __device__ void stream_v(const P& p, const Smem& sm, Sched& sh) {
   }
 }
 
-// Warp 2 where Q is packed: each tile's rows past its sequence's end zeroed.
-__device__ void zero_q_tails(const Smem& sm, Sched& sh) {
-  uint32_t landed = 0;   // bit b: the phase of qlanded[b]
-  for (int j = 0;; ++j) {
-    const int b = j & 1;
-    mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
-    const int n_blocks = sh.work[b].n_blocks, rows = sh.work[b].seq.sq - sh.work[b].row0;
-    if (n_blocks < 0) return;
-    if (n_blocks > 0 && rows < kBlockM) {
-      zero_tail_rows<kBlockM, 128, kTileQ>(sm.q_at(b), shared_addr(&sh.qlanded[b]), shared_addr(&sh.qfull[b]),
-                                           rows, (landed >> b) & 1);
-      landed ^= 1u << b;
-    }
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
-  }
-}
-
 template <class P>
 __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   consumer_registers();
@@ -754,7 +662,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 4; ++i) pa_b[i] = 0u;
   int j = 0;                                  // the CTA's tile
-  TileRing ring;
+  TileRing<kStages> ring;
   int n_blocks = 0, sk = 0, diag = 0, row0 = 0;
   uint32_t qphase = 0;                        // bit b: the phase of qfull[b]
   bool turned = false;
@@ -903,7 +811,7 @@ __device__ void persistent(const P& p) {
     const int warp = threadIdx.x / 32;
     if (threadIdx.x == 0) schedule_k(p, sm, sh, w, more, k0);
     else if (warp == 1) stream_v(p, sm, sh);
-    else if (warp == 2 && p.cu_seqlens_q != nullptr) zero_q_tails(sm, sh);
+    else if (warp == 2 && p.cu_seqlens_q != nullptr) zero_q_tails<kBlockM, 128, kTileQ>(sm, sh);
     return;
   }
   consume_tiles(p, sm, sh);

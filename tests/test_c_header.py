@@ -280,9 +280,16 @@ def test_persistent_tiles_refuse_more_than_the_kernel_counts(tmp_path):
     """zyfa_<name>_tiles fills the tile fields from the manifest's rule and returns 0, or -1 and
     leaves them where the tiles overflow the kernel's 32-bit count (as the runtime refuses)."""
     m = catalogue_manifest()
-    (e,) = [e for e in m["kernels"] if "persistent" in e and not e["variant"]["causal"]]
-    n, inc = e["name"], header_dir(tmp_path, m)
-    src = tmp_path / "tiles.c"
+    inc = header_dir(tmp_path, m)
+    persistent = [e for e in m["kernels"] if "persistent" in e and not e["variant"]["causal"]]
+    assert {e["variant"]["dtype"] for e in persistent} == {"bf16", "fp8_e4m3"}
+    for e in persistent:
+        _check_tiles(tmp_path, inc, e)
+
+
+def _check_tiles(tmp_path, inc, e):
+    n = e["name"]
+    src = tmp_path / f"tiles_{n}.c"
     src.write_text("\n".join([
         "#include <stdio.h>", "#include <string.h>", '#include "zyfa_kernels.h"', "int main(void) {",
         f"  zyfa_{n}_args a; memset(&a, 0, sizeof a);",
@@ -294,7 +301,7 @@ def test_persistent_tiles_refuse_more_than_the_kernel_counts(tmp_path):
         f"  r = zyfa_{n}_tiles(&a);",
         '  printf("%d %d %d %d %d\\n", r, a.tiles_x, a.tiles_y, a.tiles_z, a.tile_count);',
         "  return 0;", "}", ""]))
-    exe = tmp_path / "tiles"
+    exe = tmp_path / f"tiles_{n}"
     run([CC, "-std=c11", "-Wall", "-Werror", "-I", inc, src, "-o", exe])
     bm = e["tile"]["block_m"]
     fits, over = run([exe]).stdout.splitlines()

@@ -140,11 +140,11 @@ def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a"], ids=lambda v: v.name)
 def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
-    """BF16 d128 (plain, not serving) is persistent (two Q tiles fit beside the K/V ring): its
-    grid is one CTA an SM, or a tile, where there are fewer; its arguments carry the tiles' grid,
-    their count and the counter.  Every sm_90a argument list ends on 8 bytes: cuLaunchKernel takes
-    a buffer of the cubin's parameter size, and kernarg_size rounds up to 8."""
-    assert v.tile.persistent == (v.dtype == "bf16" and (v.d_qk, v.d_v) == (128, 128) and not v.serving)
+    """d128 (plain, not serving, BF16 and FP8) is persistent (two Q tiles fit beside the K/V
+    ring): its grid is one CTA an SM, or a tile, where there are fewer; its arguments carry the
+    tiles' grid, their count and the counter.  Every sm_90a argument list ends on 8 bytes:
+    cuLaunchKernel takes a buffer of the cubin's parameter size, and kernarg_size rounds up to 8."""
+    assert v.tile.persistent == ((v.d_qk, v.d_v) == (128, 128) and not v.serving)
     names = [a.name for a in kernargs(v)]
     tile_args = ["tiles_x", "tiles_y", "tiles_z", "tile_count"]
     assert ("tile_counter" in names) == v.tile.persistent
@@ -155,6 +155,7 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
     if v.tile.persistent:
         for tiles, sms in ((5, 132), (132, 132), (4096, 132), (4096, 78)):
             assert eval_grid(grid_rule(v), {"tile_count": tiles, "sm_count": sms}) == (min(tiles, sms), 1, 1)
+    if v.tile.persistent and v.dtype == "bf16":   # FP8's layout: test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows
         ones = 2 * v.tile.block_n * 128 if v.tile.pv_row_sums else 0   # a block of ones after each V stage
         smem = 2 * v.tile.block_m * 2 * v.d_qk + 2 * v.tile.block_n * 2 * (v.d_qk + v.d_v) + ones + 128 + 1024
         assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
@@ -164,15 +165,15 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
                          ids=lambda v: v.name)
 def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
     """FP8: four K/V^T stages where they fit at d_qk >= 128 (d128, d192/128), three at d64
-    (where a fourth did not gain) and at d256 (where four do not fit); the layout Q | K x
-    stages | (V^T, ones) x stages | mbarriers (four a stage, two more, in 128-byte units) |
+    (where a fourth did not gain) and at d256 (where four do not fit); the layout Q (x 2 where
+    persistent: the next tile's) | K x stages | (V^T, ones) x stages | mbarriers (four a stage, two more, in 128-byte units) |
     1 KiB of alignment within the 227 KiB a CTA may have; at d256, whose three stages with
     their ones take all of it, the mbarriers inside stage 0's ones and no slack."""
     stages = v.tile.stages
     assert stages == (3 if v.d_qk == 64 or v.d_v == 256 else 4)
     ones = 8 * 128 * stages
     barriers, slack = (0, 0) if v.d_v == 256 else (128 if stages <= 3 else 256, 1024)
-    smem = v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + slack
+    smem = (1 + v.tile.persistent) * v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + slack
     assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
     if v.d_v == 256:     # exactly all of it; a fourth stage would not fit
         assert smem == SM90_MAX_SMEM and smem + 128 * (v.d_qk + v.d_v) > SM90_MAX_SMEM
@@ -260,7 +261,8 @@ def test_a_serving_variant_is_its_plain_kernel_without_persistence_with_the_feat
     assert not v.tile.persistent and not v.tile.split_tail and grid_rule(v) == tiles_rule(v)
     same = ("block_m", "block_n", "threads", "stages", "pv_row_sums")
     assert all(getattr(v.tile, f) == getattr(plain.tile, f) for f in same)
-    assert v.tile.dynamic_smem == plain.tile.dynamic_smem - plain.tile.persistent * v.tile.block_m * 2 * v.d_qk
+    q_bytes = v.tile.block_m * v.d_qk * (2 if v.dtype == "bf16" else 1)   # the persistent kernel's second Q
+    assert v.tile.dynamic_smem == plain.tile.dynamic_smem - plain.tile.persistent * q_bytes
     names, plain_names = [a.name for a in kernargs(v)], [a.name for a in kernargs(plain)]
     tiles = ("tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count",
              "partials", "tail_counter", "tail_first", "tail_ctas", "tail_gap", "tail_ramp")

@@ -508,56 +508,69 @@ def test_several_gpus_driven_from_one_process():
     assert loaded == set(range(n))
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(causal):
-    """The persistent kernels (sm_90a BF16 d128: one CTA an SM, tiles from a counter): a
-    packed batch of 640 tiles (10 sequences x 8 heads x 8 row blocks of the longest), of odd
+def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(dtype, causal):
+    """The persistent kernels (sm_90a d128, BF16 and FP8: one CTA an SM, tiles from a counter):
+    a packed batch of some 640 tiles (10 sequences x 8 heads x the longest's row blocks), of odd
     and even block counts, tails, sequences with no rows, and one with rows but no keys (O 0,
     LSE -inf).  O poisoned before each of three launches, two on one stream (its counter left
     zero by the first) and one on another; each equal, bit for bit, to the first, and every
-    sequence and head within the bf16 bound of the fp64 reference, the LSE within the variant's
-    bound (its l the sum of the rounded P)."""
+    sequence and head within its bound: BF16 of the fp64 reference (the LSE within the
+    variant's bound: its l the sum of the rounded P), FP8 of its recipe's model."""
     torch = pytest.importorskip("torch")
-    from zyfa_runtime import flash_attn_varlen_func
+    from zyfa_runtime import flash_attn_varlen_func, fp8_models
     from zyfa_runtime.api import kernel_table
-    v = Variant(ARCH, "bf16", 128, 128, causal)
+    from zyfa_runtime.memory import to_device
+    from zyfa_runtime.selfcheck import RECIPE_OF, _descales, _poisoned_out, _quantise
+    v = Variant(ARCH, dtype, 128, 128, causal)
     if "persistent" not in (kernel_table(DRIVER).entry(v) or {}):
         pytest.skip(f"{v.name} is not persistent")
     sq = [0, 1, 127, 128, 129, 300, 0, 1000, 64, 50]
     sk = [0, 1, 127, 200, 129, 300, 5, 1000, 64, 0]
     hq, hkv = 8, 2
-    g = torch.Generator(device="cuda").manual_seed(int(np.random.default_rng().integers(1 << 30)))
-    q, k, vv = (torch.randn(sum(n), h, 128, device="cuda", generator=g).bfloat16()
-                for n, h in ((sq, hq), (sk, hkv), (sk, hkv)))
-    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(n)]), dtype=torch.int32, device="cuda")
-                  for n in (sq, sk))
+    rng = np.random.default_rng()
+    host = [_quantise(rng.standard_normal((sum(n), h, 128)).astype(np.float32), dtype)
+            for n, h in ((sq, hq), (sk, hkv), (sk, hkv))]
+    q, k, vv = (to_device(DRIVER, 0, h[0], dtype) for h in host)
+    scales = tuple(h[2] for h in host)
+    cu = [np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (sq, sk)]
+    cu_q, cu_k = (to_device(DRIVER, 0, x, "int32") for x in cu)
     runs = []
     other = torch.cuda.Stream()
     for stream in (None, None, other.cuda_stream):
-        out = torch.full((sum(sq), hq, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+        out = _poisoned_out(DRIVER, 0, (sum(sq), hq, 128))
         _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(sq),
                                         max_seqlen_k=max(sk), causal=causal, out=out, return_lse=True,
-                                        stream=stream)
+                                        stream=stream, **_descales(DRIVER, 0, scales))
         torch.cuda.synchronize()
-        runs.append((out.view(torch.int16).cpu().numpy(), lse.numpy()))
+        runs.append((out.numpy().view(np.uint16), lse.numpy()))
     for o, l in runs[1:]:
         assert np.array_equal(o, runs[0][0]) and np.array_equal(l.view(np.uint32), runs[0][1].view(np.uint32))
-    o = runs[0][0].view(np.uint16).astype(np.uint32) << 16
-    o = o.view(np.float32).astype(np.float64)
-    ref, ref_lse = reference.attention(*(x.double().cpu().numpy() for x in (q, k, vv)), causal=causal,
-                                       cu_seqlens_q=cu_q.cpu().numpy(), cu_seqlens_k=cu_k.cpu().numpy(),
-                                       return_lse=True)
-    assert not np.isnan(o).any() and not np.isnan(runs[0][1]).any()
-    starts = np.concatenate([[0], np.cumsum(sq)])
-    for i, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
-        if sk[i] == 0:
-            assert (o[a:b] == 0).all() and np.isneginf(runs[0][1][:, a:b]).all(), i
+    o, got_lse = bf16_to_f64(runs[0][0]), runs[0][1]
+    assert not np.isnan(o).any() and not np.isnan(got_lse).any()
+    o_bound, lse_bound = (8e-3, bounds(v)[1]) if dtype == "bf16" else bounds(v)
+    scale = float(np.float32(1.0 / np.sqrt(128)))
+    for i in range(len(sq)):
+        (a, b), (ka, kb) = (cu[0][i], cu[0][i + 1]), (cu[1][i], cu[1][i + 1])
+        if b == a:
             continue
+        if kb == ka:
+            assert (o[a:b] == 0).all() and np.isneginf(got_lse[:, a:b]).all(), i
+            continue
+        if dtype == "bf16":
+            ref, ref_lse = reference.attention(host[0][1][a:b], host[1][1][ka:kb], host[2][1][ka:kb],
+                                               causal=causal, return_lse=True,
+                                               cu_seqlens_q=np.array([0, b - a]), cu_seqlens_k=np.array([0, kb - ka]))
+        else:
+            ref, ref_lse = fp8_models.sequence_forward(
+                host[0][0][a:b], host[1][0][ka:kb], host[2][0][ka:kb], RECIPE_OF[(ARCH, dtype)],
+                descale_q=scales[0], descale_k=scales[1], descale_v=scales[2], causal=causal, softmax_scale=scale)
         for h in range(hq):
-            err = reference.relative_error(o[a:b, h], ref[a:b, h]) if b > a else 0.0
-            assert err < 8e-3, (i, h, err)
-    live = np.isfinite(ref_lse)
-    assert np.abs(runs[0][1][live] - ref_lse[live]).max() < bounds(v)[1]
+            err = reference.relative_error(o[a:b, h], ref[:, h])
+            assert err < o_bound, (i, h, err)
+        live = np.isfinite(ref_lse)
+        assert np.abs(got_lse[:, a:b][live] - ref_lse[live]).max() < lse_bound, i
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])

@@ -206,11 +206,15 @@ def tile_for(v: Variant) -> Tile:
         # in 128-byte units, +1 KiB for alignment; at d256, whose three stages fill the
         # 227 KiB, the mbarriers in rows of stage 0's ones that PV's sum does not read and no
         # slack (the kernel's smem_base_exact: the dynamic shared memory starts aligned).
+        # Persistent at d128 (as BF16's, and for the same reason: at short prompts a tile is a
+        # few blocks, and a CTA a tile idles through its epilogue and the next one's first
+        # copies): Q x 2, the next tile's copied during this one.
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
+        persistent = (v.d_qk, v.d_v) == (128, 128) and not v.serving
         def smem(stages):
             inside = v.d_v > 128
             barriers = 0 if inside else -(-(32 * stages + 16) // 128) * 128   # four a stage, qfull and qlanded
-            return (SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * stages * (v.d_qk + v.d_v)
+            return ((1 + persistent) * SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * stages * (v.d_qk + v.d_v)
                     + stages * 8 * 128 + barriers + (0 if inside else 1024))
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
@@ -219,7 +223,7 @@ def tile_for(v: Variant) -> Tile:
         # tiles' key ranges follow from the window (a CTA a tile, as BF16's).
         split_tail = v.d_v == 256 and not v.causal and not v.serving
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
-                    dynamic_smem=smem(stages), stages=stages, split_tail=split_tail)
+                    dynamic_smem=smem(stages), stages=stages, persistent=persistent, split_tail=split_tail)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
