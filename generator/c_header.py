@@ -225,6 +225,9 @@ def _kernel(entry: dict) -> list[str]:
         ("SHARED_BYTES", str(int(entry["shared_bytes"]))),
         ("KERNARG_SIZE", str(int(entry["kernarg_size"]))),
         ("PERSISTENT", "1" if "persistent" in entry else "0"),
+        # a short-prompt variant (manifest "short"): the kernel for calls of at most this many
+        # keys a sequence, the plain kernel of its name less "_short" for longer ones; 0: not one
+        ("SHORT_MAX_SEQLEN_K", str(int(entry["short"]["max_seqlen_k"])) if "short" in entry else "0"),
         ("SPLIT_TAIL", "1" if "split_tail" in entry else "0"),
         ("DEPENDENT_LAUNCH", "1" if entry.get("dependent_launch") else "0"),
         # the serving features (manifest "features"): 1 where the struct has their arguments

@@ -10,7 +10,7 @@ from tests.backends import build_sm90a
 #: build.py --only substrings): one build a run.  bf16 d256 full stays unbuilt
 #: (test_api.test_unbuilt_variant_is_a_clear_error).
 FAKE_SM90A = ("bf16_d128x128,bf16_d192x128_full,bf16_d256x256_causal,bf16_d64x64_full,"
-              "fp8_e4m3_d64x64_full,fp8_e4m3_d256x256_full")
+              "fp8_e4m3_d64x64_full,fp8_e4m3_d128x128_full,fp8_e4m3_d256x256_full")
 
 
 @pytest.fixture(scope="session")

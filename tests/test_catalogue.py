@@ -1,5 +1,5 @@
-"""The catalogue: 32 plain variants and 16 serving ones (sm_90a), and the one definition of each
-kernel's argument layout."""
+"""The catalogue: 32 plain variants, 16 serving ones and 2 short-prompt ones (sm_90a), and the
+one definition of each kernel's argument layout."""
 
 import pytest
 
@@ -10,17 +10,21 @@ from zyfa_runtime.catalogue import (ARG_TYPES, FEATURES_OF, HEAD_DIMS, SERVING_F
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
                                     vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES,
-                                    SM90_MAX_SMEM, features, serving_variant)
+                                    SM90_MAX_SMEM, SHORT_KEYS, SHORT_VARIANTS_OF, features, serving_variant,
+                                    short_variant)
 
 
-def test_catalogue_is_the_full_product_and_the_serving_variants_of_sm90a():
+def test_catalogue_is_the_full_product_and_the_serving_and_short_variants_of_sm90a():
     vs = all_variants()
-    assert len(vs) == 48
-    assert len({v.name for v in vs}) == 48 and len({v.symbol for v in vs}) == 48
-    assert len({v.filename for v in vs}) == 48
-    plain = [v for v in vs if not v.serving]
+    assert len(vs) == 50
+    assert len({v.name for v in vs}) == 50 and len({v.symbol for v in vs}) == 50
+    assert len({v.filename for v in vs}) == 50
+    plain = [v for v in vs if not v.serving and not v.short]
     assert len(plain) == 32 and {(v.d_qk, v.d_v) for v in plain} == set(HEAD_DIMS)
-    assert vs[32:] == [serving_variant(v) for v in plain if v.arch == "sm_90a"]
+    assert vs[32:48] == [serving_variant(v) for v in plain if v.arch == "sm_90a"]
+    assert vs[48:] == [short_variant(v) for v in plain if short_variant(v) is not None]
+    assert [v.name for v in vs[48:]] == ["fwd_sm_90a_fp8_e4m3_d128x128_full_short",
+                                         "fwd_sm_90a_fp8_e4m3_d128x128_causal_short"]
     assert all(v.name == serving_variant(p).name == p.name + "_serving" for p, v in zip(plain[:16], vs[32:]))
     # The gfx950 FP8 set comes from the assembly generator.
     assert sorted(v.name for v in vs if v.built_from == "asm-generator") == sorted(
@@ -28,7 +32,9 @@ def test_catalogue_is_the_full_product_and_the_serving_variants_of_sm90a():
 
 
 @pytest.mark.parametrize("bad", [dict(arch="gfx942"), dict(dtype="fp16"), dict(d_qk=96, d_v=96),
-                                 dict(arch="gfx950", dtype="fp8_e4m3", serving=True), dict(arch="gfx950", serving=True)])
+                                 dict(arch="gfx950", dtype="fp8_e4m3", serving=True), dict(arch="gfx950", serving=True),
+                                 dict(dtype="fp8_e4m3", short=True, serving=True), dict(dtype="fp8_e4m3", d_qk=64, d_v=64, short=True),
+                                 dict(short=True), dict(arch="gfx950", dtype="fp8_e4m3", short=True)])
 def test_variant_rejects_what_is_not_in_the_catalogue(bad):
     kw = dict(arch="sm_90a", dtype="bf16", d_qk=128, d_v=128, causal=False) | bad
     with pytest.raises(ValueError):
@@ -140,11 +146,12 @@ def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a"], ids=lambda v: v.name)
 def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
-    """d128 (plain, not serving, BF16 and FP8) is persistent (two Q tiles fit beside the K/V
-    ring): its grid is one CTA an SM, or a tile, where there are fewer; its arguments carry the
-    tiles' grid, their count and the counter.  Every sm_90a argument list ends on 8 bytes:
-    cuLaunchKernel takes a buffer of the cubin's parameter size, and kernarg_size rounds up to 8."""
-    assert v.tile.persistent == ((v.d_qk, v.d_v) == (128, 128) and not v.serving)
+    """BF16 d128 (plain, not serving) and the FP8 d128 short-prompt variants are persistent (two
+    Q tiles fit beside the K/V ring): the grid is one CTA an SM, or a tile, where there are
+    fewer; the arguments carry the tiles' grid, their count and the counter.  Every sm_90a
+    argument list ends on 8 bytes: cuLaunchKernel takes a buffer of the cubin's parameter size,
+    and kernarg_size rounds up to 8."""
+    assert v.tile.persistent == (((v.d_qk, v.d_v) == (128, 128) and not v.serving and v.dtype == "bf16") or v.short)
     names = [a.name for a in kernargs(v)]
     tile_args = ["tiles_x", "tiles_y", "tiles_z", "tile_count"]
     assert ("tile_counter" in names) == v.tile.persistent
@@ -204,8 +211,9 @@ def test_causal_grid_reading_covers_every_block_once_in_any_order(blocks, hq, ba
 
 def test_selection_by_arch_and_substring():
     vs = all_variants()
-    assert len(list(iter_select(vs, arch="sm_90a"))) == 32
+    assert len(list(iter_select(vs, arch="sm_90a"))) == 34
     assert len(list(iter_select(vs, arch="sm_90a", only="_serving"))) == 16
+    assert len(list(iter_select(vs, arch="sm_90a", only="_short"))) == 2
     sel = list(iter_select(vs, only="d64x64_causal,d256"))
     assert sel and all("d64x64_causal" in v.name or "d256" in v.name for v in sel)
 
@@ -246,6 +254,27 @@ def test_fp8_d256_non_causal_balances_its_last_wave(v):
         # a thread's O / l (d_v / 2 f16) and one 16-byte group of l and frame, 128 threads a consumer
         assert split_tail_slot_bytes(v) == 2 * 128 * (128 * 2 + 16)
         assert split_tail_counter_bytes(v) == 2 * 8      # arrived and stored, a consumer
+
+
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.short], ids=lambda v: v.name)
+def test_a_short_variant_is_its_plain_kernel_with_persistent_ctas(v):
+    """The short-prompt variant of sm_90a FP8 d128 (SHORT_VARIANTS_OF): the plain kernel's tile
+    (rows, keys, threads, ring) with persistent CTAs -- a second Q tile, the tile counter and the
+    tiles' grid in its arguments, one CTA an SM -- where the plain kernel is a CTA a tile; taken
+    for at most SHORT_KEYS keys a sequence (plan.variant_for)."""
+    plain = Variant(v.arch, v.dtype, v.d_qk, v.d_v, v.causal)
+    assert short_variant(plain) == v and short_variant(v) == v and v.name == plain.name + "_short"
+    assert (v.d_qk, v.d_v) in SHORT_VARIANTS_OF[(v.arch, v.dtype)] and SHORT_KEYS == 2048
+    assert v.tile.persistent and not plain.tile.persistent and not v.tile.split_tail
+    same = ("block_m", "block_n", "threads", "stages", "pv_row_sums")
+    assert all(getattr(v.tile, f) == getattr(plain.tile, f) for f in same)
+    assert v.tile.dynamic_smem == plain.tile.dynamic_smem + v.tile.block_m * v.d_qk   # Q x 2 (e4m3)
+    names, plain_names = [a.name for a in kernargs(v)], [a.name for a in kernargs(plain)]
+    assert [n for n in names if n not in plain_names] == ["tile_counter", "tiles_x", "tiles_y", "tiles_z",
+                                                          "tile_count"]
+    assert grid_rule(v) == {"x": {"min": ["tile_count", "sm_count"]}, "y": 1, "z": 1}
+    assert grid_rule(plain) == tiles_rule(plain)
+    assert Variant.from_json(v.to_json()) == v and v.to_json()["short"] is True
 
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.serving], ids=lambda v: v.name)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from zyfa_runtime import reference
-from zyfa_runtime.catalogue import Variant, all_variants, clamps_cu_seqlens, per_head_descales
+from zyfa_runtime.catalogue import Variant, all_variants, clamps_cu_seqlens, per_head_descales, short_variant
+from zyfa_runtime.plan import forced_variant
 from zyfa_runtime.selfcheck import bounds
 
 
@@ -35,6 +36,19 @@ def bf16_to_f64(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(DRIVER is None, reason=WHY)]
 ARCH = DRIVER.arch(0) if DRIVER is not None else None
+
+
+@pytest.fixture(autouse=True)
+def _the_kernel_named(request):
+    """A test of variant ``v`` runs v's own kernel, plain or short-prompt (catalogue.Variant.short),
+    whatever length its shapes have (plan.forced_variant)."""
+    spec = getattr(request.node, "callspec", None)
+    v = spec.params.get("v") if spec is not None else None
+    if isinstance(v, Variant) and (v.short or short_variant(v) is not None):
+        with forced_variant(v):
+            yield
+    else:
+        yield
 
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if not v.serving], ids=lambda v: v.name)
@@ -511,7 +525,8 @@ def test_several_gpus_driven_from_one_process():
 @pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(dtype, causal):
-    """The persistent kernels (sm_90a d128, BF16 and FP8: one CTA an SM, tiles from a counter):
+    """The persistent kernels (sm_90a d128: BF16's, FP8's short-prompt one; one CTA an SM, tiles
+    from a counter):
     a packed batch of some 640 tiles (10 sequences x 8 heads x the longest's row blocks), of odd
     and even block counts, tails, sequences with no rows, and one with rows but no keys (O 0,
     LSE -inf).  O poisoned before each of three launches, two on one stream (its counter left
@@ -524,6 +539,7 @@ def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(dtype, c
     from zyfa_runtime.memory import to_device
     from zyfa_runtime.selfcheck import RECIPE_OF, _descales, _poisoned_out, _quantise
     v = Variant(ARCH, dtype, 128, 128, causal)
+    v = short_variant(v) or v
     if "persistent" not in (kernel_table(DRIVER).entry(v) or {}):
         pytest.skip(f"{v.name} is not persistent")
     sq = [0, 1, 127, 128, 129, 300, 0, 1000, 64, 50]
@@ -540,9 +556,10 @@ def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(dtype, c
     other = torch.cuda.Stream()
     for stream in (None, None, other.cuda_stream):
         out = _poisoned_out(DRIVER, 0, (sum(sq), hq, 128))
-        _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(sq),
-                                        max_seqlen_k=max(sk), causal=causal, out=out, return_lse=True,
-                                        stream=stream, **_descales(DRIVER, 0, scales))
+        with forced_variant(v):
+            _, lse = flash_attn_varlen_func(q, k, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(sq),
+                                            max_seqlen_k=max(sk), causal=causal, out=out, return_lse=True,
+                                            stream=stream, **_descales(DRIVER, 0, scales))
         torch.cuda.synchronize()
         runs.append((out.numpy().view(np.uint16), lse.numpy()))
     for o, l in runs[1:]:

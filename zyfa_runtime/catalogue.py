@@ -79,6 +79,10 @@ class Variant(CodeObject):
     #: head dims, causal) with the serving features compiled in, beside a plain kernel that
     #: stays as measured; the runtime takes it for a call that needs one of them.
     serving: bool = False
+    #: The short-prompt specialisation (SHORT_VARIANTS_OF): the plain kernel with persistent CTAs,
+    #: which the runtime takes for a call whose sequences have at most SHORT_KEYS keys, beside a
+    #: plain kernel of a CTA a tile that stays as measured on long ones.
+    short: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHES:
@@ -90,11 +94,15 @@ class Variant(CodeObject):
         if self.serving and (self.arch, self.dtype) not in SERVING_FEATURES_OF:
             raise ValueError(f"no serving variants of {self.arch} {self.dtype}; those of "
                              f"{sorted(SERVING_FEATURES_OF)} only")
+        if self.short and (self.serving or (self.d_qk, self.d_v) not in SHORT_VARIANTS_OF.get((self.arch, self.dtype), ())):
+            raise ValueError(f"no short-prompt variant of {self.arch} {self.dtype} d{self.d_qk}x{self.d_v}"
+                             f"{' serving' if self.serving else ''}; those of {SHORT_VARIANTS_OF} only")
 
     @property
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
-        return f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}" + ("_serving" if self.serving else "")
+        return (f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}" + ("_serving" if self.serving else "")
+                + ("_short" if self.short else ""))
 
     @property
     def tile(self) -> "Tile":
@@ -113,16 +121,41 @@ class Variant(CodeObject):
     @classmethod
     def from_json(cls, d: dict) -> "Variant":
         return cls(arch=d["arch"], dtype=d["dtype"], d_qk=int(d["d_qk"]), d_v=int(d["d_v"]),
-                   causal=bool(d["causal"]), serving=bool(d.get("serving", False)))   # absent: before serving
+                   causal=bool(d["causal"]), serving=bool(d.get("serving", False)),   # absent: before serving
+                   short=bool(d.get("short", False)))
 
 
 def all_variants() -> list[Variant]:
     """The variants of the catalogue, in a fixed order: the 32 plain ones (every arch, dtype,
     head dims, causal or full), then the serving ones (SERVING_FEATURES_OF: 8 a listed
-    (arch, dtype), in the plain ones' order)."""
+    (arch, dtype), in the plain ones' order), then the short-prompt ones (SHORT_VARIANTS_OF:
+    causal and full of each listed head dims, in the plain ones' order)."""
     plain = [Variant(a, t, dq, dv, c)
              for a, t, (dq, dv), c in itertools.product(ARCHES, DTYPES, HEAD_DIMS, (False, True))]
-    return plain + [dataclasses.replace(v, serving=True) for v in plain if (v.arch, v.dtype) in SERVING_FEATURES_OF]
+    return (plain + [dataclasses.replace(v, serving=True) for v in plain if (v.arch, v.dtype) in SERVING_FEATURES_OF]
+            + [dataclasses.replace(v, short=True) for v in plain
+               if (v.d_qk, v.d_v) in SHORT_VARIANTS_OF.get((v.arch, v.dtype), ())])
+
+
+#: The short-prompt variants (Variant.short) of each (arch, dtype) that has them: their head
+#: dims.  sm_90a FP8 d128: at 128-512 keys a tile is one to four blocks, and a CTA a tile leaves
+#: the SM idle from its last product through its epilogue, the next CTA's start and its first
+#: copies; persistent CTAs overlap those with the next tile (1.09-1.40x at B16 S512 to B64
+#: S128, docs/sm90a.md), but ran 1-3 % slower than a CTA a tile from 8k keys on.
+SHORT_VARIANTS_OF = {("sm_90a", "fp8_e4m3"): ((128, 128),)}
+
+#: The most keys a call's sequences may have (seqlen_k, max_seqlen_k) for the runtime to take a
+#: short-prompt variant (plan.variant_for; each such manifest entry's ``short.max_seqlen_k``):
+#: at 2k keys the persistent kernel was 5 % faster causal and even non-causal, at 4k 1 % slower.
+SHORT_KEYS = 2048
+
+
+def short_variant(v: Variant) -> "Variant | None":
+    """The short-prompt variant of plain ``v``'s (arch, dtype, head dims, causal), None where the
+    catalogue has none (SHORT_VARIANTS_OF)."""
+    if v.serving or (v.d_qk, v.d_v) not in SHORT_VARIANTS_OF.get((v.arch, v.dtype), ()):
+        return None
+    return dataclasses.replace(v, short=True)
 
 
 def serving_variant(v: Variant) -> "Variant | None":
@@ -206,11 +239,11 @@ def tile_for(v: Variant) -> Tile:
         # in 128-byte units, +1 KiB for alignment; at d256, whose three stages fill the
         # 227 KiB, the mbarriers in rows of stage 0's ones that PV's sum does not read and no
         # slack (the kernel's smem_base_exact: the dynamic shared memory starts aligned).
-        # Persistent at d128 (as BF16's, and for the same reason: at short prompts a tile is a
+        # Persistent in the short-prompt variants (Variant.short: at short prompts a tile is a
         # few blocks, and a CTA a tile idles through its epilogue and the next one's first
         # copies): Q x 2, the next tile's copied during this one.
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
-        persistent = (v.d_qk, v.d_v) == (128, 128) and not v.serving
+        persistent = v.short
         def smem(stages):
             inside = v.d_v > 128
             barriers = 0 if inside else -(-(32 * stages + 16) // 128) * 128   # four a stage, qfull and qlanded

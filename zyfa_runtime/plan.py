@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from . import launch, validate, workspace
-from .catalogue import Variant, eval_grid, serving_variant, vt_columns
+from .catalogue import Variant, eval_grid, serving_variant, short_variant, vt_columns
 from .memory import DeviceArray
 from .tensors import contiguous_strides
 
@@ -164,10 +164,43 @@ def variant_for(problem: validate.Problem, table, arch: str) -> Variant:
     (validate.features_of) the serving variant of its (arch, dtype, head dims, causal) where the
     manifest lists one (catalogue.Variant.serving: the plain kernel stays as tuned, without the
     features), else the plain variant -- which lists its features itself (gfx950) or is refused
-    by require_features."""
+    by require_features.  A call without features whose sequences have at most the keys a
+    built short-prompt variant's entry names (``short.max_seqlen_k``) takes that variant
+    (catalogue.Variant.short).  Within ``forced_variant(v)`` a call of v's (arch, dtype, head
+    dims, causal) without features takes v (its plain or short kernel, for the tests of each)."""
     plain = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
-    serving = serving_variant(plain) if validate.features_of(problem) else None
-    return serving if serving is not None and table.entry(serving) is not None else plain
+    if validate.features_of(problem):
+        serving = serving_variant(plain)
+        return serving if serving is not None and table.entry(serving) is not None else plain
+    if _forced is not None and _forced in (plain, short_variant(plain)):
+        return _forced
+    short = short_variant(plain)
+    entry = table.entry(short) if short is not None else None
+    if entry is not None and entry.get("built") and problem.seqlen_k <= entry["short"]["max_seqlen_k"]:
+        return short
+    return plain
+
+
+#: The variant forced_variant names (None: variant_for's own choice).
+_forced: "Variant | None" = None
+
+
+@contextlib.contextmanager
+def forced_variant(v: Variant):
+    """Within it, calls without features of ``v``'s (arch, dtype, head dims, causal) take ``v``,
+    plain or short, whatever their length (selfcheck.check_variant: each kernel tested).  The
+    cached layouts and plans, which hold their variant's kernel, are dropped as it starts and
+    ends."""
+    global _forced
+    previous, _forced = _forced, v
+    _layouts.clear()
+    _plans.clear()
+    try:
+        yield
+    finally:
+        _forced = previous
+        _layouts.clear()
+        _plans.clear()
 
 
 def require_features(problem: validate.Problem, table, variant: Variant) -> None:
