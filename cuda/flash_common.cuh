@@ -1015,6 +1015,20 @@ __device__ __forceinline__ void publish(Sched& sh, int j, const CtaWork* w) {
   mbar_arrive(shared_addr(&sh.tfull[b]));
 }
 
+// Thread 0 after tile j's last copy: the next tile taken into w (false: the end), published in
+// slot (j + 1) % 2 once tile j - 1 has released it (qempty: its epilogue done, the other readers
+// past it), and its Q copied into buffer (j + 1) % 2 by copy_q(dst, full, landed).
+template <class P, class Smem, class CopyQ>
+__device__ __forceinline__ bool take_next_tile(const TileQueue<P>& queue, const Smem& sm, Sched& sh, int j,
+                                               CtaWork& w, CopyQ&& copy_q) {
+  const bool more = queue.next(queue.take(), w);
+  const int b = (j + 1) & 1;
+  if (j >= 1) mbar_wait(shared_addr(&sh.qempty[b]), ((j - 1) >> 1) & 1);   // tile j - 1's slot and Q
+  publish(sh, j + 1, more ? &w : nullptr);
+  if (more && w.n_blocks > 0) copy_q(sm.q_at(b), shared_addr(&sh.qfull[b]), shared_addr(&sh.qlanded[b]));
+  return more;
+}
+
 // Warp 2 where Q is packed: each tile's rows past its sequence's end zeroed (zero_tail_rows:
 // Q's tiles of kRows rows in K-blocks of kBox-byte rows, kTileBytes each, at q_at(b)).
 template <int kRows, int kBox, int kTileBytes, class Smem>

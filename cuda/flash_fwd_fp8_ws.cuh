@@ -1010,12 +1010,9 @@ __device__ void schedule(const P& p, const Smem& sm, Sched& sh, CtaWork w, bool 
     ring.end_tile(w.n_blocks);
     // The next tile, taken once this one's last block is copied (kStages blocks before its end:
     // a tile taken earlier would wait in this CTA while another SM could run it).
-    more = queue.next(queue.take(), w);
-    const int b = (j + 1) & 1;
-    if (j >= 1) mbar_wait(shared_addr(&sh.qempty[b]), ((j - 1) >> 1) & 1);   // tile j - 1's slot and Q
-    publish(sh, j + 1, more ? &w : nullptr);
-    if (more && w.n_blocks > 0)
-      copy_tile_q(p, sm.q_at(b), shared_addr(&sh.qfull[b]), shared_addr(&sh.qlanded[b]), w);
+    more = take_next_tile(queue, sm, sh, j, w, [&](uint32_t dst, uint32_t full, uint32_t landed) {
+      copy_tile_q(p, dst, full, landed, w);
+    });
   }
 }
 
