@@ -20,7 +20,11 @@ without a window).  ``vs dense``: the in-window TFLOP/s over the dense row's.
 
 Every output is checked before it is timed: rows of head 0 of sequence 0 at both ends of the
 sequence against an fp32 reference of the same inputs (FP8: the dequantised codes) with the
-same features; a row whose error exceeds --max-err is reported as wrong and not timed.
+same features; a row whose error exceeds --max-err is reported as wrong and not timed.  The
+rows are then timed in --rounds rounds, each round every row in turn: at 32k tokens a call is
+8-18 ms, the card's clock under its power cap drifts from one row to the next by several per
+cent, and a row timed once may land on a slow stretch (the same kernel measured 0.90-0.97x
+dense by its place in the order alone); ``vs dense`` is then the median of each round's ratio.
 
 Run from the repository root on a GPU machine:
     PYTHONPATH=$PWD python3 bench/features.py --out DIR
@@ -147,7 +151,7 @@ def cudnn_call(q, k, v, causal, scale, left_bound):
 def run(args) -> dict:
     import torch
 
-    from bench.peers import Sampler, quantise, time_call
+    from bench.peers import Sampler, quantise
     sampler = Sampler()
     rows = []
     for b, s, hq, hkv, d in args.shapes:
@@ -173,7 +177,7 @@ def run(args) -> dict:
                 impls += [("cudnn bf16 dense", {}, lambda: cudnn_call(q, k, v, True, scale, None)),
                           (f"cudnn bf16 window {args.window}", {"window_size": (args.window - 1, 0)},
                            lambda: cudnn_call(q, k, v, True, scale, args.window + args.cudnn_left_offset))]
-            dense_tf = None
+            timed = []   # (row, call) of the rows that ran and are right, timed below
             for name, feat, make in impls:
                 out = torch.empty(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
                 row = {"shape": [b, s, hq, hkv, d], "causal": True, "impl": name,
@@ -196,22 +200,43 @@ def run(args) -> dict:
                     rows.append(row)
                     print(f"{name:28s} WRONG rel_err {row['rel_err']:.3g}", flush=True)
                     continue
-                t = time_call(call, args.min_s, args.warm_s, sampler)
-                ms = t["median_ms"]
-                all_pairs = pair_count(s, s, True, (-1, -1))
                 in_win = pair_count(s, s, True, feat.get("window_size", (-1, -1)))
-                row.update(t, tflops_all=flops(b, hq, d, all_pairs) / ms / 1e9,
-                           tflops_window=flops(b, hq, d, in_win) / ms / 1e9)
-                if name.endswith(" dense"):
-                    dense_tf = row["tflops_window"]
-                if dense_tf and name.startswith("zyfa"):
-                    row["vs_dense"] = row["tflops_window"] / dense_tf
+                row["flops_window"] = flops(b, hq, d, in_win)
+                timed.append((row, call))
                 rows.append(row)
-                print(f"{name:28s} {ms * 1e3:9.1f} us  {row['tflops_window']:7.1f} TFLOP/s in window  "
-                      f"{row['tflops_all']:7.1f} all pairs  err {row['rel_err']:.2e}"
-                      + (f"  {row['vs_dense']:.3f}x dense" if "vs_dense" in row else ""), flush=True)
+            time_rows(timed, flops(b, hq, d, pair_count(s, s, True, (-1, -1))), args, sampler)
     return {"device": torch.cuda.get_device_name(0), "gpu": sampler.info(), "rows": rows,
             "args": {k: v for k, v in vars(args).items() if k != "out"}}
+
+
+def time_rows(timed: list, flops_all: float, args, sampler) -> None:
+    """Time one shape and dtype's rows in ``args.rounds`` rounds, each round every row in turn
+    (starting one row later each round), so that a drift of the card's clock under its power cap
+    reaches every row alike.  A row reports the median of its rounds' medians, and ``vs_dense``
+    the median of its rounds' ratios to the dense zyfa row of the same round."""
+    import statistics
+
+    from bench.peers import combine_rounds, time_call
+    per_round = [[] for _ in timed]
+    for r in range(args.rounds):
+        for i in [(j + r) % len(timed) for j in range(len(timed))]:
+            per_round[i].append(time_call(timed[i][1], args.min_s, args.warm_s, sampler))
+    dense = next((i for i, (row, _) in enumerate(timed) if row["impl"].startswith("zyfa") and row["impl"].endswith(" dense")), None)
+    for i, (row, _) in enumerate(timed):
+        t = combine_rounds(per_round[i]) if args.rounds > 1 else per_round[i][0]
+        ms = t["median_ms"]
+        row.update(t, tflops_all=flops_all / ms / 1e9, tflops_window=row["flops_window"] / ms / 1e9)
+        if dense is not None and row["impl"].startswith("zyfa"):
+            ratios = [row["flops_window"] / flops_all * d["median_ms"] / x["median_ms"]
+                      for d, x in zip(per_round[dense], per_round[i])]
+            row["vs_dense"] = statistics.median(ratios)
+            if args.rounds > 1:
+                row["round_vs_dense"] = ratios
+        print(f"{row['impl']:28s} {ms * 1e3:9.1f} us  {row['tflops_window']:7.1f} TFLOP/s in window  "
+              f"{row['tflops_all']:7.1f} all pairs  err {row['rel_err']:.2e}"
+              + (f"  {row['vs_dense']:.3f}x dense" if "vs_dense" in row else "")
+              + (f"  rounds {' '.join(f'{x:.3f}' for x in row['round_vs_dense'])}" if "round_vs_dense" in row else ""),
+              flush=True)
 
 
 def markdown(data: dict) -> str:
@@ -243,6 +268,8 @@ def main(argv=None):
     ap.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES), help="BxSxHqxHkvxD ...")
     ap.add_argument("--dtypes", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"])
     ap.add_argument("--window", type=int, default=4096, help="keys a query sees, itself included")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="timed rounds, each every row in turn; a row reports its rounds' medians' median")
     ap.add_argument("--softcap", type=float, default=30.0)
     ap.add_argument("--pages", type=int, nargs="*", default=[16, 64, 256],
                     help="page sizes of the paged rows (none: no paged rows)")

@@ -645,6 +645,17 @@ __device__ __forceinline__ const uint8_t* v_row(const P& p, const uint8_t* head,
   return head + key * p.v_stride_s;
 }
 
+// Key `key`'s row of a paged cache's K (paged(p): row key % page_size of its page, page_slot
+// and page_at clamped, pages k_stride_b apart) for key/value head h of sequence b: the FP8
+// pre-pass's gather (flash_fp8_lean.cuh, gather_k).
+template <class P>
+__device__ __forceinline__ const uint8_t* k_row(const P& p, int b, int h, int key) {
+  const unsigned g = static_cast<unsigned>(key) / 16u;
+  const int slot = page_slot(p, g);
+  return static_cast<const uint8_t*>(p.k) + page_at(p, b, slot) * p.k_stride_b + h * p.k_stride_h +
+         (key - slot * p.page_size) * p.k_stride_s;
+}
+
 // 16 bytes of `word` repeated at a shared address.
 __device__ __forceinline__ void sts128_fill(uint32_t addr, uint32_t word) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" :: "r"(addr), "r"(word) : "memory");

@@ -111,6 +111,30 @@ __device__ __forceinline__ uint8_t* vt_block(const P& p, int h, long long col) {
   return static_cast<uint8_t*>(const_cast<void*>(p.vt)) + h * p.vt_stride_h + col * kDv;
 }
 
+// A paged cache's K (catalogue.gathers_k): keys n0 .. n0 + 127 of key/value head h of sequence
+// b, those below sk (its used rows), each from its page (k_row) into the contiguous copy kg,
+// (batch, seqlen_k, hkv, kDqk) bytes, which the kernel reads as a contiguous cache's K.  Rows
+// from sk on are left as they are: the kernel masks their scores by assignment.  Every load of
+// a thread in flight before its stores.
+template <class P>
+__device__ __forceinline__ void gather_k(const P& p, int b, int h, int n0, int sk) {
+  constexpr int kChunks = kDqk / 16, kLoads = kVtBlock * kChunks / kVtThreads;
+  static_assert(kVtBlock * kChunks % kVtThreads == 0, "whole rounds");
+  uint4 x[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
+    if (n0 + r < sk) x[j] = *reinterpret_cast<const uint4*>(k_row(p, b, h, n0 + r) + 16 * c);
+  }
+  uint8_t* kg = static_cast<uint8_t*>(const_cast<void*>(p.kg));
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kVtThreads, r = i / kChunks, c = i % kChunks;
+    if (n0 + r < sk)
+      *reinterpret_cast<uint4*>(kg + ((static_cast<long long>(b) * p.seqlen_k + n0 + r) * p.hkv + h) * kDqk + 16 * c) = x[j];
+  }
+}
+
 // One CTA of the pre-pass (kVtThreads threads): keys n0 .. n0 + 127 (n0 = 128 blockIdx.x) of
 // key/value head blockIdx.y of sequence blockIdx.z, V (keys x Dv, rows v_stride_s apart; a paged
 // cache's each from its page: v_row) ->
@@ -153,6 +177,9 @@ __device__ void transpose_v(const P& p) {
   // a V^T chunk holds keys 2t, 2t + 1, 2t + 8, 2t + 9 (P's order): of their words y, the pairs
   // (y[2t], y[2t + 1]) and (y[2t + 8], y[2t + 9]) interleaved by byte, then joined by halves
   // (the module comment: k position 4t + i of a 16-key group holds key {2t, 2t + 1, 2t + 8, 2t + 9}[i]).
+  if constexpr (HasPages<P>::value) {
+    if (paged(p)) gather_k(p, b, h, n0, s.sk);
+  }
   uint8_t* vt = vt_block(p, h, vt_column0(p, b, s.k_start) + n0);
 #pragma unroll
   for (int j = 0; j < kUnits / kVtThreads; ++j) {

@@ -66,9 +66,11 @@
 // 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows).
 // The balanced tail (kSplitTail, FP8 d256 non-causal): see "the balanced tail" below.
 // KV caches (serving kernels: kv_cache, paged in flash_common.cuh): the CTA's keys are
-// cache_seqlens[b] (clamped), K from the cache by TMA (paged: a box a page piece, warp 0's lanes
-// a box each), V^T from the pre-pass, which reads each sequence's used rows (paged: from their
-// pages, v_row) into the dense layout, zeros past the last key.
+// cache_seqlens[b] (clamped), K from the cache by TMA, V^T from the pre-pass, which reads each
+// sequence's used rows (paged: from their pages, v_row) into the dense layout, zeros past the
+// last key.  Paged, the pre-pass also gathers K's used rows into a contiguous copy (kg,
+// catalogue.gathers_k), which the kernel reads as a contiguous cache's: K tiles of two TMA
+// boxes, where from pages of 16 rows they were 16 (and FP8's short blocks felt it most).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -160,44 +162,24 @@ __device__ __forceinline__ void copy_vt(const Smem& sm, int s, const uint8_t* gv
 
 // Block n's K and V^T into stage s, by thread 0: K's kBlockN rows by TMA (kDqk / 64 boxes of
 // 64 bytes x 128 rows in the 64B swizzle, zeros past the tensor's end; in a packed batch the
-// rows past a sequence's end are the next one's, a KV cache's its unused rows or other pages,
-// masked; paged, tma_tile_kv's boxes a page piece each), V^T's kDv rows of the block's 128
+// rows past a sequence's end are the next one's, a KV cache's its unused rows (paged: whatever
+// the gathered copy holds there), masked), V^T's kDv rows of the block's 128
 // key bytes by one bulk copy; each completes its full barrier with its bytes.  first: the
 // kernel's first V^T copy, made once the pre-pass has ended (wait_prior_launch), after which the
-// tail kernel's CTAs may start.
+// tail kernel's CTAs may start; a paged cache's first K copy too (K from the pre-pass's copy).
 template <class P>
 __device__ __forceinline__ void copy_block(const P& p, const Smem& sm, int s, const uint8_t* gvt, int n,
                                            int h_kv, int krow0, int kbatch, bool first = false) {
   const Bars bars = sm.bars();
   const int n0 = n * kBlockN;
-  tma_tile_kv<kBlockN, kDqk, 64>(p, sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0,
-                                 kbatch);
+  const bool gathered = first && paged(p);
+  if (gathered) wait_prior_launch();
+  tma_tile<kBlockN, kDqk, 64>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv, krow0 + n0, kbatch);
   if (first) {
-    wait_prior_launch();
+    if (!gathered) wait_prior_launch();
     launch_dependents();
   }
   copy_vt(sm, s, gvt, n);
-}
-
-// A paged cache's blocks (paged(p)), by warp 0 as by thread 0 below: its lanes issue K's boxes, a
-// box each (tma_tile_lanes), from the entries they loaded while the block's stage was in use
-// (tile_page, a block ahead), lane 0 V^T's bulk copy.
-template <class P>
-__device__ __forceinline__ void produce_paged(const P& p, const Smem& sm, const uint8_t* gvt, int h_kv, int krow0,
-                                              int kbatch, int n_blocks, int nb0) {
-  const Bars bars = sm.bars();
-  int page = n_blocks > 1 ? tile_page<kBlockN>(p, krow0 + (nb0 + 1) * kBlockN, kbatch) : 0;
-  for (int m = 1; m < n_blocks; ++m) {   // block 0: the segment's start
-    const int s = m % kStages, key0 = krow0 + (nb0 + m) * kBlockN;
-    if (m >= kStages) {
-      mbar_wait(bars.kempty(s), Bars::kempty_parity(m));
-      mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
-    }
-    tma_tile_lanes<kBlockN, kDqk, 64>(p, page, sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), bars.kfull(s), h_kv,
-                                      key0);
-    if (threadIdx.x == 0) copy_vt(sm, s, gvt, nb0 + m);
-    if (m + 1 < n_blocks) page = tile_page<kBlockN>(p, key0 + kBlockN, kbatch);
-  }
 }
 
 // Thread 0 copies block 0 (with Q, start of the kernel) and then block m into its stage once S
@@ -211,12 +193,6 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const uint8_
   const Bars bars = sm.bars();
   if (threadIdx.x / 32 == 2 && rows_q < kBlockM)
     zero_tail_rows<kBlockM, 64, kTileQ>(sm.q, sm.qlanded(), sm.qfull(), rows_q);
-  if constexpr (HasPages<P>::value) {
-    if (paged(p)) {
-      if (threadIdx.x < 32) produce_paged(p, sm, gvt, h_kv, krow0, kbatch, n_blocks, nb0);
-      return;
-    }
-  }
   if (threadIdx.x != 0) return;
   for (int m = 1; m < n_blocks; ++m) {   // block 0: the segment's start
     const int s = m % kStages;

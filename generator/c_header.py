@@ -419,7 +419,10 @@ def _prepass(name: str, entry: dict, st: str, args: set) -> list[str]:
            f" * ZYFA_{up}_PREPASS_BLOCK_SIZE threads, no dynamic shared memory) before the kernel,",
            " * on the same stream.  It writes V^T into the workspace `vt`: hkv * vt_stride_h bytes",
            f" * of device memory, with vt_stride_h = d_v * zyfa_{name}_vt_columns(...); the workspace",
-           " * may be reused once the kernel has run. */",
+           " * may be reused once the kernel has run." + ("" if "kg" in args else " */"),
+           *([" * With a paged cache (page_table not null) it also gathers K's used rows into `kg`:",
+              " * batch * max_pages * page_size * hkv * d_qk bytes of device memory (null otherwise), which",
+              " * the kernel reads through tmap_k as a contiguous cache (see tmap_k). */"] if "kg" in args else []),
            *([f"/* ZYFA_{up}_DEPENDENT_LAUNCH: the kernel may be launched with",
               " * CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION right after its pre-pass, and a tail",
               " * kernel so right after the kernel (never after another launch): each waits for the launch",
@@ -464,7 +467,15 @@ def _tensor_maps(name: str, entry: dict) -> list[str]:
                 f" * {scale}{t}_stride_b}} (positive multiples of 16), box {{{', '.join(map(str, box))}}}, element strides 1,",
                 f" * CU_TENSOR_MAP_SWIZZLE_{swz}B, no interleave, L2 promotion 128B, OOB fill none; into a",
                 " * 64-byte aligned CUtensorMap, then copied into the struct. */"]
-        if t != "q" and "kvcache" in entry.get("features", ()):
+        gathered = t == "k" and "kg" in {x["name"] for x in entry.get("kernargs", ())}
+        if t != "q" and "kvcache" in entry.get("features", ()) and gathered:
+            out += [f"/* `{a}` of a KV cache (cache_seqlens not null): contiguous, dims "
+                    f"{{{row}, {heads}, max_seqlen_k,",
+                    " * batch} whatever q; paged (page_table not null), over `kg`, where the pre-pass gathers",
+                    f" * the pages' K: dims {{{row}, {heads}, max_pages * page_size, batch}}, strides in bytes "
+                    f"{{{row}, {heads} * {row},",
+                    f" * max_pages * page_size * {heads} * {row}}}, the box above. */"]
+        elif t != "q" and "kvcache" in entry.get("features", ()):
             out += [f"/* `{a}` of a KV cache (cache_seqlens not null): contiguous, dims "
                     f"{{{row}, {heads}, max_seqlen_k,",
                     " * batch} whatever q; paged (page_table not null), the whole cache: dims {"

@@ -6,7 +6,7 @@ import pytest
 import numpy as np
 
 from zyfa_runtime.catalogue import (ARG_TYPES, FEATURES_OF, HEAD_DIMS, SERVING_FEATURES_OF, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants,
-                                    dependent_launch, eval_grid, grid_rule, has_vt_prepass, iter_select, kernarg_size,
+                                    dependent_launch, eval_grid, features, gathers_k, grid_rule, has_vt_prepass, iter_select, kernarg_size,
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
                                     vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES,
@@ -66,13 +66,18 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():
     assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
         v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
-    # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without V^T and K's
-    # tensor map (window, softcap, sinks and the KV cache's in the same places), the KV cache's
-    # count pointer after the sinks
+    # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without the
+    # pre-pass's V^T and gathered K and K's tensor map (window, softcap, sinks and the KV cache's
+    # in the same places), the KV cache's count pointer after the sinks
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
-    nv = [a.name for a in kernargs(Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True))]
+    serving = Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True)
+    nv = [a.name for a in kernargs(serving)]
     assert amd[amd.index("sinks") + 1] == "cache_seqlens"
-    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_"))]
+    assert amd == [n for n in nv if not n.startswith(("vt", "tmap_")) and n != "kg"]
+    # a paged cache's K gathered by the pre-pass: the FP8 serving kernels, which take pages
+    assert {v.name for v in all_variants() if gathers_k(v)} == {
+        v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3" and v.serving}
+    assert nv.index("kg") == nv.index("vt") + 1 and "paged_kv" in features(serving)
     # the pre-pass covers every key block of every key/value head and sequence
     v = Variant("sm_90a", "fp8_e4m3", 64, 64, True)
     assert v.tile.block_n == VT_BLOCK
@@ -296,7 +301,8 @@ def test_a_serving_variant_is_its_plain_kernel_without_persistence_with_the_feat
     tiles = ("tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count",
              "partials", "tail_counter", "tail_first", "tail_ctas", "tail_gap", "tail_ramp")
     assert [n for n in names if n not in plain_names] == [
-        "sinks", "cache_seqlens", "page_table", "page_table_stride", "page_size", "num_pages", "max_pages",
+        "sinks", "cache_seqlens", "page_table"] + (["kg"] if gathers_k(v) else []) + [
+        "page_table_stride", "page_size", "num_pages", "max_pages",
         "page_magic", "window_left", "window_right", "softcap", "softcap_scale"]
     assert [n for n in plain_names if n not in tiles] == [n for n in names if n in plain_names]
     assert Variant.from_json(v.to_json()) == v and v.to_json()["serving"] is True

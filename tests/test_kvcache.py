@@ -271,7 +271,9 @@ def test_a_paged_call_on_sm90a_reads_the_whole_cache_in_boxes_of_a_page_piece(dt
     bytes at its strides, in boxes of min(lowbit(page_size), block_n) rows (plan.page_box_rows:
     the kernel's page_piece); the cache's arguments are the table's row stride, its pages and the
     magic of its division; cache_seqlens and page_table by address.  FP8's V^T workspace is dense,
-    max_pages page_size columns a sequence, from shapes alone."""
+    max_pages page_size columns a sequence, from shapes alone, and its K is the pre-pass's
+    contiguous copy after it (catalogue.gathers_k): (head dim, heads, max_pages page_size rows,
+    sequences), packed, read in whole tiles."""
     elem = 1 if dtype == "fp8_e4m3" else 2
     with using_backend("fake") as driver:
         for page, pages, width in ((16, 8, 3), (48, 4, 3), (64, 6, 2), (256, 3, 1)):
@@ -284,7 +286,12 @@ def test_a_paged_call_on_sm90a_reads_the_whole_cache_in_boxes_of_a_page_piece(dt
             rows = min(page & -page, v.tile.block_n)
             assert rows == plan.page_box_rows(page, v.tile.block_n) and page % rows == 0
             for name, t in (("tmap_k", k_cache), ("tmap_v", v_cache)):
-                if name in maps:
+                if name == "tmap_k" and dtype == "fp8_e4m3":
+                    row, rows_k = 2 * 64, page * width
+                    assert maps[name]["ptr"] == args["kg"] == args["vt"] + plan._partials_at(2 * args["vt_stride_h"])
+                    assert maps[name]["dims"] == (64, 2, rows_k, 3)
+                    assert maps[name]["strides"] == (64, row, rows_k * row) and maps[name]["box"][2] == v.tile.block_n
+                elif name in maps:
                     row = 2 * 64 * elem
                     assert maps[name]["ptr"] == t.ctypes.data and maps[name]["dims"] == (64 * elem, 2, page, pages)
                     assert maps[name]["strides"] == (64 * elem, row, page * row)

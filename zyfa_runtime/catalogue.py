@@ -330,6 +330,10 @@ def _arg_names(v: Variant) -> list[tuple[str, str]]:
         args += [("page_table", "ptr")]
     if has_vt_prepass(v):
         args += [("vt", "ptr")]      # the pre-pass's V^T (a workspace of vt_bytes)
+    if gathers_k(v):
+        # a paged cache's K as the pre-pass gathers it: (batch, seqlen_k, hkv, d_qk) bytes,
+        # contiguous, after the V^T in the workspace; null: not paged
+        args += [("kg", "ptr")]
     if v.tile.persistent:
         args += [("tile_counter", "ptr")]   # PERSISTENT_COUNTER_BYTES of a workspace, zero between launches
     if v.tile.split_tail:
@@ -576,6 +580,14 @@ VT_THREADS = 128
 def has_vt_prepass(v: Variant) -> bool:
     """Whether the variant's code object has the V^T pre-pass (the sm_90a FP8 kernels)."""
     return v.vendor == "cuda" and v.dtype == "fp8_e4m3"
+
+
+def gathers_k(v: Variant) -> bool:
+    """Whether the variant's pre-pass also gathers a paged cache's K (the sm_90a FP8 serving
+    kernels): each used row from its page into a contiguous copy in the workspace, which the
+    kernel then reads as a contiguous cache's, two TMA boxes a K tile.  Read from the pages, a
+    K tile at pages of 16 rows was 16 boxes, and FP8's short blocks ran at 0.84 of dense."""
+    return has_vt_prepass(v) and "paged_kv" in features(v)
 
 
 def dependent_launch(v: Variant) -> bool:

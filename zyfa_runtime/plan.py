@@ -43,6 +43,7 @@ class Layout:
     lse: tuple                        # (shape, strides) of the LSE
     dependent: bool                   # queued as programmatic dependents (env and manifest allow it)
     clamps_cu_seqlens: bool           # the kernel clamps packed sequences to the tensors' rows
+    kg_bytes: int = 0                 # of a paged cache's K gathered by the pre-pass, after the V^T (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,9 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
         values.update(_descale_values(variant, names, descales))
     values.update(_feature_values(problem, names))
     values.update(kvcache_values(problem, names, page_table))
-    maps = {arg: _tensor_map_geometry(problem, values, spec)
+    # FP8 serving kernels take a paged cache's K as the pre-pass gathers it (catalogue.gathers_k)
+    gathered = problem.kvcache == "paged" and "kg" in names
+    maps = {arg: _tensor_map_geometry(problem, values, spec, gathered)
             for arg, spec in kernel.entry.get("tensor_maps", {}).items()}
     sm_count, counter, partial_bytes = None, None, 0
     dependent = (dependent_launches(os.environ.get("ZYFA_DEPENDENT_LAUNCH", "on"))
@@ -154,9 +157,10 @@ def layout_of(problem: validate.Problem, q, k, v, out, driver, table, lse_shape,
         values["vt_stride_h"] = problem.d_v * vt_columns(problem.batch, problem.seqlen_k,
                                                          problem.total_k if packed_k else None)
         vt_bytes = problem.hkv * values["vt_stride_h"]
+    kg_bytes = problem.batch * problem.seqlen_k * problem.hkv * problem.d_qk if gathered else 0
     launch_grids = grids(driver, kernel, values, sm_count)
     return Layout(problem, kernel, values, maps, launch_grids, vt_bytes, partial_bytes, counter,
-                  (lse_shape, lse_strides), dependent, clamps)
+                  (lse_shape, lse_strides), dependent, clamps, kg_bytes)
 
 
 def variant_for(problem: validate.Problem, table, arch: str) -> Variant:
@@ -348,20 +352,25 @@ def _check_paged_strides(k, v, elem: int, row_limit: int | None = None) -> None:
                              "rows closer together")
 
 
-def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict) -> tuple:
+def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict, gathered: bool = False) -> tuple:
     """Where the sm_90a kernels' TMA tensor map of Q, K or V (``spec["tensor"]``) comes from,
     all but its address: (the tensor's argument, dims, strides, box, swizzle bytes); dims in bytes of (head
     dim, heads, rows, sequences), a packed batch as one sequence of all its rows; box and
     swizzle as the manifest's ``spec`` (catalogue.tensor_maps).  A KV cache's K and V whatever
     the queries: contiguous, (head dim, heads, max_seqlen_k rows, sequences); paged, the whole
     cache, (head dim, heads, page_size rows, num_pages pages) in boxes of
-    :func:`page_box_rows` rows (the kernels' page_piece: a tile is whole boxes, one page each).
-    TMA takes strides in multiples of 16 bytes."""
+    :func:`page_box_rows` rows (the kernels' page_piece: a tile is whole boxes, one page each);
+    with ``gathered`` (catalogue.gathers_k) a paged K is the pre-pass's contiguous copy, "kg",
+    (head dim, heads, seqlen_k rows, sequences) packed.  TMA takes strides in multiples of 16 bytes."""
     t = spec["tensor"]
     elem = 1 if problem.dtype == "fp8_e4m3" else 2
     row_bytes = elem * (problem.d_v if t == "v" else problem.d_qk)
     heads = problem.hq if t == "q" else problem.hkv
     box = tuple(spec["box"])
+    if t == "k" and gathered:
+        row = heads * row_bytes
+        return "kg", (row_bytes, heads, problem.seqlen_k, problem.batch), (row_bytes, row, problem.seqlen_k * row), \
+            box, spec["swizzle_bytes"]
     if t != "q" and problem.kvcache:
         paged = problem.kvcache == "paged"
         rows, seqs = (problem.page_size, problem.num_pages) if paged else (problem.seqlen_k, problem.batch)
@@ -511,8 +520,9 @@ def _partials_at(vt_bytes: int) -> int:
 
 def workspace_bytes(layout: Layout) -> int:
     """Bytes of a call's workspace: the V^T, then (from _partials_at) a balanced tail's
-    partials; 0 where it needs none."""
-    return _partials_at(layout.vt_bytes) + layout.partial_bytes if layout.partial_bytes else layout.vt_bytes
+    partials or a paged cache's gathered K; 0 where it needs none."""
+    after = layout.partial_bytes + layout.kg_bytes   # never both: a tail's kernels take no cache
+    return _partials_at(layout.vt_bytes) + after if after else layout.vt_bytes
 
 
 def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream: int, driver,
@@ -553,7 +563,8 @@ def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream:
                "cache_seqlens": cache[0], "page_table": cache[1]}
     extents = {name: t.extent() for name, t in tensors.items() if t is not None}
     for arg, (tensor, *geometry) in layout.tensor_maps.items():
-        values[arg] = driver.tensor_map_u8(values[tensor], *geometry)
+        if tensor != "kg":   # the gathered K's: once the workspace is known, below
+            values[arg] = driver.tensor_map_u8(values[tensor], *geometry)
     counter_bytes = layout.counter[1] if layout.counter is not None else 0
     ws_bytes = workspace_bytes(layout)
     scratch = (workspace.captured(driver, device, stream, counter_bytes, ws_bytes, needs_one and one is None)
@@ -573,6 +584,13 @@ def instantiate(layout: Layout, q, k, v, out, lse, descales, cu_q, cu_k, stream:
         if layout.vt_bytes:
             values["vt"] = ws
             extents["vt"] = (ws, ws + layout.vt_bytes)
+        if "kg" in taken:
+            values["kg"] = ws + _partials_at(layout.vt_bytes) if layout.kg_bytes else None
+            if layout.kg_bytes:
+                extents["kg"] = (values["kg"], values["kg"] + layout.kg_bytes)
+                for arg, (tensor, *geometry) in layout.tensor_maps.items():
+                    if tensor == "kg":
+                        values[arg] = driver.tensor_map_u8(values["kg"], *geometry)
         if "split_tail" in kernel.entry:
             values["partials"] = ws + _partials_at(layout.vt_bytes) if layout.partial_bytes else None
             if layout.partial_bytes:
