@@ -327,6 +327,30 @@ def test_a_contiguous_cache_on_sm90a_is_a_tensor_of_max_seqlen_k_rows_a_sequence
             assert args["cu_seqlens_k"] == 0 and (args["cu_seqlens_q"] != 0) == packed
             if dtype == "fp8_e4m3":
                 assert args["vt_stride_h"] == 64 * 3 * 256
+                assert args["kg"] == 0   # no pages: the kernel reads K from the cache, nothing gathered
+
+
+def test_a_captured_fp8_paged_call_gathers_k_into_its_own_scratch_beside_the_vt():
+    """A paged FP8 call under capture (nothing read back): its pre-pass's V^T and gathered K
+    (catalogue.gathers_k, sized from shapes: batch x max_pages page_size x hkv x d bytes) both
+    lie in the call's one stream-ordered allocation, apart, and K's tensor map is over the
+    gathered copy; the allocation is freed after the launches."""
+    with using_backend("fake") as driver:
+        q, k_cache, v_cache = arrays((3, 2, 4, 64), (8, 16, 2, 64), (8, 16, 2, 64), dtype="fp8_e4m3")
+        driver.capturing.add(9)
+        flash_attn_with_kvcache(q, k_cache, v_cache, out=np.empty(q.shape, host_dtype("bf16")), causal=True,
+                                cache_seqlens=SEQLENS.copy(), page_table=TABLE.copy(), check_cache_seqlens=False,
+                                stream=9)
+        driver.capturing.clear()
+        v, args, maps = kvcache_launch(driver, "fp8_e4m3", causal=True)
+        ops = [op[0] if op[0] != "launch" else op[1] for op in driver.ops]
+        assert ops[0] == "alloc_async" and ops[-1] == "free_async" and ops[-2] == v.symbol
+        base, size = driver.ops[0][1:3]
+        kg_bytes = 3 * (3 * 16) * 2 * 64
+        parts = sorted([(args["vt"], 2 * args["vt_stride_h"]), (args["kg"], kg_bytes)])
+        assert all(base <= p and p + n <= base + size for p, n in parts)
+        assert parts[0][0] + parts[0][1] <= parts[1][0]
+        assert maps["tmap_k"]["ptr"] == args["kg"] and maps["tmap_k"]["dims"] == (64, 2, 48, 3)
 
 
 def test_unread_values_on_a_captured_stream_plan_the_call_with_nothing_read_back():
