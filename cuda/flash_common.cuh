@@ -555,10 +555,11 @@ __device__ __forceinline__ int page_at(const P& p, int b, int slot) {
 // A tile of kRows keys from key0 of sequence b (a multiple of kRows) out of a paged cache, as
 // tma_tile lays it out (K-blocks of kBox-byte rows): box after box of kPiece rows, each from its
 // page's entry, by one thread that loads the entries one at a time (the first from L2, the
-// others from the lines it brought to L1).  Only the first K tile of a CTA (or of a tail CTA's
-// segment), by thread 0 as it starts; the producer's warps issue the other tiles a lane a box
-// (tma_tile_lanes).  (All the tile's entries loaded before the first copy, one round trip
-// instead of one and 7 L1 hits, spilled 16 bytes in the FP8 d64 and d256 causal kernels.)
+// others from the lines it brought to L1).  Only the first K tile of a BF16 CTA, by thread 0
+// as it starts; the producer's warps issue the other tiles a lane a box (tma_tile_lanes).  The
+// FP8 kernels read a paged cache's K from the pre-pass's contiguous copy (gather_k).  (All the
+// tile's entries loaded before the first copy, one round trip instead of one and 7 L1 hits,
+// changed nothing measurable at pages of 16: docs/sm90a.md.)
 template <int kRows, int kRowBytes, int kBox, class P>
 __device__ __forceinline__ void tma_tile_paged(const P& p, uint32_t tile, uint64_t tmap, uint32_t bar, int h,
                                                int key0, int b) {
