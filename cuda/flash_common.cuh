@@ -629,32 +629,34 @@ __device__ __forceinline__ void tma_tile_kv(const P& p, uint32_t tile, uint64_t 
   tma_tile<kRows, kRowBytes, kBox>(tile, tmap, bar, h, row, seq);
 }
 
-// Key `key`'s row of V (FP8: elements are bytes) for key/value head h of sequence b, as the V^T
-// pre-pass reads it: from `head`, the sequence's head (tensor_offsets), rows v_stride_s apart; or
-// from a paged cache (paged(p)) row key % page_size of its page (page_slot, page_at: clamped),
-// pages v_stride_b apart.
+// Key `key`'s row of a paged cache (paged(p): row key % page_size of its page, page_slot and
+// page_at clamped) whose bytes start at `cache`, pages stride_b apart, for key/value head h of
+// sequence b (FP8: elements are bytes).
+template <class P>
+__device__ __forceinline__ const uint8_t* page_row(const P& p, const void* cache, long long stride_b,
+                                                   long long stride_h, long long stride_s, int b, int h, int key) {
+  const unsigned g = static_cast<unsigned>(key) / 16u;
+  const int slot = page_slot(p, g);
+  return static_cast<const uint8_t*>(cache) + page_at(p, b, slot) * stride_b + h * stride_h +
+         (key - slot * p.page_size) * stride_s;
+}
+
+// Key `key`'s row of V for key/value head h of sequence b, as the V^T pre-pass reads it: from
+// `head`, the sequence's head (tensor_offsets), rows v_stride_s apart; or from a paged cache
+// (paged(p)) its page's row (page_row).
 template <class P>
 __device__ __forceinline__ const uint8_t* v_row(const P& p, const uint8_t* head, int b, int h, int key) {
   if constexpr (HasPages<P>::value) {
-    if (p.page_table != nullptr) {
-      const unsigned g = static_cast<unsigned>(key) / 16u;
-      const int slot = page_slot(p, g);
-      return static_cast<const uint8_t*>(p.v) + page_at(p, b, slot) * p.v_stride_b + h * p.v_stride_h +
-             (key - slot * p.page_size) * p.v_stride_s;
-    }
+    if (p.page_table != nullptr) return page_row(p, p.v, p.v_stride_b, p.v_stride_h, p.v_stride_s, b, h, key);
   }
   return head + key * p.v_stride_s;
 }
 
-// Key `key`'s row of a paged cache's K (paged(p): row key % page_size of its page, page_slot
-// and page_at clamped, pages k_stride_b apart) for key/value head h of sequence b: the FP8
-// pre-pass's gather (flash_fp8_lean.cuh, gather_k).
+// Key `key`'s row of a paged cache's K (paged(p)): the FP8 pre-pass's gather (flash_fp8_lean.cuh,
+// gather_k).
 template <class P>
 __device__ __forceinline__ const uint8_t* k_row(const P& p, int b, int h, int key) {
-  const unsigned g = static_cast<unsigned>(key) / 16u;
-  const int slot = page_slot(p, g);
-  return static_cast<const uint8_t*>(p.k) + page_at(p, b, slot) * p.k_stride_b + h * p.k_stride_h +
-         (key - slot * p.page_size) * p.k_stride_s;
+  return page_row(p, p.k, p.k_stride_b, p.k_stride_h, p.k_stride_s, b, h, key);
 }
 
 // 16 bytes of `word` repeated at a shared address.
@@ -1019,6 +1021,17 @@ struct TileQueue {
   }
 };
 
+// Thread 0, before the CTA's barrier: both slots' mbarriers, `readers` arrivals releasing a
+// slot (qempty: each consumer warp and the body's other readers).
+__device__ __forceinline__ void init_sched(Sched& sh, int readers) {
+  for (int b = 0; b < 2; ++b) {
+    mbar_init(shared_addr(&sh.tfull[b]), 1);
+    mbar_init(shared_addr(&sh.qempty[b]), readers);
+    mbar_init(shared_addr(&sh.qfull[b]), 1);
+    mbar_init(shared_addr(&sh.qlanded[b]), 1);
+  }
+}
+
 // Slot j % 2 := w (null: the end), published.
 __device__ __forceinline__ void publish(Sched& sh, int j, const CtaWork* w) {
   const int b = j & 1;
@@ -1038,6 +1051,15 @@ __device__ __forceinline__ bool take_next_tile(const TileQueue<P>& queue, const 
   if (j >= 1) mbar_wait(shared_addr(&sh.qempty[b]), ((j - 1) >> 1) & 1);   // tile j - 1's slot and Q
   publish(sh, j + 1, more ? &w : nullptr);
   if (more && w.n_blocks > 0) copy_q(sm.q_at(b), shared_addr(&sh.qfull[b]), shared_addr(&sh.qlanded[b]));
+  return more;
+}
+
+// Thread 0, once the CTA's mbarriers are made: its first tile (from blockIdx.x on) into w and
+// slot 0, published; false where there is none.
+template <class P>
+__device__ __forceinline__ bool take_first_tile(const P& p, Sched& sh, CtaWork& w) {
+  const bool more = TileQueue<P>(p).next(blockIdx.x, w);
+  publish(sh, 0, more ? &w : nullptr);
   return more;
 }
 

@@ -784,16 +784,10 @@ __device__ void persistent(const P& p) {
   CtaWork w;          // thread 0: the tile in slot 0
   bool more = false, k0 = false;
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(shared_addr(&sh.tfull[b]), 1);
-      mbar_init(shared_addr(&sh.qempty[b]), 4 * kConsumers + 1 + (p.cu_seqlens_q != nullptr));
-      mbar_init(shared_addr(&sh.qfull[b]), 1);
-      mbar_init(shared_addr(&sh.qlanded[b]), 1);
-    }
+    init_sched(sh, 4 * kConsumers + 1 + (p.cu_seqlens_q != nullptr));
     mbar_init(sm.vlanded(), 1);
     sm.bars().init();
-    more = TileQueue<P>(p).next(blockIdx.x, w);
-    publish(sh, 0, more ? &w : nullptr);
+    more = take_first_tile(p, sh, w);
     if (more && w.n_blocks > 0) {
       copy_tile_q(p, sm.q_at(0), shared_addr(&sh.qfull[0]), shared_addr(&sh.qlanded[0]), w);
       copy_k(p, sm, kv_at(p, w), 0, 0);
