@@ -50,6 +50,23 @@ template <class P, class = void>
 struct HasPages : std::false_type {};
 template <class P>
 struct HasPages<P, std::void_t<decltype(P::page_table)>> : std::true_type {};
+// The softcap (catalogue.Variant.softcap: only the serving kernels' softcap specialisations have
+// its arguments): the call's softcap and tanh's argument factor, 0 where the kernel has none, so
+// that its code folds away there.
+template <class P, class = void>
+struct HasSoftcap : std::false_type {};
+template <class P>
+struct HasSoftcap<P, std::void_t<decltype(P::softcap)>> : std::true_type {};
+template <class P>
+__device__ __forceinline__ float softcap_of(const P& p) {
+  if constexpr (HasSoftcap<P>::value) return p.softcap;
+  return 0.f;
+}
+template <class P>
+__device__ __forceinline__ float softcap_scale_of(const P& p) {
+  if constexpr (HasSoftcap<P>::value) return p.softcap_scale;
+  return 0.f;
+}
 template <class P>
 __device__ __forceinline__ bool kv_cache(const P& p) {
   if constexpr (HasKvCache<P>::value) return p.cache_seqlens != nullptr;
@@ -314,7 +331,7 @@ struct ServingScores {
   int diag;   // the narrowed CtaWork's
   __device__ ServingScores(const P& p_, int diag_) : p(p_), diag(diag_) {}
   __device__ void apply(float (&s)[zyfa_cfg::kBlockN / 2], int n0, int wg_row0, int r_lo, int quad_col) const {
-    if (p.softcap > 0.f) cap_scores(s, p.softcap_scale);
+    if (softcap_of(p) > 0.f) cap_scores(s, softcap_scale_of(p));
     window_edges(p, diag, s, n0, wg_row0, r_lo, quad_col);
   }
 };
@@ -979,18 +996,23 @@ struct TileRing {
   }
 };
 
-// Tile t's work (false where its rows lie past its sequence's end).
 // The ring of a CTA of one tile: KvBarriers' parities (TileRing's where phases = used = 0).
 template <class Bars>
 struct OneTileRing {
   __device__ uint32_t full_parity(int n) const { return Bars::kfull_parity(n); }
 };
 
+// Tile t's work (false where its rows lie past its sequence's end).  A serving kernel's tile is
+// narrowed to its window (narrow_to_window) with the shift folded into seq.k_start, which is
+// then the tensor maps' key row of its block 0 (0 + shift where not packed): every reader of
+// the published work copies from the same keys.
 template <class P>
 __device__ __forceinline__ bool tile_work(const P& p, int t, CtaWork& w) {
   const uint3 grid = make_uint3(p.tiles_x, p.tiles_y, p.tiles_z);
   const uint32_t u = t, xy = grid.x * grid.y;
-  return cta_work(p, w, make_uint3(u % grid.x, u % xy / grid.x, u / xy), grid);
+  if (!cta_work(p, w, make_uint3(u % grid.x, u % xy / grid.x, u / xy), grid)) return false;
+  if constexpr (zyfa_cfg::kServing) w.seq.k_start += narrow_to_window(p, w);
+  return true;
 }
 
 // The tiles of a launch, thread 0's: counter[0] the tiles taken past the grid's, counter[1]

@@ -650,16 +650,16 @@ struct ServingFp8Scores {
   const Smem& sm;
   int diag;   // counted from the segment's first key, as consume's
   __device__ ServingFp8Scores(const P& p_, const Smem& sm_, int diag_, int b, int h_kv) : p(p_), sm(sm_), diag(diag_) {
-    if (p.softcap > 0.f) {
+    if (softcap_of(p) > 0.f) {
       const float dq = descale_at(p.descale_q, p.descale_q_stride_b, p.descale_q_stride_h, b, h_kv);
       const float dk = descale_at(p.descale_k, p.descale_k_stride_b, p.descale_k_stride_h, b, h_kv);
       const float a = static_cast<float>(static_cast<double>(p.softmax_scale) * static_cast<double>(dq) *
-                                         static_cast<double>(dk) / static_cast<double>(p.softcap));
+                                         static_cast<double>(dk) / static_cast<double>(softcap_of(p)));
       asm volatile("st.shared.f32 [%0], %1;\n" :: "r"(sm.softcap_a()), "f"(a) : "memory");
     }
   }
   __device__ void apply(float (&s)[kBlockN / 2], int n0, int wg_row0, int r_lo, int quad_col) const {
-    if (p.softcap > 0.f) {
+    if (softcap_of(p) > 0.f) {
       float a;
       asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(a) : "r"(sm.softcap_a()) : "memory");
       cap_tanh(s, a);
@@ -676,7 +676,7 @@ using Scores = std::conditional_t<kServing, ServingFp8Scores<P>, PlainScores>;
 template <class P>
 __device__ __forceinline__ float score_factor(const P& p, int b, int h_kv) {
   if constexpr (kServing) {
-    if (p.softcap > 0.f) return static_cast<float>(static_cast<double>(p.softcap) * kLog2eD);
+    if (softcap_of(p) > 0.f) return static_cast<float>(static_cast<double>(softcap_of(p)) * kLog2eD);
   }
   return log2_scale(p, b, h_kv);
 }

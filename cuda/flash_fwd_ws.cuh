@@ -83,7 +83,6 @@ constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's 
 static_assert(kQBuffers * kTileQ + kStages * (kTileK + kTileV + kTileOnes) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 static_assert(!kPersistent || kOverlap, "persistent CTAs: the schedule of d_v <= 128 with two consumers");
-static_assert(!(kServing && kPersistent), "serving kernels: a CTA a tile (catalogue.tile_for)");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -166,17 +165,23 @@ __device__ __forceinline__ void start_copies(const P& p, const Smem& sm, const K
   copy_k(p, sm, kv, 0, 0);
 }
 
-// V(m) into stage s by the V stream's warp (lane 0 issuing); where a packed sequence ends
-// inside the block (tail) onto vlanded, whose phase `parity` the warp waits for, then zeroes
-// the rows past the sequence's end and completes vfull.
+// V(m) into stage s by the V stream's warp: lane 0 issuing, or from a paged cache a lane a box
+// (tma_tile_lanes; `page`: the lane's entry, tile_page's); where a packed sequence ends inside
+// the block (tail) onto vlanded, whose phase `parity` the warp waits for, then zeroes the rows
+// past the sequence's end and completes vfull.
 template <class P>
 __device__ __forceinline__ void copy_v(const P& p, const Smem& sm, const KvAt& kv, int m, int s, int sk, bool tail,
-                                       uint32_t parity) {
+                                       uint32_t parity, int page = 0) {
   const int n0 = m * kBlockN;
   const Bars bars = sm.bars();
-  if (threadIdx.x % 32 == 0)
-    tma_tile_kv<kBlockN, 2 * kDv, 128>(p, sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
-                                       tail ? sm.vlanded() : bars.vfull(s), kv.h, kv.row + n0, kv.seq);
+  const uint32_t bar = tail ? sm.vlanded() : bars.vfull(s);
+  if constexpr (HasPages<P>::value) {
+    if (paged(p))
+      tma_tile_lanes<kBlockN, 2 * kDv, 128>(p, page, sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v), bar, kv.h,
+                                            kv.row + n0);
+  }
+  if (!paged(p) && threadIdx.x % 32 == 0)
+    tma_tile<kBlockN, 2 * kDv, 128>(sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v), bar, kv.h, kv.row + n0, kv.seq);
   if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0, parity);
 }
 
@@ -198,10 +203,7 @@ __device__ __forceinline__ void produce_paged(const P& p, const Smem& sm, const 
                                              kv.h, key0);
     } else {
       if (m >= kStages) mbar_wait(bars.vempty(s), Bars::vempty_parity(m));
-      const bool tail = v_tails && (m + 1) * kBlockN > sk;   // as copy_v's
-      tma_tile_lanes<kBlockN, 2 * kDv, 128>(p, page, sm.v_at(s), reinterpret_cast<uint64_t>(p.tmap_v),
-                                            tail ? sm.vlanded() : bars.vfull(s), kv.h, key0);
-      if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - m * kBlockN, 0);
+      copy_v(p, sm, kv, m, s, sk, v_tails && (m + 1) * kBlockN > sk, 0, page);
     }
     if (m + 1 < n_blocks) page = tile_page<kBlockN>(p, key0 + kBlockN, kv.seq);
   }
@@ -346,7 +348,7 @@ using Scores = std::conditional_t<kServing, ServingScores<P>, PlainScores>;
 template <class P>
 __device__ __forceinline__ float score_factor(const P& p) {
   if constexpr (kServing) {
-    if (p.softcap > 0.f) return 2.f * p.softcap * kLog2e;
+    if (softcap_of(p) > 0.f) return 2.f * softcap_of(p) * kLog2e;
   }
   return p.softmax_scale * kLog2e;
 }
@@ -359,7 +361,7 @@ __device__ __forceinline__ float score_factor(const P& p) {
 // the sink's, as the reference's).
 template <class P>
 __device__ __forceinline__ float with_sink(const P& p, int h, float& m, float& l) {
-  if (p.softcap > 0.f) m -= p.softcap * kLog2e;   // -inf stays -inf
+  if (softcap_of(p) > 0.f) m -= softcap_of(p) * kLog2e;   // -inf stays -inf
   if (p.sinks == nullptr) return 1.f;
   const float sink = static_cast<const float*>(p.sinks)[h] * kLog2e;
   const float m_new = fmaxf(m, sink);
@@ -566,7 +568,8 @@ __device__ void one_tile(const P& p) {
 // early take more.  The next tile's Q and K(0) are copied during this tile (Q x 2 in shared
 // memory), and one consumer's epilogue runs while the other's last products do, so that the
 // SM's tensor core is not idle from one tile's last epilogue to the next tile's S(0).
-//   thread 0, the scheduler and K's stream: per tile j its K blocks, then the next tile, taken
+//   thread 0, the scheduler and K's stream (warp 0 with it where a paged cache's tiles are
+//     issued a lane a box, HasPages: the serving kernels): per tile j its K blocks, then the next tile, taken
 //     from the counter once tile j's last K is copied (two blocks before its end: a tile taken
 //     earlier waits in a CTA that is still busy while another SM could run it), published in
 //     slot (j + 1) % 2 (its work, or the end) once tile j - 1 has released the slot (qempty:
@@ -582,10 +585,12 @@ __device__ void one_tile(const P& p) {
 //     over; at the end consumer 0 takes the last hand-over.  S(0) has a turn of its own: moved
 //     into the tile's last turn it gains nothing, as both consumers' epilogues leave the tensor
 //     core idle together whichever turn S(0) takes.
+// The tensor maps' head, row and sequence of tile w's block 0 (serving: seq.k_start holds the
+// window's shift, tile_work).
 template <class P>
 __device__ __forceinline__ KvAt kv_at(const P& p, const CtaWork& w) {
   const bool packed = p.cu_seqlens_k != nullptr;
-  return {w.h_kv, packed ? static_cast<int>(w.seq.k_start) : 0, packed ? 0 : w.b};
+  return {w.h_kv, packed || kServing ? static_cast<int>(w.seq.k_start) : 0, packed ? 0 : w.b};
 }
 
 // Tile w's Q into the buffer at dst, onto full, or onto landed where a packed sequence ends
@@ -598,35 +603,68 @@ __device__ __forceinline__ void copy_tile_q(const P& p, uint32_t dst, uint32_t f
          packed ? static_cast<int>(w.seq.q_start) + w.row0 : w.row0, packed ? 0 : w.b);
 }
 
-// Thread 0 after the CTA's barrier: w the tile in slot 0 (more: there is one); K(0) copied
-// already where k0 (as the CTA started).
+// Thread 0 after the CTA's barrier, or warp 0 (kWarpK): w the tile in slot 0 (more: there is
+// one); K(0) copied already where k0 (as the CTA started, by thread 0).  kWarpK: the kernels
+// that may read a paged cache, whose K tiles the warp's lanes issue a box each (tma_tile_lanes,
+// each lane's entry loaded a block ahead, as stream_v's), lane 0 taking and publishing the next
+// tile, which the other lanes then read from its slot (after __syncwarp, which orders lane 0's
+// writes before their reads; the slot is rewritten only by lane 0, two tiles later).
 template <class P>
 __device__ void schedule_k(const P& p, const Smem& sm, Sched& sh, CtaWork w, bool more, bool k0) {
+  constexpr bool kWarpK = HasPages<P>::value;
   const TileQueue<P> queue(p);
   const Bars bars = sm.bars();
   TileRing<kStages> ring;
   for (int j = 0; more; ++j) {
     const KvAt kv = kv_at(p, w);
-    for (int m = j == 0 && k0 ? 1 : 0; m < w.n_blocks; ++m) {
+    const int m0 = j == 0 && k0 ? 1 : 0;
+    const auto entry = [&](int m) {   // the lane's page of block m (paged; else unused)
+      if constexpr (kWarpK) {
+        if (paged(p) && m < w.n_blocks) return tile_page<kBlockN>(p, kv.row + m * kBlockN, kv.seq);
+      }
+      return 0;
+    };
+    int page = entry(m0);
+    for (int m = m0; m < w.n_blocks; ++m) {
       if (ring.refill(m)) mbar_wait(bars.kempty(m & 1), ring.empty_parity(m));
-      copy_k(p, sm, kv, m, m & 1);
+      if constexpr (kWarpK) {
+        if (paged(p))
+          tma_tile_lanes<kBlockN, 2 * kDqk, 128>(p, page, sm.k_at(m & 1), reinterpret_cast<uint64_t>(p.tmap_k),
+                                                 bars.kfull(m & 1), kv.h, kv.row + m * kBlockN);
+        else if (threadIdx.x == 0)
+          copy_k(p, sm, kv, m, m & 1);
+        page = entry(m + 1);
+      } else {
+        copy_k(p, sm, kv, m, m & 1);
+      }
     }
     ring.end_tile(w.n_blocks);
     // The next tile, taken once this one's last K is copied, two blocks before its end (a tile
     // taken earlier would wait in this CTA while another SM could run it).
-    more = take_next_tile(queue, sm, sh, j, w, [&](uint32_t dst, uint32_t full, uint32_t landed) {
-      copy_tile_q(p, dst, full, landed, w);
-    });
+    const auto take = [&] {
+      return take_next_tile(queue, sm, sh, j, w, [&](uint32_t dst, uint32_t full, uint32_t landed) {
+        copy_tile_q(p, dst, full, landed, w);
+      });
+    };
+    if constexpr (kWarpK) {
+      if (threadIdx.x == 0) more = take();
+      __syncwarp();
+      more = __shfl_sync(0xffffffffu, more, 0);
+      if (more) w = sh.work[(j + 1) & 1];
+    } else {
+      more = take();
+    }
   }
 }
 
-// Warp 1: every tile's V blocks.
+// Warp 1: every tile's V blocks (a paged cache's: a lane a box, each lane's entry loaded a block
+// ahead, as produce_paged's).
 template <class P>
 __device__ void stream_v(const P& p, const Smem& sm, Sched& sh) {
   const Bars bars = sm.bars();
-  const bool packed = p.cu_seqlens_k != nullptr;
+  const bool v_tails = p.cu_seqlens_k != nullptr || kv_cache(p);   // as one_tile's
   TileRing<kStages> ring;
-  uint32_t tails = 0;   // packed tails zeroed (vlanded's phases)
+  uint32_t tails = 0;   // tails zeroed (vlanded's phases)
   for (int j = 0;; ++j) {
     const int b = j & 1;
     mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
@@ -635,11 +673,19 @@ __device__ void stream_v(const P& p, const Smem& sm, Sched& sh) {
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
     const KvAt kv = kv_at(p, w);
+    const auto entry = [&](int m) {   // the lane's page of block m (paged; else unused)
+      if constexpr (HasPages<P>::value) {
+        if (paged(p) && m < w.n_blocks) return tile_page<kBlockN>(p, kv.row + m * kBlockN, kv.seq);
+      }
+      return 0;
+    };
+    int page = entry(0);
     for (int m = 0; m < w.n_blocks; ++m) {
       if (ring.refill(m)) mbar_wait(bars.vempty(m & 1), ring.empty_parity(m));
-      const bool tail = packed && (m + 1) * kBlockN > w.seq.sk;
-      copy_v(p, sm, kv, m, m & 1, w.seq.sk, tail, tails & 1);
+      const bool tail = v_tails && (m + 1) * kBlockN > w.seq.sk;
+      copy_v(p, sm, kv, m, m & 1, w.seq.sk, tail, tails & 1, page);
       tails += tail;
+      page = entry(m + 1);
     }
     ring.end_tile(w.n_blocks);
   }
@@ -650,7 +696,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   consumer_registers();
   const ConsumerLane me(warpgroup_index(), 0);   // rows from the tile's first
   const int cw = me.cw, lane = me.lane, quad_col = me.quad_col, r_off = me.r_lo;
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  const float scale_log2 = score_factor(p);
   const Turns turns{cw};
   const Bars bars = sm.bars();
 
@@ -741,6 +787,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     // round trip through its barrier after the softmax, are then only where a copy is late.
     const bool landed = mbar_test2(bars.vfull(s), ring.full_parity(n), bars.kfull(s1), ring.full_parity(n + 1));
     float alpha[2];
+    Scores<P>(p, diag).apply(acc_s, n * kBlockN, row0 + cw * kConsumerRows, row0 + r_off, quad_col);
     const bool moved = softmax(pa, acc_s, alpha, m_run, l_run, n * kBlockN, sk, row0 + cw * kConsumerRows,
                                row0 + r_off, diag, quad_col, scale_log2);
     wgmma_wait<0>();                                       // PV(n - 1) (none at n = 0)
@@ -800,9 +847,18 @@ __device__ void persistent(const P& p) {
   if (threadIdx.x / 128 == 0) {
     producer_registers();
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x == 0) schedule_k(p, sm, sh, w, more, k0);
-    else if (warp == 1) stream_v(p, sm, sh);
-    else if (warp == 2 && p.cu_seqlens_q != nullptr) zero_q_tails<kBlockM, 128, kTileQ>(sm, sh);
+    if (threadIdx.x == 0 || (HasPages<P>::value && warp == 0)) {   // schedule_k's kWarpK: the warp
+      if (threadIdx.x != 0) {   // thread 0's first tile, from slot 0
+        w = sh.work[0];
+        more = w.n_blocks >= 0;
+        k0 = more && w.n_blocks > 0;
+      }
+      schedule_k(p, sm, sh, w, more, k0);
+    } else if (warp == 1) {
+      stream_v(p, sm, sh);
+    } else if (warp == 2 && p.cu_seqlens_q != nullptr) {
+      zero_q_tails<kBlockM, 128, kTileQ>(sm, sh);
+    }
     return;
   }
   consume_tiles(p, sm, sh);

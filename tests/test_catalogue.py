@@ -14,18 +14,21 @@ from zyfa_runtime.catalogue import (ARG_TYPES, FEATURES_OF, HEAD_DIMS, SERVING_F
                                     short_variant)
 
 
-def test_catalogue_is_the_full_product_and_the_serving_and_short_variants_of_sm90a():
+def test_catalogue_is_the_full_product_and_the_serving_short_and_softcap_variants_of_sm90a():
     vs = all_variants()
-    assert len(vs) == 50
-    assert len({v.name for v in vs}) == 50 and len({v.symbol for v in vs}) == 50
-    assert len({v.filename for v in vs}) == 50
+    assert len(vs) == 66
+    assert len({v.name for v in vs}) == 66 and len({v.symbol for v in vs}) == 66
+    assert len({v.filename for v in vs}) == 66
     plain = [v for v in vs if not v.serving and not v.short]
     assert len(plain) == 32 and {(v.d_qk, v.d_v) for v in plain} == set(HEAD_DIMS)
     assert vs[32:48] == [serving_variant(v) for v in plain if v.arch == "sm_90a"]
-    assert vs[48:] == [short_variant(v) for v in plain if short_variant(v) is not None]
-    assert [v.name for v in vs[48:]] == ["fwd_sm_90a_fp8_e4m3_d128x128_full_short",
-                                         "fwd_sm_90a_fp8_e4m3_d128x128_causal_short"]
+    assert vs[48:50] == [short_variant(v) for v in plain if short_variant(v) is not None]
+    assert [v.name for v in vs[48:50]] == ["fwd_sm_90a_fp8_e4m3_d128x128_full_short",
+                                           "fwd_sm_90a_fp8_e4m3_d128x128_causal_short"]
+    assert vs[50:] == [serving_variant(v, softcap=True) for v in plain if v.arch == "sm_90a"]
     assert all(v.name == serving_variant(p).name == p.name + "_serving" for p, v in zip(plain[:16], vs[32:]))
+    assert all(v.name == p.name + "_serving_softcap" and v.serving and v.softcap
+               for p, v in zip(plain[:16], vs[50:]))
     # The gfx950 FP8 set comes from the assembly generator.
     assert sorted(v.name for v in vs if v.built_from == "asm-generator") == sorted(
         v.name for v in vs if v.arch == "gfx950" and v.dtype == "fp8_e4m3")
@@ -68,9 +71,9 @@ def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone
         v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
     # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without the
     # pre-pass's V^T and gathered K and K's tensor map (window, softcap, sinks and the KV cache's
-    # in the same places), the KV cache's count pointer after the sinks
+    # in the same places: the softcap specialisation's), the KV cache's count pointer after the sinks
     amd = [a.name for a in kernargs(Variant("gfx950", "fp8_e4m3", 128, 128, False))]
-    serving = Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True)
+    serving = Variant("sm_90a", "fp8_e4m3", 128, 128, False, serving=True, softcap=True)
     nv = [a.name for a in kernargs(serving)]
     assert amd[amd.index("sinks") + 1] == "cache_seqlens"
     assert amd == [n for n in nv if not n.startswith(("vt", "tmap_")) and n != "kg"]
@@ -151,12 +154,12 @@ def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a"], ids=lambda v: v.name)
 def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
-    """BF16 d128 (plain, not serving) and the FP8 d128 short-prompt variants are persistent (two
+    """BF16 d128 (plain and serving) and the FP8 d128 short-prompt variants are persistent (two
     Q tiles fit beside the K/V ring): the grid is one CTA an SM, or a tile, where there are
     fewer; the arguments carry the tiles' grid, their count and the counter.  Every sm_90a
     argument list ends on 8 bytes: cuLaunchKernel takes a buffer of the cubin's parameter size,
     and kernarg_size rounds up to 8."""
-    assert v.tile.persistent == (((v.d_qk, v.d_v) == (128, 128) and not v.serving and v.dtype == "bf16") or v.short)
+    assert v.tile.persistent == (((v.d_qk, v.d_v) == (128, 128) and v.dtype == "bf16") or v.short)
     names = [a.name for a in kernargs(v)]
     tile_args = ["tiles_x", "tiles_y", "tiles_z", "tile_count"]
     assert ("tile_counter" in names) == v.tile.persistent
@@ -216,8 +219,9 @@ def test_causal_grid_reading_covers_every_block_once_in_any_order(blocks, hq, ba
 
 def test_selection_by_arch_and_substring():
     vs = all_variants()
-    assert len(list(iter_select(vs, arch="sm_90a"))) == 34
-    assert len(list(iter_select(vs, arch="sm_90a", only="_serving"))) == 16
+    assert len(list(iter_select(vs, arch="sm_90a"))) == 50
+    assert len(list(iter_select(vs, arch="sm_90a", only="_serving"))) == 32
+    assert len(list(iter_select(vs, arch="sm_90a", only="_softcap"))) == 16
     assert len(list(iter_select(vs, arch="sm_90a", only="_short"))) == 2
     sel = list(iter_select(vs, only="d64x64_causal,d256"))
     assert sel and all("d64x64_causal" in v.name or "d256" in v.name for v in sel)
@@ -283,28 +287,30 @@ def test_a_short_variant_is_its_plain_kernel_with_persistent_ctas(v):
 
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.serving], ids=lambda v: v.name)
-def test_a_serving_variant_is_its_plain_kernel_without_persistence_with_the_features_arguments(v):
-    """The serving variant of an sm_90a kernel: the plain tile, but a CTA a tile (no persistence,
-    no balanced tail), the features of SERVING_FEATURES_OF with their arguments added to the plain
-    kernel's (less a persistent or balanced-tail kernel's tiles, counters and plan); the plain
-    kernel lists none.  The manifest's variant round-trips (an entry without ``serving`` is a
-    plain kernel)."""
+def test_a_serving_variant_is_its_plain_kernel_with_the_features_arguments(v):
+    """The serving variant of an sm_90a kernel: the plain tile and schedule (persistent where the
+    plain kernel is: BF16 d128), without a balanced tail, the features of SERVING_FEATURES_OF
+    with their arguments added to the plain kernel's (less a balanced-tail kernel's tail
+    arguments); the plain kernel lists none.  The manifest's variant round-trips (an entry
+    without ``serving`` is a plain kernel)."""
     plain = Variant(v.arch, v.dtype, v.d_qk, v.d_v, v.causal)
-    assert serving_variant(plain) == v and features(v) == SERVING_FEATURES_OF[(v.arch, v.dtype)]
+    assert serving_variant(plain, softcap=v.softcap) == v
+    assert features(v) == tuple(f for f in SERVING_FEATURES_OF[(v.arch, v.dtype)] if f != "softcap" or v.softcap)
     assert features(plain) == FEATURES_OF.get((v.arch, v.dtype), ()) == ()
-    assert not v.tile.persistent and not v.tile.split_tail and grid_rule(v) == tiles_rule(v)
-    same = ("block_m", "block_n", "threads", "stages", "pv_row_sums")
+    assert v.tile.persistent == plain.tile.persistent and not v.tile.split_tail
+    assert grid_rule(v) == grid_rule(plain) if v.tile.persistent else grid_rule(v) == tiles_rule(v)
+    same = ("block_m", "block_n", "threads", "stages", "pv_row_sums", "dynamic_smem")
     assert all(getattr(v.tile, f) == getattr(plain.tile, f) for f in same)
-    q_bytes = v.tile.block_m * v.d_qk * (2 if v.dtype == "bf16" else 1)   # the persistent kernel's second Q
-    assert v.tile.dynamic_smem == plain.tile.dynamic_smem - plain.tile.persistent * q_bytes
     names, plain_names = [a.name for a in kernargs(v)], [a.name for a in kernargs(plain)]
-    tiles = ("tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count",
-             "partials", "tail_counter", "tail_first", "tail_ctas", "tail_gap", "tail_ramp")
+    tail = ("partials", "tail_counter", "tail_first", "tail_ctas", "tail_gap", "tail_ramp")
+    tiles = ("tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count")
     assert [n for n in names if n not in plain_names] == [
         "sinks", "cache_seqlens", "page_table"] + (["kg"] if gathers_k(v) else []) + [
         "page_table_stride", "page_size", "num_pages", "max_pages",
-        "page_magic", "window_left", "window_right", "softcap", "softcap_scale"]
-    assert [n for n in plain_names if n not in tiles] == [n for n in names if n in plain_names]
+        "page_magic", "window_left", "window_right"] + (["softcap", "softcap_scale"] if v.softcap else [])
+    assert ("softcap" in features(v)) == v.softcap
+    kept = tail + (() if v.tile.persistent else tiles)
+    assert [n for n in plain_names if n not in kept] == [n for n in names if n in plain_names]
     assert Variant.from_json(v.to_json()) == v and v.to_json()["serving"] is True
     assert Variant.from_json({k: x for k, x in plain.to_json().items() if k != "serving"}) == plain
     assert serving_variant(Variant("gfx950", "bf16", v.d_qk, v.d_v, v.causal)) is None

@@ -204,7 +204,8 @@ def backend(request):
 def test_calls_with_features_take_the_serving_kernel_even_after_a_plain_call_was_planned():
     """A plain call's plan and layout are kept; the same tensors with a window, softcap or
     sinks must not reuse them: each runs the serving variant (sm_90a: the features live in
-    kernels of their own, catalogue.SERVING_FEATURES_OF), dense and packed; a window that cuts
+    kernels of their own, catalogue.SERVING_FEATURES_OF; a softcap in its softcap
+    specialisation), dense and packed; a window that cuts
     no key runs the plain kernel again."""
     with using_backend("fake") as driver:
         q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64))
@@ -215,7 +216,7 @@ def test_calls_with_features_take_the_serving_kernel_even_after_a_plain_call_was
         assert plain == Variant("sm_90a", "bf16", 64, 64, True).symbol
         for kw in (dict(window_size=(8, 0)), dict(softcap=20.0), dict(sinks=sinks), dict(window_size=(8, 3))):
             causal = "window_size" not in kw or kw["window_size"][1] == 0
-            serving = Variant("sm_90a", "bf16", 64, 64, causal, serving=True).symbol
+            serving = Variant("sm_90a", "bf16", 64, 64, causal, serving=True, softcap="softcap" in kw).symbol
             flash_attn_func(q, k, v, causal=causal, out=out, **kw)
             assert driver.launches[-1].symbol == serving, kw
             flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=np.array([0, 64], np.int32),

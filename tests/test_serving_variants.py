@@ -33,7 +33,7 @@ def table(with_serving: bool = True) -> Table:
     m = catalogue_manifest()
     m["kernels"] = [dict(e, **({"features": list(catalogue.features(Variant.from_json(e["variant"])))}
                               if catalogue.features(Variant.from_json(e["variant"])) else {}))
-                    for e in m["kernels"] if with_serving or not e["name"].endswith("_serving")]
+                    for e in m["kernels"] if with_serving or "_serving" not in e["name"]]
     return Table(m)
 
 
@@ -64,8 +64,13 @@ def test_a_call_takes_the_serving_variant_exactly_where_it_needs_a_feature(optio
     causal = options.get("causal", False)
     plain = Variant("sm_90a", "bf16", *dims, causal)
     got = plan.variant_for(p, table(), "sm_90a")
-    assert got == (catalogue.serving_variant(plain) if needs else plain)
+    # a softcap: the serving variant's softcap specialisation (the serving kernel has none)
+    capped = "softcap" in options
+    assert got == (catalogue.serving_variant(plain, softcap=capped) if needs else plain)
     plan.require_features(p, table(), got)    # the variant taken implements what the call needs
+    if capped:
+        with pytest.raises(ValueError, match="_serving does not implement softcap"):
+            plan.require_features(p, table(), catalogue.serving_variant(plain))
     # gfx950 BF16 has no serving variants: its plain kernels take the features
     gfx = plan.variant_for(p, table(), "gfx950")
     assert gfx == Variant("gfx950", "bf16", *dims, causal)
@@ -89,5 +94,6 @@ def test_an_sm90a_fp8_call_takes_its_serving_variant_where_it_needs_a_feature():
         plain = Variant("sm_90a", "fp8_e4m3", 128, 128, options.get("causal", False))
         got = plan.variant_for(p, table(), "sm_90a")
         # without a feature, 70 keys take the short-prompt variant (catalogue.Variant.short)
-        assert got == (catalogue.serving_variant(plain) if needs else catalogue.short_variant(plain))
+        assert got == (catalogue.serving_variant(plain, softcap="softcap" in options) if needs
+                       else catalogue.short_variant(plain))
         plan.require_features(p, table(), got)

@@ -83,6 +83,11 @@ class Variant(CodeObject):
     #: which the runtime takes for a call whose sequences have at most SHORT_KEYS keys, beside a
     #: plain kernel of a CTA a tile that stays as measured on long ones.
     short: bool = False
+    #: The softcap specialisation of a serving variant: the serving kernel with the softcap
+    #: compiled in, which the runtime takes for a call with a softcap.  The serving kernel
+    #: itself has none: its test of the softcap's argument before each block and the capping
+    #: code cost the windowed, sink and paged calls 1-2 % (docs/sm90a.md).
+    softcap: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHES:
@@ -97,12 +102,14 @@ class Variant(CodeObject):
         if self.short and (self.serving or (self.d_qk, self.d_v) not in SHORT_VARIANTS_OF.get((self.arch, self.dtype), ())):
             raise ValueError(f"no short-prompt variant of {self.arch} {self.dtype} d{self.d_qk}x{self.d_v}"
                              f"{' serving' if self.serving else ''}; those of {SHORT_VARIANTS_OF} only")
+        if self.softcap and not self.serving:
+            raise ValueError("a softcap variant is a serving variant's specialisation (serving=True)")
 
     @property
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}" + ("_serving" if self.serving else "")
-                + ("_short" if self.short else ""))
+                + ("_softcap" if self.softcap else "") + ("_short" if self.short else ""))
 
     @property
     def tile(self) -> "Tile":
@@ -122,19 +129,22 @@ class Variant(CodeObject):
     def from_json(cls, d: dict) -> "Variant":
         return cls(arch=d["arch"], dtype=d["dtype"], d_qk=int(d["d_qk"]), d_v=int(d["d_v"]),
                    causal=bool(d["causal"]), serving=bool(d.get("serving", False)),   # absent: before serving
-                   short=bool(d.get("short", False)))
+                   short=bool(d.get("short", False)), softcap=bool(d.get("softcap", False)))
 
 
 def all_variants() -> list[Variant]:
     """The variants of the catalogue, in a fixed order: the 32 plain ones (every arch, dtype,
     head dims, causal or full), then the serving ones (SERVING_FEATURES_OF: 8 a listed
     (arch, dtype), in the plain ones' order), then the short-prompt ones (SHORT_VARIANTS_OF:
-    causal and full of each listed head dims, in the plain ones' order)."""
+    causal and full of each listed head dims, in the plain ones' order), then the serving ones'
+    softcap specialisations (in the serving ones' order)."""
     plain = [Variant(a, t, dq, dv, c)
              for a, t, (dq, dv), c in itertools.product(ARCHES, DTYPES, HEAD_DIMS, (False, True))]
-    return (plain + [dataclasses.replace(v, serving=True) for v in plain if (v.arch, v.dtype) in SERVING_FEATURES_OF]
+    serving = [dataclasses.replace(v, serving=True) for v in plain if (v.arch, v.dtype) in SERVING_FEATURES_OF]
+    return (plain + serving
             + [dataclasses.replace(v, short=True) for v in plain
-               if (v.d_qk, v.d_v) in SHORT_VARIANTS_OF.get((v.arch, v.dtype), ())])
+               if (v.d_qk, v.d_v) in SHORT_VARIANTS_OF.get((v.arch, v.dtype), ())]
+            + [dataclasses.replace(v, softcap=True) for v in serving])
 
 
 #: The short-prompt variants (Variant.short) of each (arch, dtype) that has them: their head
@@ -158,10 +168,13 @@ def short_variant(v: Variant) -> "Variant | None":
     return dataclasses.replace(v, short=True)
 
 
-def serving_variant(v: Variant) -> "Variant | None":
-    """The serving variant of plain ``v``'s (arch, dtype, head dims, causal), None where that
-    (arch, dtype) has none (its plain kernels list their features themselves: FEATURES_OF)."""
-    return dataclasses.replace(v, serving=True) if (v.arch, v.dtype) in SERVING_FEATURES_OF else None
+def serving_variant(v: Variant, softcap: bool = False) -> "Variant | None":
+    """The serving variant of plain ``v``'s (arch, dtype, head dims, causal), its softcap
+    specialisation where ``softcap``; None where that (arch, dtype) has none (its plain kernels
+    list their features themselves: FEATURES_OF)."""
+    if (v.arch, v.dtype) not in SERVING_FEATURES_OF:
+        return None
+    return dataclasses.replace(v, serving=True, softcap=softcap)
 
 
 # --------------------------------------------------------------------------------------
@@ -210,16 +223,14 @@ def tile_for(v: Variant) -> Tile:
         # two stages each of K and V (bf16), 128 bytes of mbarriers, +1 KiB for alignment.
         # 128-key blocks, 64 at d256 (a 128-key S does not fit beside O there).
         # Persistent at d128 (the softmax overlapping the warpgroup's own PV, and room for a
-        # second Q tile: the next tile's, copied during this one): Q x 2 first.
-        # Serving variants (the window, softcap and sinks: kServing) are the plain tile without
-        # persistence: a CTA a tile, the schedule where each CTA's key-block range follows from
-        # its own rows alone (the persistent scheduler publishes a tile's work through shared
-        # memory and orders tiles by the causal block counts; a window gives every tile about
-        # the same blocks, and so the simplest correct schedule first).
+        # second Q tile: the next tile's, copied during this one): Q x 2 first.  The serving
+        # variants too: a window's tiles are a few dozen blocks each, where a CTA a tile idles
+        # through its epilogue and the next one's first copies (the scheduler publishes each
+        # tile narrowed to its window, tile_work).
         block_n = 64 if max(v.d_qk, v.d_v) > 192 else 128
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
         block_m = SM90_CONSUMER_ROWS * consumers
-        persistent = (v.d_qk, v.d_v) == (128, 128) and not v.serving
+        persistent = (v.d_qk, v.d_v) == (128, 128)
         # The row sums by PV where the ones fit (a 64-column block, block_n x 128 bytes, after
         # each V stage; PV's N = d_v + 8 <= 256): d64 and d128, not d192/128 (the smem) or d256.
         pv_row_sums = v.d_qk == v.d_v <= 128
@@ -416,7 +427,7 @@ FEATURES_OF = {
 #: The FEATURES of the serving variants (Variant.serving) of each (arch, dtype) that has them,
 #: each with its runtime arguments (_arg_names): the features live in kernels of their own where
 #: the plain kernels are tuned without them (sm_90a: kServing in cuda/flash_fwd_ws.cuh, flash_fwd_fp8_ws.cuh);
-#: absent: no serving variants.
+#: absent: no serving variants.  The softcap only in their softcap specialisations (Variant.softcap).
 SERVING_FEATURES_OF = {
     ("sm_90a", "bf16"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
     ("sm_90a", "fp8_e4m3"): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
@@ -425,8 +436,11 @@ SERVING_FEATURES_OF = {
 
 def features(v: Variant) -> tuple[str, ...]:
     """The FEATURES variant ``v``'s kernel implements (FEATURES_OF, or SERVING_FEATURES_OF for a
-    serving variant), for its manifest entry's ``features`` (absent where none)."""
-    return (SERVING_FEATURES_OF if v.serving else FEATURES_OF).get((v.arch, v.dtype), ())
+    serving variant, the softcap only in its softcap specialisation), for its manifest entry's
+    ``features`` (absent where none)."""
+    if not v.serving:
+        return FEATURES_OF.get((v.arch, v.dtype), ())
+    return tuple(f for f in SERVING_FEATURES_OF[(v.arch, v.dtype)] if f != "softcap" or v.softcap)
 
 
 def clamps_cu_seqlens(v: Variant) -> bool:

@@ -167,14 +167,15 @@ def variant_for(problem: validate.Problem, table, arch: str) -> Variant:
     """The variant that runs ``problem`` on ``arch``: for a call that needs a feature
     (validate.features_of) the serving variant of its (arch, dtype, head dims, causal) where the
     manifest lists one (catalogue.Variant.serving: the plain kernel stays as tuned, without the
-    features), else the plain variant -- which lists its features itself (gfx950) or is refused
+    features; with a softcap its softcap specialisation, Variant.softcap), else the plain variant -- which lists its features itself (gfx950) or is refused
     by require_features.  A call without features whose sequences have at most the keys a
     built short-prompt variant's entry names (``short.max_seqlen_k``) takes that variant
     (catalogue.Variant.short).  Within ``forced_variant(v)`` a call of v's (arch, dtype, head
     dims, causal) without features takes v (its plain or short kernel, for the tests of each)."""
     plain = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
-    if validate.features_of(problem):
-        serving = serving_variant(plain)
+    needed = validate.features_of(problem)
+    if needed:
+        serving = serving_variant(plain, softcap="softcap" in needed)
         return serving if serving is not None and table.entry(serving) is not None else plain
     if _forced is not None and _forced in (plain, short_variant(plain)):
         return _forced
