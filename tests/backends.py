@@ -37,10 +37,11 @@ def using_backend(name: str, **env: str):
         forget_runtime_state()
 
 
-def build_sm90a(tmp_path_factory, only: str):
-    """A prebuilt directory of the sm_90a variants ``only`` names (build.py --only), built
-    once a run (tests/conftest.py's ``sm90a_prebuilt``)."""
+def build_sm90a(tmp_path_factory, only: str, skip: str = ""):
+    """A prebuilt directory of the sm_90a variants ``only`` names less those ``skip`` names
+    (build.py --only, --skip), built once a run (tests/conftest.py's ``sm90a_prebuilt``)."""
     import build
     out = tmp_path_factory.mktemp("prebuilt")
-    assert build.main(["--arch", "sm_90a", "--only", only, "--out", str(out), "--jobs", "2"]) == 0
+    assert build.main(["--arch", "sm_90a", "--only", only, *(["--skip", skip] if skip else []),
+                       "--out", str(out), "--jobs", "2"]) == 0
     return out

@@ -462,7 +462,7 @@ def test_fp8_d128_takes_its_short_prompt_variant_up_to_its_keys(fake):
         args = unpack_args(entry_of(short), fake.launches[-1].args)
         assert args["tile_count"] == 3 * 4 * 2 if causal else 2 * 4 * 2   # 128- or 192-row tiles
         assert fake.launches[-1].grid == (args["tile_count"], 1, 1)       # fewer tiles than SMs
-        flash_attn_func(q, k, v, causal=causal, softcap=10.0)
+        flash_attn_func(q, k, v, causal=causal, sinks=np.zeros(4, np.float32))
         assert fake.launches[-1].symbol == serving_variant(plain).symbol
         for n, want in ((limit, short), (limit + 1, plain)):
             cu = np.array([0, 100, 100 + n], np.int32)

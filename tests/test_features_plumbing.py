@@ -26,11 +26,14 @@ def test_a_kernel_takes_the_arguments_of_exactly_the_features_it_lists(v):
     for feature, args in FEATURE_ARGS.items():
         assert (args <= set(names)) == (feature in catalogue.features(v)), (v.name, feature)
         assert not (args & set(names)) or args <= set(names)
-    expected = {("gfx950", "bf16", False): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
-                ("gfx950", "fp8_e4m3", False): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
-                ("sm_90a", "bf16", True): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
-                ("sm_90a", "fp8_e4m3", True): ("window", "softcap", "sinks", "kvcache", "paged_kv")}
-    assert catalogue.features(v) == expected.get((v.arch, v.dtype, v.serving), ())
+    # sm_90a: the serving variants without the softcap, their softcap specialisations with it
+    expected = {("gfx950", "bf16", False, False): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
+                ("gfx950", "fp8_e4m3", False, False): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
+                ("sm_90a", "bf16", True, False): ("window", "sinks", "kvcache", "paged_kv"),
+                ("sm_90a", "fp8_e4m3", True, False): ("window", "sinks", "kvcache", "paged_kv"),
+                ("sm_90a", "bf16", True, True): ("window", "softcap", "sinks", "kvcache", "paged_kv"),
+                ("sm_90a", "fp8_e4m3", True, True): ("window", "softcap", "sinks", "kvcache", "paged_kv")}
+    assert catalogue.features(v) == expected.get((v.arch, v.dtype, v.serving, v.softcap), ())
     end = kernargs(v)[-1]
     assert (end.offset + end.size) % 8 == 0, "a C struct of the arguments has no tail padding"
 
