@@ -31,6 +31,28 @@ def divergent(instructions: list[tuple[int, str]]) -> list[int]:
     return [a for a, text in instructions if "BRA.DIV" in text and at[0] <= a <= at[-1]]
 
 
+_BRANCH = re.compile(r"\bBRA\b.*\b0x([0-9a-f]+)$")
+
+
+def block_loop(instructions: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The innermost loop holding a WGMMA (a consumer's block loop): the instructions from a
+    backward branch's target to the branch, the shortest such span with a WGMMA in it; none
+    where there is no such loop."""
+    best: list[tuple[int, str]] = []
+    for at, text in instructions:
+        m = _BRANCH.search(text)
+        if m and int(m.group(1), 16) < at:
+            body = [(a, t) for a, t in instructions if int(m.group(1), 16) <= a <= at]
+            if any(_WGMMA.search(t) for _, t in body) and (not best or len(body) < len(best)):
+                best = body
+    return best
+
+
+def local_memory(instructions: list[tuple[int, str]]) -> list[int]:
+    """Addresses of the local-memory loads and stores (spills, a stack frame's records)."""
+    return [a for a, text in instructions if re.search(r"\b(LDL|STL)\b", text)]
+
+
 def check_cubin(path: Path, tool: str) -> dict[str, list[int]]:
     """Each function of a code object with such code: its ``BRA.DIV`` addresses."""
     found = {name: divergent(body) for name, body in wh.functions(wh.sass(path, tool)).items()}

@@ -30,6 +30,15 @@ def test_a_guarded_shuffle_among_the_wgmmas_is_found_and_one_after_them_is_not()
     assert sc.divergent(wh.parse(LOOP.replace("QGMMA", "FFMA"))) == []   # no WGMMA: nothing to hold
 
 
+def test_the_block_loop_is_the_innermost_loop_with_a_wgmma_and_local_memory_is_found_in_it():
+    loop = sc.block_loop(wh.parse(LOOP))
+    assert [a for a, _ in loop] == [0x100, 0x110, 0x120, 0x130, 0x140, 0x150, 0x160]
+    assert sc.local_memory(loop) == []
+    spilled = wh.parse(LOOP.replace("R2UR UR10, R88", "LDL R88, [R1+0x10]"))
+    assert sc.local_memory(sc.block_loop(spilled)) == [0x140]
+    assert sc.block_loop(wh.parse(LOOP.replace("QGMMA", "FFMA"))) == []   # a loop, but no WGMMA in it
+
+
 @pytest.mark.slow   # cuobjdump of every sm_90a code object, plain and serving: ~14 s
 def test_the_built_sm90a_code_objects_have_none():
     """Every function of every sm_90a code object in prebuilt/ (the kernel, its V^T pre-pass,
