@@ -39,9 +39,24 @@ def using_backend(name: str, **env: str):
 
 def build_sm90a(tmp_path_factory, only: str, skip: str = ""):
     """A prebuilt directory of the sm_90a variants ``only`` names less those ``skip`` names
-    (build.py --only, --skip), built once a run (tests/conftest.py's ``sm90a_prebuilt``)."""
+    (build.py --only, --skip), built once a run (tests/conftest.py's ``sm90a_prebuilt``).
+    Seeded with the repository's prebuilt/ manifest and those variants' files where they exist:
+    build.py reuses a file only where its entry's source hash is the current source's and the
+    file's sha256 its entry's, and builds the rest (the others stay unbuilt: their files are
+    not copied)."""
+    import shutil
+    from pathlib import Path
+
     import build
+    from zyfa_runtime.catalogue import all_variants, iter_select
     out = tmp_path_factory.mktemp("prebuilt")
+    repo = Path(build.__file__).resolve().parent / "prebuilt"
+    skips = [x for x in skip.split(",") if x]
+    if (repo / "manifest.json").is_file():
+        shutil.copyfile(repo / "manifest.json", out / "manifest.json")
+        for v in iter_select(all_variants(), "sm_90a", only):
+            if not any(x in v.name for x in skips) and (repo / v.filename).is_file():
+                shutil.copyfile(repo / v.filename, out / v.filename)
     assert build.main(["--arch", "sm_90a", "--only", only, *(["--skip", skip] if skip else []),
                        "--out", str(out), "--jobs", "2"]) == 0
     return out
