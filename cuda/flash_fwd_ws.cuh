@@ -185,6 +185,17 @@ __device__ __forceinline__ void copy_v(const P& p, const Smem& sm, const KvAt& k
   if (tail) zero_tail_rows<kBlockN, 128, kTileV>(sm.v_at(s), sm.vlanded(), bars.vfull(s), sk - n0, parity);
 }
 
+// The persistent streams' (schedule_k, stream_v) page-table entry of the lane's box of block m of
+// a tile at kv (tile_page, loaded a block ahead), where the cache is paged and the tile has block
+// m (of n_blocks); 0 otherwise, unused.
+template <class P>
+__device__ __forceinline__ int lane_page(const P& p, const KvAt& kv, int m, int n_blocks) {
+  if constexpr (HasPages<P>::value) {
+    if (paged(p) && m < n_blocks) return tile_page<kBlockN>(p, kv.row + m * kBlockN, kv.seq);
+  }
+  return 0;
+}
+
 // The K and V streams of a paged cache (paged(p)), as produce's, each warp's lanes issuing a box
 // each (tma_tile_lanes) from the entries of the tile that they loaded while its stage was in use
 // (tile_page, a tile ahead); K(0): start_copies, thread 0 alone.
@@ -618,13 +629,7 @@ __device__ void schedule_k(const P& p, const Smem& sm, Sched& sh, CtaWork w, boo
   for (int j = 0; more; ++j) {
     const KvAt kv = kv_at(p, w);
     const int m0 = j == 0 && k0 ? 1 : 0;
-    const auto entry = [&](int m) {   // the lane's page of block m (paged; else unused)
-      if constexpr (kWarpK) {
-        if (paged(p) && m < w.n_blocks) return tile_page<kBlockN>(p, kv.row + m * kBlockN, kv.seq);
-      }
-      return 0;
-    };
-    int page = entry(m0);
+    int page = lane_page(p, kv, m0, w.n_blocks);
     for (int m = m0; m < w.n_blocks; ++m) {
       if (ring.refill(m)) mbar_wait(bars.kempty(m & 1), ring.empty_parity(m));
       if constexpr (kWarpK) {
@@ -633,7 +638,7 @@ __device__ void schedule_k(const P& p, const Smem& sm, Sched& sh, CtaWork w, boo
                                                  bars.kfull(m & 1), kv.h, kv.row + m * kBlockN);
         else if (threadIdx.x == 0)
           copy_k(p, sm, kv, m, m & 1);
-        page = entry(m + 1);
+        page = lane_page(p, kv, m + 1, w.n_blocks);
       } else {
         copy_k(p, sm, kv, m, m & 1);
       }
@@ -673,19 +678,13 @@ __device__ void stream_v(const P& p, const Smem& sm, Sched& sh) {
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
     const KvAt kv = kv_at(p, w);
-    const auto entry = [&](int m) {   // the lane's page of block m (paged; else unused)
-      if constexpr (HasPages<P>::value) {
-        if (paged(p) && m < w.n_blocks) return tile_page<kBlockN>(p, kv.row + m * kBlockN, kv.seq);
-      }
-      return 0;
-    };
-    int page = entry(0);
+    int page = lane_page(p, kv, 0, w.n_blocks);
     for (int m = 0; m < w.n_blocks; ++m) {
       if (ring.refill(m)) mbar_wait(bars.vempty(m & 1), ring.empty_parity(m));
       const bool tail = v_tails && (m + 1) * kBlockN > w.seq.sk;
       copy_v(p, sm, kv, m, m & 1, w.seq.sk, tail, tails & 1, page);
       tails += tail;
-      page = entry(m + 1);
+      page = lane_page(p, kv, m + 1, w.n_blocks);
     }
     ring.end_tile(w.n_blocks);
   }
