@@ -212,6 +212,13 @@ def build_one(v: Variant | AuxKernel, tc, out_dir: Path, old: dict | None) -> tu
     return entry, False
 
 
+def select(objects: list, arch: str | None, only: str | None, skip: str | None) -> list:
+    """The variants and auxiliary kernels that ``--arch``, ``--only`` and ``--skip`` (comma-separated
+    substrings of the names) select, in order."""
+    skips = [s for s in (skip or "").split(",") if s]
+    return [v for v in iter_select(objects, arch, only) if not any(s in v.name for s in skips)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", choices=ARCHES, help="build only this arch")
@@ -237,9 +244,7 @@ def main(argv=None) -> int:
 
     variants = all_variants()
     auxes = all_aux()
-    selected = list(iter_select(variants, args.arch, args.only)) + list(iter_select(auxes, args.arch, args.only))
-    skips = [s for s in (args.skip or "").split(",") if s]
-    selected = [v for v in selected if not any(s in v.name for s in skips)]
+    selected = select(variants + auxes, args.arch, args.only, args.skip)
     archs = sorted({v.arch for v in selected})
     toolchains = {}
     for arch in archs:

@@ -48,14 +48,13 @@ def build_sm90a(tmp_path_factory, only: str, skip: str = ""):
     from pathlib import Path
 
     import build
-    from zyfa_runtime.catalogue import all_variants, iter_select
+    from zyfa_runtime.catalogue import all_variants
     out = tmp_path_factory.mktemp("prebuilt")
     repo = Path(build.__file__).resolve().parent / "prebuilt"
-    skips = [x for x in skip.split(",") if x]
     if (repo / "manifest.json").is_file():
         shutil.copyfile(repo / "manifest.json", out / "manifest.json")
-        for v in iter_select(all_variants(), "sm_90a", only):
-            if not any(x in v.name for x in skips) and (repo / v.filename).is_file():
+        for v in build.select(all_variants(), "sm_90a", only, skip):
+            if (repo / v.filename).is_file():
                 shutil.copyfile(repo / v.filename, out / v.filename)
     assert build.main(["--arch", "sm_90a", "--only", only, *(["--skip", skip] if skip else []),
                        "--out", str(out), "--jobs", "2"]) == 0
