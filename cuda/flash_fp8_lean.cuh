@@ -46,7 +46,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr double kLog2eD = 1.4426950408889634;
 constexpr float kSkip = 64.f;               // blocks this far below the running max are skipped
 constexpr float kBigT = 262144.f;           // |T| from here on may round a code past 120.5: clamp
-constexpr float kFold0 = 16.f + kCode0 / 8.f;   // 31: w of the block max (y / 8 + 16 at y = c0), the diagonal terms'
+constexpr float kExpU0 = kCode0 / 8.f - 7.f;   // 8: u = log2 x of the block max (x = 2^(y / 8 - 7) at y = c0), the diagonal terms'
 // kWBias (generated): fp32(16 + (c0 - delta) / 8), the main bytes' w of the block max, less the
 // recipe's centring offset delta where the byte is the plain Lean one (31 for the quad forms).
 constexpr float kFoldZMax = (kCode0 - kFoldC) / 8.f;   // z whose code is c0 (exact: -62.625)
@@ -209,8 +209,8 @@ ZYFA_WGMMA_WRAPPERS
 // ---- the P arithmetic --------------------------------------------------------------------
 
 // The reference of one block for the two rows (hr) a thread holds, after masking: T =
-// fp32(max S * c), bias = fp32(31 - T) (w's constant: w = y/8 + 16 in the folded byte form),
-// and the factor 2^(F - T) that moves the row state
+// fp32(max S * c), bias = fp32(K - T) (the bytes' w = y/8 + 16 with K = kWBias; a diagonal
+// block's u = log2 x with K = kExpU0), and the factor 2^(F - T) that moves the row state
 // from its frame F to T.  A row with no key in the block keeps its state (P = 0, factor 1);
 // one whose block max lies kSkip below its running max M is skipped the same way.  Returns
 // whether |T| >= kBigT somewhere (w may then round so far past 31 that a code passes 120.5:
@@ -226,7 +226,7 @@ __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float
     const float t = __fmul_rn(mx[hr], c);                     // T: the block's reference max
     const bool none = mx[hr] == -INFINITY;                    // no key of this block: P = 0
     const bool live = !none && !(t < m_run[hr] - kSkip);      // else negligible: P = 0
-    bias[hr] = live ? __fsub_rn(kTwo ? kFold0 : kWBias, t) : (none ? 0.f : -INFINITY);   // fp32(K - T)
+    bias[hr] = live ? __fsub_rn(kTwo ? kExpU0 : kWBias, t) : (none ? 0.f : -INFINITY);   // fp32(K - T)
     factor[hr] = live ? exp2_ftz(frame[hr] - t) : 1.f;        // 0 for the first: F = -inf
     big |= live && fabsf(t) >= kBigT;
     frame[hr] = live ? t : frame[hr];
@@ -368,33 +368,28 @@ __device__ __forceinline__ void lean_p_late_clamp(uint32_t (&pa)[kBlockN / 8], c
 // Where the causal diagonal of the warpgroup's 64 rows cuts a block (the recipe's "hi_lo"
 // diagonal: the keys nearest each query), P goes in two e4m3 terms, both multiplied with V^T
 // (two PV products into one accumulator, the ones rows summing both):
-//   x  = 2^(w - 23)      e4m3.exp2_x: 256 at the block max, 0 for w < 16 (and masked keys)
+//   u  = S c + (8 - T)   1 FFMA    log2 x: 8 at the block max (x = p_shift = 256)
+//   x  = 2^u             1 MUFU    e4m3.exp2_x: ex2.approx, 0 for u < -7 (and masked keys)
 //   X  = f16(x)          1/2 F2FP
 //   hi = e4m3(X)         1/2 F2FP (cvt.rn.satfinite.e4m3x2.f16x2)
 //   lo = e4m3(X - hi)    1/2 F2FP back to f16x2, 1/2 HADD2 (exact), 1/2 F2FP
 // about 2^-10 of P (RMS) instead of one byte's 2^-5.  A warpgroup meets one such block, two
-// where the diagonal crosses a block boundary inside its rows.
+// where the diagonal crosses a block boundary inside its rows.  x by MUFU: the consumers are
+// bound by their instruction issue and their MUFU pipe is otherwise idle (the Lean byte has no
+// exponential), so one ex2.approx a score (a warp's taking the SM sub-partition's MUFU 8
+// cycles) replaced the degree-4 polynomial's nine instructions.
 
-// e4m3.exp2_x of one score: f = frac(w) exactly (w's low 19 mantissa bits: w in [16, 32)),
-// 2^-7 2^f by the degree-4 polynomial (4 FFMA), then floor(w) - 16 added to its exponent.
-// kClamp (|T| >= kBigT somewhere): w held below 32 first, so the bit arithmetic holds.
+// e4m3.exp2_x of one score: x = 2^u by ex2.approx.ftz.f32 (within 2 ulp of fp32(2^u) over
+// u in [-7, 9): bench/results' ex2 measurement, docs/numerics.md), 0 where u < -7 (P under
+// 2^-15 of the block max; -inf and NaN included).  kClamp (|T| >= kBigT somewhere): u held
+// below 9 first, as the model holds it (x < 512, so that X stays finite in f16).
 template <bool kClamp>
 __device__ __forceinline__ float exp2_x(float s, float c, float bias) {
-  float w = __fmaf_rn(s, c, bias);
-  if constexpr (kClamp) w = fminf(w, kExpWMax);
-  uint32_t fb;
-  asm("lop3.b32 %0, %1, 0x7FFFF, %2, 0xEA;\n" : "=r"(fb) : "r"(__float_as_uint(w)), "r"(0x3F800000u));
-  const float f = __fmaf_rn(__uint_as_float(fb), 16.f, -16.f);
-  float p = __fmaf_rn(kExp4, f, kExp3);
-  p = __fmaf_rn(p, f, kExp2);
-  p = __fmaf_rn(p, f, kExp1);
-  p = __fmaf_rn(p, f, kExp0);
-  // floor(w) - 16 into the exponent: masked first, then shifted and added (ptxas: LOP3 and one
-  // IMAD; written with the shift first, three instructions: shift, mask, add).
-  uint32_t x;
-  asm("{\n.reg .b32 t;\nand.b32 t, %1, 0x780000;\nshl.b32 t, t, 4;\nadd.u32 %0, %2, t;\n}\n"
-      : "=r"(x) : "r"(__float_as_uint(w)), "r"(__float_as_uint(p)));
-  return w >= 16.f ? __uint_as_float(x) : 0.f;
+  float u = __fmaf_rn(s, c, bias);
+  if constexpr (kClamp) u = fminf(u, kExpUMax);
+  float x;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(x) : "f"(u));
+  return u >= kExpUZero ? x : 0.f;
 }
 
 // Four scores' x (keys in A-fragment order: x0, x1 then x4, x5) -> their hi and lo codes

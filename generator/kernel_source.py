@@ -87,7 +87,9 @@ def body_key(v: Variant) -> str:
 
 
 def _recipe_constants(v: Variant) -> list[str]:
-    """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit.
+    """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit (but
+    the two-term diagonal's x, MUFU's ex2.approx within 2 ulp of the model's fp32(2^u), and
+    the softcap's tanh.approx: e4m3.exp2_x, docs/numerics.md).
     The body implements three byte forms: "lean_h2" (the plain Lean byte held to 1/8 code in
     f16, the target's), "quad_h2" (with the quadratic correction in f16x2) and "quad_fold"
     (the correction in fp32); ``kByteH2`` and ``kByteQuad`` pick one."""
@@ -123,9 +125,8 @@ def _recipe_constants(v: Variant) -> list[str]:
             f"constexpr unsigned kH2ZMax = {f16x2((r.c0 + 128) / 8)};   // z of code c0: (c0 + 128) / 8",
             f"constexpr bool kDiagHiLo = {'true' if r.diagonal_at(v.d_v) else 'false'};"
             f"   // diagonal {r.diagonal!r} at d_v <= {r.diagonal_dv}",
-            f"constexpr float kExpWMax = {float(e4m3.EXP2_W_MAX).hex()}f;   // e4m3.EXP2_W_MAX",
-            *(f"constexpr float kExp{i} = {float(a).hex()}f;   // e4m3.EXP2_POLY[{i}]"
-              for i, a in enumerate(e4m3.EXP2_POLY))]
+            f"constexpr float kExpUMax = {float(e4m3.EXP2_U_MAX).hex()}f;   // e4m3.EXP2_U_MAX",
+            f"constexpr float kExpUZero = {float(e4m3.EXP2_U_ZERO)!r}f;   // e4m3.EXP2_U_ZERO"]
 
 
 #: Query rows of one consumer warpgroup of the sm_90a bodies (the catalogue's, which sizes the tiles).

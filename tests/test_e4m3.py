@@ -285,32 +285,33 @@ def test_masked_keys_and_the_clamp(variant):
         e4m3.p_codes(y, variant="nope")
 
 
-def test_exp2_x_is_two_to_the_w_minus_23_in_w_binade_and_zero_below():
-    """x = 2^(w - 23) (256 at the block max, w = 31) to the polynomial's 2.7e-6 over [16, 32);
-    0 below 16 (P under 2^-15 of the block max) and for -inf (masked keys); held below 32."""
-    w = np.float32(np.linspace(16, 31.99, 200001))
-    rel = e4m3.exp2_x(w).astype(np.float64) / 2.0 ** (w.astype(np.float64) - 23) - 1
-    assert np.abs(rel).max() < 3e-6
-    np.testing.assert_array_equal(e4m3.exp2_x(np.float32([15.999, -1e30, -np.inf])), [0, 0, 0])
-    assert e4m3.exp2_x(np.float32([31.0]))[0] == np.float32(256 * float(e4m3.EXP2_POLY[0]) * 128)
-    assert e4m3.exp2_x(np.float32([100.0]))[0] < 512     # w past 32 held at its binade's top
+def test_exp2_x_is_two_to_the_u_correctly_rounded_and_zero_below_minus_7():
+    """x = fp32(2^u) (256 at the block max, u = 8) over [-7, 9); 0 below -7 (P under 2^-15 of
+    the block max), for -inf (masked keys) and NaN; u held below 9, so x stays under 512."""
+    u = np.float32(np.linspace(-7, 8.999, 200001))
+    x = e4m3.exp2_x(u)
+    assert x.dtype == np.float32
+    np.testing.assert_array_equal(x, np.exp2(u.astype(np.float64)).astype(np.float32))
+    np.testing.assert_array_equal(e4m3.exp2_x(np.float32([-7.0001, -1e30, -np.inf, np.nan])), [0, 0, 0, 0])
+    assert e4m3.exp2_x(np.float32([8.0]))[0] == 256 and e4m3.exp2_x(np.float32([-7.0]))[0] == 2.0 ** -7
+    assert e4m3.exp2_x(np.float32([100.0, np.inf]))[0] < 512
 
 
 def test_hi_lo_codes_carry_p_to_a_twentieth_of_one_bytes_error():
     """hi + lo (both e4m3, lo signed) is x to about 2^-10 RMS where one RNE byte is 2^-5;
     the block max is hi = 120 (256) and lo = 0; masked keys give 0 and 0."""
-    w = np.float32(np.linspace(23, 31, 100001))          # P >= 2^-8 of the block max
-    t = 2.0 ** (w.astype(np.float64) - 23)
-    hi, lo = e4m3.hi_lo_codes(w)
+    u = np.float32(np.linspace(0, 8, 100001))            # P >= 2^-8 of the block max
+    t = 2.0 ** u.astype(np.float64)
+    hi, lo = e4m3.hi_lo_codes(u)
     two = e4m3.decode(hi) + e4m3.decode(lo)
     one = e4m3.decode(e4m3.encode(t, saturate=True))
     rms = lambda a: np.sqrt(np.mean((a / t - 1) ** 2))   # noqa: E731
     assert rms(two) < rms(one) / 20 and np.abs(two / t - 1).max() < 3e-3
-    np.testing.assert_array_equal(hi, e4m3.encode(e4m3.exp2_x(w).astype(np.float16), saturate=True))
+    np.testing.assert_array_equal(hi, e4m3.encode(e4m3.exp2_x(u).astype(np.float16), saturate=True))
     assert not np.isnan(two).any()
-    h, l = e4m3.hi_lo_codes(np.float32([31.0, -np.inf, 15.0]))
-    np.testing.assert_array_equal(h, [120, 0, 0])
-    np.testing.assert_array_equal(l, [0, 0, 0])
+    h, l = e4m3.hi_lo_codes(np.float32([8.0, -np.inf, -8.0, 1e9]))
+    np.testing.assert_array_equal(h, [120, 0, 0, 126])
+    np.testing.assert_array_equal(l, [0, 0, 0, e4m3.encode(np.float64(float(np.float16(e4m3.exp2_x(np.float32([1e9]))[0])) - 448), saturate=True)])
 
 
 def test_lean_h2_is_the_lean_byte_but_near_ties():

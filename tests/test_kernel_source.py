@@ -95,12 +95,12 @@ def test_recipe_constants_are_the_models():
                                            (256, True, False)])
 def test_the_diagonal_terms_reach_the_kernel_where_the_recipe_takes_them(dv, causal, two):
     """kDiagHiLo where the recipe's two-term diagonal applies (causal, d_v <= 128; the body
-    tests kCausal too), and the exp2 polynomial and w's clamp exactly as the model holds them."""
+    tests kCausal too), and u's clamp and zero bound exactly as the model holds them."""
     cfg = ks.config(Variant("sm_90a", "fp8_e4m3", 192 if dv == 128 and causal else dv, dv, causal))
     assert f"kDiagHiLo = {'true' if two or not causal and dv <= 128 else 'false'};" in cfg
-    for i, a in enumerate(e4m3.EXP2_POLY):
-        assert float.fromhex(re.search(rf"kExp{i} = (\S+)f;", cfg).group(1)) == float(a)
-    assert float.fromhex(re.search(r"kExpWMax = (\S+)f;", cfg).group(1)) == float.fromhex("0x1.fffffep4")
+    u_max = float.fromhex(re.search(r"kExpUMax = (\S+)f;", cfg).group(1))
+    assert u_max == float(e4m3.EXP2_U_MAX) == 9 - 2.0 ** -19
+    assert float(re.search(r"kExpUZero = (\S+)f;", cfg).group(1)) == float(e4m3.EXP2_U_ZERO) == -7
 
 
 @pytest.mark.parametrize("name,h2", [("sm_90a/quad", "true"), ("sm_90a/fold", "false")])

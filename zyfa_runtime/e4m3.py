@@ -118,7 +118,7 @@ except ImportError:  # pragma: no cover
 __all__ = ["MAX", "NAN", "decode", "encode", "as_codes", "fma_f32", "p_codes", "lean_p_codes",
            "quad_fold_codes", "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE",
            "QUAD_FOLD_C", "QUAD_FOLD_K", "QUAD_FOLD_A1", "QUAD_FOLD_A0", "quad_h2_codes", "fma_f16",
-           "QUAD_H2_A", "QUAD_H2_B", "QUAD_H2_B17", "QUAD_H2_K", "EXP2_POLY", "EXP2_W_MAX",
+           "QUAD_H2_A", "QUAD_H2_B", "QUAD_H2_B17", "QUAD_H2_K", "EXP2_U_MAX", "EXP2_U_ZERO",
            "exp2_x", "hi_lo_codes", "fma32", "ashr_u8_codes"]
 
 MAX = 448.0  #: largest finite e4m3 value, code 0x7E
@@ -152,14 +152,11 @@ QUAD_H2_B17 = np.float16(75 / 8 * 17 / 16)
 QUAD_H2_A = np.float16(32 * float(LEAN_QUAD_K) / float(QUAD_H2_B))
 QUAD_H2_K = float(QUAD_H2_A) * float(QUAD_H2_B) / 32
 
-#: ``2^-7 2^f`` on ``f`` in [0, 1): a degree-4 polynomial (fp32 coefficients, constant term
-#: first), fitted for relative error (2.7e-6 as evaluated in fp32 by Horner's rule).  With the
-#: binade of ``w`` added to its exponent it gives :func:`exp2_x`.
-EXP2_POLY = tuple(np.float32(float.fromhex(h)) for h in (
-    "0x1.00002cp-7", "0x1.62d166p-8", "0x1.ee7990p-10", "0x1.aa13fcp-12", "0x1.bb7c70p-14"))
-#: The largest ``w`` :func:`exp2_x` takes (the top of w's binade [16, 32)); larger ones are held
-#: at it.
-EXP2_W_MAX = np.float32(float.fromhex("0x1.fffffep4"))
+#: The largest ``u`` :func:`exp2_x` takes (just below 9: x < 512, finite in f16); larger ones
+#: are held at it.  Only scores of ``|T| >= 2^18`` can reach it.
+EXP2_U_MAX = np.float32(9 - 2.0 ** -19)
+#: Below this ``u`` (P under 2^-15 of the block max) :func:`exp2_x` is 0.
+EXP2_U_ZERO = np.float32(-7)
 
 #: Every P-rounding variant :func:`p_codes` knows.
 P_ROUNDINGS = ("lean", "lean_quad", "exact")
@@ -391,34 +388,28 @@ def lean_p_codes(u, *, variant: str) -> np.ndarray:
     return p_codes(y, variant=variant, max_code=120)
 
 
-def exp2_x(w) -> np.ndarray:
-    """``x = 2^(w - 23)`` in fp32 for ``w = y/8 + 16`` (float32, the kernel's value): ``p_shift
-    * 2^(t - m)``, 256 at the block max, for every ``w`` in [16, 32); 0 below 16 (P under
-    2^-15 of the block max, and the masked keys' -inf).  The kernel's arithmetic, bit for bit:
-    ``w`` is first held below 32 (``min(w, EXP2_W_MAX)``; only scores of ``|T| >= 2^18`` can
-    reach it); ``f = 16 (F - 1)`` with ``F`` w's low 19 mantissa bits under 1.0's exponent
-    (``f = w - floor(w)``, exact); ``p = 2^-7 2^f`` by :data:`EXP2_POLY` (Horner's rule, one
-    FMA a step); then ``floor(w) - 16`` is added to ``p``'s exponent field.
+def exp2_x(u) -> np.ndarray:
+    """``x = 2^u`` in fp32 for ``u = log2(p_shift P)`` (float32, the kernel's value: 8 at the
+    block max, where x = 256), correctly rounded, for every ``u`` in [-7, 9); 0 below -7 (P
+    under 2^-15 of the block max, and the masked keys' -inf, and NaN).  ``u`` is first held
+    below 9 (``min(u, EXP2_U_MAX)``).  The kernel takes x from MUFU's ``ex2.approx.ftz.f32``,
+    within 2 ulp of this over [-7, 9) (measured: docs/numerics.md); x is then rounded to f16
+    (:func:`hi_lo_codes`), whose ulp is 2^13 times larger, so the two meet but near f16 ties.
     """
-    w = np.minimum(np.asarray(w, dtype=np.float32), EXP2_W_MAX)
-    live = w >= 16
-    wb = np.where(live, w, np.float32(16)).view(np.uint32)
-    f_one = ((wb & np.uint32(0x7FFFF)) | np.uint32(0x3F800000)).view(np.float32)
-    f = fma_f32(f_one, np.float32(16), np.float32(-16))
-    p = np.full(w.shape, EXP2_POLY[4], np.float32)
-    for k in (3, 2, 1, 0):
-        p = fma_f32(p, f, EXP2_POLY[k])
-    x = (p.view(np.uint32) + ((wb & np.uint32(0x780000)) << np.uint32(4))).view(np.float32)
+    u = np.minimum(np.asarray(u, dtype=np.float32), EXP2_U_MAX)
+    live = u >= EXP2_U_ZERO
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.exp2(np.where(live, u, EXP2_U_ZERO).astype(np.float64)).astype(np.float32)
     return np.where(live, x, np.float32(0))
 
 
-def hi_lo_codes(w) -> tuple[np.ndarray, np.ndarray]:
-    """P in two e4m3 terms for ``w = y/8 + 16`` (float32): ``hi + lo`` approximates ``x =``
+def hi_lo_codes(u) -> tuple[np.ndarray, np.ndarray]:
+    """P in two e4m3 terms for ``u = log2(p_shift P)`` (float32): ``hi + lo`` approximates ``x =``
     :func:`exp2_x` to about 2^-8 relative instead of one byte's 2^-4.  ``X = f16(x)`` (nearest
     even), ``hi = e4m3(X)``, ``lo = e4m3(X - hi)`` (the difference is exact in f16), both
     nearest even and saturating, as ``cvt.rn.satfinite.e4m3x2.f16x2`` rounds.  Returns the two
     uint8 code arrays; ``lo`` is signed.
     """
-    x16 = exp2_x(w).astype(np.float16)
+    x16 = exp2_x(u).astype(np.float16)
     hi = encode(x16, saturate=True)
     return hi, encode(x16.astype(np.float64) - decode(hi), saturate=True)
