@@ -377,10 +377,10 @@ __device__ __forceinline__ void lean_p_late_clamp(uint32_t (&pa)[kBlockN / 8], c
 // where the diagonal crosses a block boundary inside its rows.  x by MUFU: the consumers are
 // bound by their instruction issue and their MUFU pipe is otherwise idle (the Lean byte has no
 // exponential), so one ex2.approx a score (a warp's taking the SM sub-partition's MUFU 8
-// cycles) replaced the degree-4 polynomial's nine instructions.
+// cycles) costs them less than an exp2 polynomial's nine instructions on the FMA pipe.
 
 // e4m3.exp2_x of one score: x = 2^u by ex2.approx.ftz.f32 (within 2 ulp of fp32(2^u) over
-// u in [-7, 9): bench/results' ex2 measurement, docs/numerics.md), 0 where u < -7 (P under
+// every u in [-7, 9), measured: docs/numerics.md), 0 where u < -7 (P under
 // 2^-15 of the block max; -inf and NaN included).  kClamp (|T| >= kBigT somewhere): u held
 // below 9 first, as the model holds it (x < 512, so that X stays finite in f16).
 template <bool kClamp>
