@@ -212,13 +212,6 @@ def build_one(v: Variant | AuxKernel, tc, out_dir: Path, old: dict | None) -> tu
     return entry, False
 
 
-def select(objects: list, arch: str | None, only: str | None, skip: str | None) -> list:
-    """The variants and auxiliary kernels that ``--arch``, ``--only`` and ``--skip`` (comma-separated
-    substrings of the names) select, in order."""
-    skips = [s for s in (skip or "").split(",") if s]
-    return [v for v in iter_select(objects, arch, only) if not any(s in v.name for s in skips)]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", choices=ARCHES, help="build only this arch")
@@ -244,7 +237,7 @@ def main(argv=None) -> int:
 
     variants = all_variants()
     auxes = all_aux()
-    selected = select(variants + auxes, args.arch, args.only, args.skip)
+    selected = list(iter_select(variants + auxes, args.arch, args.only, args.skip))
     archs = sorted({v.arch for v in selected})
     toolchains = {}
     for arch in archs:

@@ -32,6 +32,7 @@ def divergent(instructions: list[tuple[int, str]]) -> list[int]:
 
 
 _BRANCH = re.compile(r"\bBRA\b.*\b0x([0-9a-f]+)$")
+_LOCAL = re.compile(r"\b(LDL|STL)\b")
 
 
 def block_loop(instructions: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -50,7 +51,7 @@ def block_loop(instructions: list[tuple[int, str]]) -> list[tuple[int, str]]:
 
 def local_memory(instructions: list[tuple[int, str]]) -> list[int]:
     """Addresses of the local-memory loads and stores (spills, a stack frame's records)."""
-    return [a for a, text in instructions if re.search(r"\b(LDL|STL)\b", text)]
+    return [a for a, text in instructions if _LOCAL.search(text)]
 
 
 def check_cubin(path: Path, tool: str) -> dict[str, list[int]]:

@@ -48,12 +48,12 @@ def build_sm90a(tmp_path_factory, only: str, skip: str = ""):
     from pathlib import Path
 
     import build
-    from zyfa_runtime.catalogue import all_variants
+    from zyfa_runtime.catalogue import all_variants, iter_select
     out = tmp_path_factory.mktemp("prebuilt")
     repo = Path(build.__file__).resolve().parent / "prebuilt"
     if (repo / "manifest.json").is_file():
         shutil.copyfile(repo / "manifest.json", out / "manifest.json")
-        for v in build.select(all_variants(), "sm_90a", only, skip):
+        for v in iter_select(all_variants(), "sm_90a", only, skip):
             if (repo / v.filename).is_file():
                 shutil.copyfile(repo / v.filename, out / v.filename)
     assert build.main(["--arch", "sm_90a", "--only", only, *(["--skip", skip] if skip else []),

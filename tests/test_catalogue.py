@@ -225,6 +225,8 @@ def test_selection_by_arch_and_substring():
     assert len(list(iter_select(vs, arch="sm_90a", only="_short"))) == 2
     sel = list(iter_select(vs, only="d64x64_causal,d256"))
     assert sel and all("d64x64_causal" in v.name or "d256" in v.name for v in sel)
+    kept = list(iter_select(vs, arch="sm_90a", only="_serving", skip="_softcap,d256"))
+    assert len(kept) == 12 and not any("_softcap" in v.name or "d256" in v.name for v in kept)
 
 
 def test_lse_bound_follows_the_row_sums_the_kernel_normalises_by():

@@ -795,13 +795,17 @@ def eval_grid(rule: dict, values: dict) -> tuple[int, int, int]:
     return tuple(max(ev(rule[axis]), 0) for axis in ("x", "y", "z"))
 
 
-def iter_select(variants: list, arch: str | None = None, only: str | None = None) -> Iterator:
-    """Variants (or auxiliary kernels) matching ``--arch`` and an ``--only`` substring filter
-    (comma-separated)."""
+def iter_select(variants: list, arch: str | None = None, only: str | None = None,
+                skip: str | None = None) -> Iterator:
+    """Variants (or auxiliary kernels) matching ``--arch`` and an ``--only`` substring filter,
+    less those a ``--skip`` substring names (both comma-separated), in order."""
     pats = [p for p in (only or "").split(",") if p]
+    skips = [s for s in (skip or "").split(",") if s]
     for v in variants:
         if arch and v.arch != arch:
             continue
         if pats and not any(p in v.name for p in pats):
+            continue
+        if any(s in v.name for s in skips):
             continue
         yield v
