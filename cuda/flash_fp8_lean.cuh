@@ -46,9 +46,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr double kLog2eD = 1.4426950408889634;
 constexpr float kSkip = 64.f;               // blocks this far below the running max are skipped
 constexpr float kBigT = 262144.f;           // |T| from here on may round a code past 120.5: clamp
-constexpr float kExpU0 = kCode0 / 8.f - 7.f;   // 8: u = log2 x of the block max (x = 2^(y / 8 - 7) at y = c0), the diagonal terms'
 // kWBias (generated): fp32(16 + (c0 - delta) / 8), the main bytes' w of the block max, less the
-// recipe's centring offset delta where the byte is the plain Lean one (31 for the quad forms).
+// recipe's centring offset delta where the byte is the plain Lean one (31 for the quad forms);
+// the diagonal terms' u of the block max is kLog2Shift (x = p_shift there).
 constexpr float kFoldZMax = (kCode0 - kFoldC) / 8.f;   // z whose code is c0 (exact: -62.625)
 constexpr int kTileOnes = 8 * 128;
 
@@ -210,7 +210,7 @@ ZYFA_WGMMA_WRAPPERS
 
 // The reference of one block for the two rows (hr) a thread holds, after masking: T =
 // fp32(max S * c), bias = fp32(K - T) (the bytes' w = y/8 + 16 with K = kWBias; a diagonal
-// block's u = log2 x with K = kExpU0), and the factor 2^(F - T) that moves the row state
+// block's u = log2 x with K = kLog2Shift), and the factor 2^(F - T) that moves the row state
 // from its frame F to T.  A row with no key in the block keeps its state (P = 0, factor 1);
 // one whose block max lies kSkip below its running max M is skipped the same way.  Returns
 // whether |T| >= kBigT somewhere (w may then round so far past 31 that a code passes 120.5:
@@ -226,7 +226,7 @@ __device__ __forceinline__ bool block_frame(const float (&s)[kBlockN / 2], float
     const float t = __fmul_rn(mx[hr], c);                     // T: the block's reference max
     const bool none = mx[hr] == -INFINITY;                    // no key of this block: P = 0
     const bool live = !none && !(t < m_run[hr] - kSkip);      // else negligible: P = 0
-    bias[hr] = live ? __fsub_rn(kTwo ? kExpU0 : kWBias, t) : (none ? 0.f : -INFINITY);   // fp32(K - T)
+    bias[hr] = live ? __fsub_rn(kTwo ? kLog2Shift : kWBias, t) : (none ? 0.f : -INFINITY);   // fp32(K - T)
     factor[hr] = live ? exp2_ftz(frame[hr] - t) : 1.f;        // 0 for the first: F = -inf
     big |= live && fabsf(t) >= kBigT;
     frame[hr] = live ? t : frame[hr];

@@ -159,8 +159,8 @@ class Recipe:
                     relative instead of one byte's 2^-5, RMS), both multiplied with V and
                     both in the rounded sum.  These are the keys nearest each query, where
                     a model's attention is most local and a row near the start of a sequence
-                    has all its keys.  ``u = fp32(S c + fp32(c0/8 - 7 - m_b))`` (log2 of
-                    p_shift P: 8 at the block max), with no centring offset (the two terms carry no Lean bias to cancel); needs
+                    has all its keys.  ``u = fp32(S c + fp32(log2(p_shift) - m_b))`` (log2
+                    of p_shift P: 8 at the block max), with no centring offset (the two terms carry no Lean bias to cancel); needs
                     "block_fp32".  Only where ``d_v <=
                     diagonal_dv`` (``diagonal_at``): sm_90a's d_v = 256 consumer holds no
                     second P beside its 256-wide O and block accumulator.
@@ -543,7 +543,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
         live = np.isfinite(ref)
         # fp32(fp32(16 + c0/8) - m_b): the constant of w = y/8 + 16, the quad and lean_h2
         # forms' argument (0 where the block has no reference: its scores are -inf); the
-        # diagonal terms' u = log2 x, fp32(c0/8 - 7 - m_b), has no centring offset (they carry
+        # diagonal terms' u = log2 x, fp32(log2(p_shift) - m_b), has no centring offset (they carry
         # no Lean bias to cancel).
         def w_bias_at(k16):
             return _fp32(np.where(live, np.float64(k16) - np.where(live, ref, 0.0), 0.0))[..., None]
@@ -582,7 +582,7 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             g0 = (np.arange(r0, r1) // g) * g
             cut = (np.arange(nb)[None, :] * n + n - 1) > (g0 + off)[:, None]        # (R, nb)
             sel = np.broadcast_to(cut[None, :, :, None], pd.shape)
-            u_diag = w_bias_at(_fp32(recipe.c0 / 8.0 - 7.0))     # log2 x: no centring offset
+            u_diag = w_bias_at(_fp32(np.log2(recipe.p_shift)))   # log2 x: no centring offset
             c_sel = c if fold is None else c[sel]
             hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c_sel, np.broadcast_to(u_diag, sb.shape)[sel]))
             codes[sel] = hi
