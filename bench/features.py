@@ -5,7 +5,8 @@ and sinks <= 5 % slower than without; paged (pages of 16, 64, 256) >= 0.95x dens
 
 Per shape (B, S, Hq, Hkv, D; causal) and dtype, each a row:
   dense     flash_attn_func, no feature (the plain kernels)
-  window    window_size=(W - 1, 0): each query sees its W newest keys, itself included
+  window W  window_size=(W - 1, 0): each query sees its W newest keys, itself included (a row
+            for each --window W)
   softcap   softcap=--softcap on the dense call
   sinks     one fp32 sink a query head on the dense call
   paged P   flash_attn_with_kvcache over the same K and V as a cache of pages of P rows (--pages),
@@ -161,8 +162,8 @@ def run(args) -> dict:
         v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
         scale = d ** -0.5
         sinks = torch.randn(hq, device="cuda", dtype=torch.float32)
-        cases = [("dense", {}), (f"window {args.window}", {"window_size": (args.window - 1, 0)}),
-                 (f"softcap {args.softcap:g}", {"softcap": args.softcap}), ("sinks", {"sinks": sinks})]
+        cases = [("dense", {})] + [(f"window {w}", {"window_size": (w - 1, 0)}) for w in args.window]
+        cases += [(f"softcap {args.softcap:g}", {"softcap": args.softcap}), ("sinks", {"sinks": sinks})]
         cases += [(f"paged {p}", {"page_size": p}) for p in args.pages]
         for dtype in args.dtypes:
             if dtype == "fp8":
@@ -174,9 +175,10 @@ def run(args) -> dict:
             impls = [(f"zyfa {dtype} {name}", feat, lambda feat=feat: zyfa_call(*ins, out, True, scale, desc, feat))
                      for name, feat in cases]
             if dtype == "bf16" and not args.no_cudnn:
-                impls += [("cudnn bf16 dense", {}, lambda: cudnn_call(q, k, v, True, scale, None)),
-                          (f"cudnn bf16 window {args.window}", {"window_size": (args.window - 1, 0)},
-                           lambda: cudnn_call(q, k, v, True, scale, args.window + args.cudnn_left_offset))]
+                impls += [("cudnn bf16 dense", {}, lambda: cudnn_call(q, k, v, True, scale, None))]
+                impls += [(f"cudnn bf16 window {w}", {"window_size": (w - 1, 0)},
+                           lambda w=w: cudnn_call(q, k, v, True, scale, w + args.cudnn_left_offset))
+                          for w in args.window]
             timed = []   # (row, call) of the rows that ran and are right, timed below
             for name, feat, make in impls:
                 out = torch.empty(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
@@ -267,7 +269,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES), help="BxSxHqxHkvxD ...")
     ap.add_argument("--dtypes", nargs="+", choices=("bf16", "fp8"), default=["bf16", "fp8"])
-    ap.add_argument("--window", type=int, default=4096, help="keys a query sees, itself included")
+    ap.add_argument("--window", type=int, nargs="+", default=[4096],
+                    help="keys a query sees, itself included (a row for each)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="timed rounds, each every row in turn; a row reports its rounds' medians' median")
     ap.add_argument("--softcap", type=float, default=30.0)
