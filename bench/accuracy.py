@@ -9,6 +9,7 @@ SmolLM2-135M's real activations, per layer and end to end.
     python bench/accuracy.py --granularity all   # quantize_fp8's granularities (about 25 min)
     python bench/accuracy.py --granularity tensor,block+smooth_k --quick
     python bench/accuracy.py --input-errors     # quantisation alone, per granularity (2 min)
+    python bench/accuracy.py --diagonal         # the causal diagonal's forms on SmolLM2
 
 Every number is ||out - ref|| / ||ref|| against the fp64 reference, computed two ways:
 "deq" on the dequantised FP8 inputs (the error of the attention arithmetic alone) and
@@ -339,6 +340,51 @@ def input_errors(args) -> int:
     return 0
 
 
+#: The causal diagonal's forms (fp8_models.Recipe.diagonal): sm_90a's two e4m3 terms, the
+#: studied f16 P, one byte; FA3's recipe for scale.
+DIAGONAL_STUDY = ("sm_90a", "sm_90a/f16", "sm_90a/one", "fa3")
+
+
+def diagonal_task(args):
+    layer, q, k, v, derived = args
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    if derived:
+        q, k, v = derived_128(q, k, v)
+    (qc, dq), (kc, dk), (vc, dv) = quantise(q), quantise(k), quantise(v)
+    deq = [e4m3.decode(c) * float(d) for c, d in ((qc, dq), (kc, dk), (vc, dv))]
+    ref = reference.attention(*(x[None] for x in deq), causal=True, softmax_scale=1 / 8)[0]
+    edge = np.r_[0:128, q.shape[0] - 128:q.shape[0]]
+    res = {}
+    for name in DIAGONAL_STUDY:
+        out, _ = sequence_forward(qc, kc, vc, name, descale_q=dq, descale_k=dk, descale_v=dv,
+                                  causal=True, softmax_scale=1 / 8)
+        res[name] = (per_head_errors(out, ref), per_head_errors(out[edge], ref[edge]))
+    return (derived, layer), res
+
+
+def diagonal(args) -> int:
+    """The causal diagonal's forms on SmolLM2 (one prompt, 2,048 tokens, the --layers layers;
+    the d64 heads as captured and the derived d128 ones): each recipe's median per-head error
+    against fp64 on the e4m3 inputs, over every row and over the first and last 128 (prints a
+    table)."""
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else range(1, 30, 4)
+    caps = capture(["technical_storage"], 2048)["technical_storage"]
+    tasks = [(layer, *caps[layer], derived) for derived in (False, True) for layer in layers]
+    errs: dict = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for (derived, _layer), res in pool.map(diagonal_task, tasks):
+            for name, (every, edge) in res.items():
+                e = errs.setdefault((derived, name), ([], []))
+                e[0].extend(every)
+                e[1].extend(edge)
+    print(f"SmolLM2 'technical_storage', 2,048 tokens, causal, layers {list(layers)}: median per-head error")
+    print("| heads | recipe | every row | first and last 128 rows |")
+    print("|---|---|---:|---:|")
+    for (derived, name), (every, edge) in errs.items():
+        print(f"| {'d128 (derived)' if derived else 'd64'} | {name} | {np.median(every):.2e} | {np.median(edge):.2e} |")
+    return 0
+
+
 def granularity(args) -> int:
     """Per-head error on SmolLM2's layers and end-to-end KL for every (case, attention);
     writes its table between the ``<!-- granularity:begin/end -->`` markers of docs/numerics.md
@@ -455,9 +501,13 @@ def main(argv=None) -> int:
                          "with --quick writes nothing)")
     ap.add_argument("--input-errors", action="store_true",
                     help="what quantize_fp8's model does to SmolLM2's Q, K, V per granularity (prints a table)")
+    ap.add_argument("--diagonal", action="store_true",
+                    help="the causal diagonal's forms (two terms, f16, one byte) on SmolLM2 (prints a table)")
     args = ap.parse_args(argv)
     if args.input_errors:
         return input_errors(args)
+    if args.diagonal:
+        return diagonal(args)
     if args.adaptive:
         return adaptive(args)
     if args.granularity:

@@ -97,11 +97,11 @@ def _recipe_constants(v: Variant) -> list[str]:
     # (the Recipe itself ties each of these forms to its rounding and the exact block max)
     if (r.block_keys, r.max_kind, r.sum_of, r.lse_offset) != (v.tile.block_n, "block_fp32", "rounded", 0.0) or \
             r.byte_form not in ("lean_h2", "quad_h2", "quad_fold") or \
-            (r.diagonal == "hi_lo" and r.diagonal_rows != CONSUMER_ROWS):
+            r.diagonal not in ("same", "hi_lo") or (r.diagonal == "hi_lo" and r.diagonal_rows != CONSUMER_ROWS):
         raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean bytes in the lean_h2 form or "
                          f"lean_quad bytes in the quad_h2 or quad_fold form, the exact fp32 block max "
                          f"and rounded sums over {v.tile.block_n}-key blocks with no LSE offset, and "
-                         f"two-term diagonals per consumer warpgroup's {CONSUMER_ROWS} rows, not {r}")
+                         f"one-byte or two-term diagonals (per consumer warpgroup's {CONSUMER_ROWS} rows), not {r}")
 
     def f16x2(x) -> str:       # an f16 constant in both halves of a b32, as its bits
         bits = int(np.float16(x).view(np.uint16))

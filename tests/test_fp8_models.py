@@ -453,11 +453,31 @@ def test_sm90a_diagonal_terms_cut_the_error_of_rows_near_the_start(d):
     assert every["sm_90a"] < 0.67 * every["sm_90a/one"], every
 
 
+def test_an_f16_diagonal_is_x_rounded_once_and_at_least_as_close_as_two_terms():
+    """The studied "f16" diagonal (sm_90a/f16): the blocks the diagonal cuts carry X = f16(x),
+    the first step of the two terms, so where a row sees one key only (row 0) P is X exactly,
+    and the rows that see diagonal blocks alone come out at least as close to fp64 as with the
+    two e4m3 terms; the other blocks' bytes are the recipe's."""
+    rng = np.random.default_rng(29)
+    q, k, v, sc = gaussian_problem(rng, sq=256, sk=256, hq=2, hkv=1, d=128, dv=128)
+    ref = reference.attention(*dequantised(q, k, v, **sc), causal=True)[0]
+    outs = {n: fp8_models.sequence_forward(q[0], k[0], v[0], n, causal=True, **sc)[0]
+            for n in ("sm_90a", "sm_90a/f16", "sm_90a/one")}
+    first = {n: reference.relative_error(o[:128], ref[:128]) for n, o in outs.items()}
+    assert first["sm_90a/f16"] <= first["sm_90a"] < 0.1 * first["sm_90a/one"], first
+    # row 0 sees key 0 alone: O = V[0] exactly (X / X), in any diagonal form
+    vd = dequantised(q, k, v, **sc)[2][0]
+    assert np.array_equal(outs["sm_90a/f16"][0, :, :], vd[0, [0, 0], :])
+    assert fp8_models.RECIPES["sm_90a/f16"].diagonal_at(128) and not RECIPES["sm_90a/one"].diagonal_at(128)
+
+
 def test_diagonal_recipe_validation():
     with pytest.raises(ValueError, match="diagonal must be"):
         RECIPES["sm_90a"].replace(diagonal="both")
     with pytest.raises(ValueError, match="block_fp32"):
         RECIPES["lean128"].replace(diagonal="hi_lo")
+    with pytest.raises(ValueError, match="block_fp32"):
+        RECIPES["lean128"].replace(diagonal="f16")
     with pytest.raises(ValueError, match="diagonal_rows"):
         RECIPES["sm_90a"].replace(diagonal_rows=0)
 

@@ -95,13 +95,15 @@ from . import e4m3
 from . import window as windows
 from .quantize_model import K_BLOCK, Q_BLOCK, descale_rows
 
-__all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "BYTE_FORMS", "ASHR_EXP", "log2_scale",
+__all__ = ["Recipe", "RECIPES", "MAX_KINDS", "SUMS", "DIAGONALS", "BYTE_FORMS", "ASHR_EXP", "log2_scale",
            "sequence_forward", "head_forward", "HeadResult", "score_prescale", "gfx950_capped_scores"]
 
 MAX_KINDS = ("running_fp32", "running_integer", "block_integer", "block_fp32")
 SUMS = ("rounded", "unrounded")
 DESCALE_BLOCKS = ("tile", "e8m0")
 SOFTCAP_FORMS = ("tanh", "exp_rcp")
+#: How a causal diagonal's blocks carry P (``Recipe.diagonal``).
+DIAGONALS = ("same", "hi_lo", "f16")
 BYTE_FORMS = ("fma", "pk_u8", "ashr_u8", "quad_fold", "quad_h2", "lean_h2")
 #: The ``ashr_u8`` byte's fp32 scale: ``z = y 2^-ASHR_EXP`` is a subnormal whose bits hold
 #: ``y`` to 1/256 code unit (2^-149 = 2^-ASHR_EXP / 256).
@@ -163,7 +165,11 @@ class Recipe:
                     of p_shift P: 8 at the block max), with no centring offset (the two terms carry no Lean bias to cancel); needs
                     "block_fp32".  Only where ``d_v <=
                     diagonal_dv`` (``diagonal_at``): sm_90a's d_v = 256 consumer holds no
-                    second P beside its 256-wide O and block accumulator.
+                    second P beside its 256-wide O and block accumulator.  Or "f16", studied
+                    and not built: those blocks carry P as ``X = f16(x)`` itself (the first
+                    step of "hi_lo"; about 2^-12 relative, RMS), one product with an f16 V
+                    (the e4m3 values exactly) and X in the rounded sum -- the arithmetic of an
+                    f16 product for the diagonal blocks (docs/numerics.md).
     ``exact_within`` None (every block rescaled to its own exact max), or delta in (-8, 64)
                     with byte_form "ashr_u8": an adaptive merge, studied for gfx950 and not
                     adopted (docs/gfx950_fp8.md).  A row keeps its running max ``M`` and a
@@ -241,10 +247,10 @@ class Recipe:
             raise ValueError(f"exact_unit must be 'row' or 'wave', got {self.exact_unit!r}")
         if self.byte_form == "lean_h2" and (self.p_rounding, self.max_kind) != ("lean", "block_fp32"):
             raise ValueError("byte_form 'lean_h2' is defined for lean bytes with a block_fp32 max")
-        if self.diagonal not in ("same", "hi_lo"):
-            raise ValueError(f"diagonal must be 'same' or 'hi_lo', got {self.diagonal!r}")
-        if self.diagonal == "hi_lo" and self.max_kind != "block_fp32":
-            raise ValueError("diagonal 'hi_lo' is defined for a block_fp32 max")
+        if self.diagonal not in DIAGONALS:
+            raise ValueError(f"diagonal must be one of {DIAGONALS}, got {self.diagonal!r}")
+        if self.diagonal != "same" and self.max_kind != "block_fp32":
+            raise ValueError(f"diagonal {self.diagonal!r} is defined for a block_fp32 max")
         if not (isinstance(self.diagonal_rows, int) and self.diagonal_rows >= 1):
             raise ValueError(f"diagonal_rows must be a positive int, got {self.diagonal_rows!r}")
         if not 0 <= self.code_offset < 8:
@@ -254,9 +260,9 @@ class Recipe:
             raise ValueError(f"p_shift must be 2^0 .. 2^8, got {self.p_shift!r}")
 
     def diagonal_at(self, d_v: int) -> bool:
-        """Whether a causal forward with value head dim ``d_v`` takes its diagonal blocks in two
-        terms."""
-        return self.diagonal == "hi_lo" and d_v <= self.diagonal_dv
+        """Whether a causal forward with value head dim ``d_v`` takes its diagonal blocks in the
+        recipe's ``diagonal`` form (two terms, or f16) rather than in one byte."""
+        return self.diagonal != "same" and d_v <= self.diagonal_dv
 
     @property
     def block_scale(self) -> bool:
@@ -338,6 +344,7 @@ def _recipes() -> dict[str, Recipe]:
                               "quad_h2", "hi_lo"),
     }
     r["sm_90a/one"] = r["sm_90a"].replace(name="sm_90a/one", diagonal="same")
+    r["sm_90a/f16"] = r["sm_90a"].replace(name="sm_90a/f16", diagonal="f16")
     # gfx950's byte until the subnormal FMA and v_ashr_pk_u8_i32: v_cvt_pk_u8_f32
     r["gfx950/pk_u8"] = r["gfx950"].replace(name="gfx950/pk_u8", byte_form="pk_u8")
     r["sm_90a/fold"] = r["sm_90a/quad"].replace(name="sm_90a/fold", byte_form="quad_fold")
@@ -584,9 +591,15 @@ def _forward(q, kt, v1, recipe: Recipe, c: np.float32, causal: bool, scores=None
             sel = np.broadcast_to(cut[None, :, :, None], pd.shape)
             u_diag = w_bias_at(_fp32(np.log2(recipe.p_shift)))   # log2 x: no centring offset
             c_sel = c if fold is None else c[sel]
-            hi, lo = e4m3.hi_lo_codes(e4m3.fma_f32(sb[sel], c_sel, np.broadcast_to(u_diag, sb.shape)[sel]))
+            u_sel = e4m3.fma_f32(sb[sel], c_sel, np.broadcast_to(u_diag, sb.shape)[sel])
+            if recipe.diagonal == "hi_lo":
+                hi, lo = e4m3.hi_lo_codes(u_sel)
+                pd[sel] = e4m3.decode(hi) + e4m3.decode(lo)
+            else:   # "f16": X itself; the trace keeps X's nearest byte, no second term
+                x16 = e4m3.exp2_x(u_sel).astype(np.float16)
+                hi, lo = e4m3.encode(x16, saturate=True), np.zeros(x16.shape, np.uint8)
+                pd[sel] = x16.astype(np.float64)
             codes[sel] = hi
-            pd[sel] = e4m3.decode(hi) + e4m3.decode(lo)
             if trace:
                 lo_blk = np.zeros(codes.shape, np.uint8)
                 lo_blk[sel] = lo
@@ -877,7 +890,8 @@ class HeadResult:
     used for that row and key block (log2 units; an integer for the integer kinds; -inf
     where the row has seen no key yet, and for the block kinds where it sees none of the
     block).  ``row_max`` (Sq,): the final ``M``.  ``p_lo`` (Sq, Sk) uint8: the second term
-    of P where the recipe's ``diagonal`` is "hi_lo" (``p_codes`` holds the first there), else 0.
+    of P where the recipe's ``diagonal`` is "hi_lo" (``p_codes`` holds the first there), else 0
+    (with "f16", ``p_codes`` holds the byte nearest the f16 P there).
     ``rescaled`` (Sq, blocks) bool: where the block rescales the row's O to a new reference
     (every block the row sees, but the lattice blocks of ``Recipe.exact_within``).
     """
