@@ -72,16 +72,23 @@ def per_head_errors(out, ref) -> list[float]:
     return [rel(out[:, h], ref[:, h]) for h in range(out.shape[1])]
 
 
-def fp8_case(q, k, v, causal: bool, recipes, scale=None):
-    """Errors of every recipe on one sequence, per head: {recipe: (deq[h], orig[h])}."""
+def fp8_outputs(q, k, v, causal: bool, recipes, scale=None):
+    """One sequence's fp64 references (on the e4m3 inputs, on the originals) and every recipe's
+    output on the per-tensor e4m3 codes: (ref_deq, ref_orig, {recipe: out})."""
     (qc, dq), (kc, dk), (vc, dv) = quantise(q), quantise(k), quantise(v)
     deq = [e4m3.decode(c) * float(d) for c, d in ((qc, dq), (kc, dk), (vc, dv))]
     ref_deq = reference.attention(*(x[None] for x in deq), causal=causal, softmax_scale=scale)[0]
     ref_orig = reference.attention(q[None], k[None], v[None], causal=causal, softmax_scale=scale)[0]
+    outs = {name: sequence_forward(qc, kc, vc, name, descale_q=dq, descale_k=dk, descale_v=dv,
+                                   causal=causal, softmax_scale=scale)[0] for name in recipes}
+    return ref_deq, ref_orig, outs
+
+
+def fp8_case(q, k, v, causal: bool, recipes, scale=None):
+    """Errors of every recipe on one sequence, per head: {recipe: (deq[h], orig[h])}."""
+    ref_deq, ref_orig, outs = fp8_outputs(q, k, v, causal, recipes, scale)
     res = {"fp64 on e4m3 inputs": ([0.0] * q.shape[1], per_head_errors(ref_deq, ref_orig))}
-    for name in recipes:
-        out, _ = sequence_forward(qc, kc, vc, name, descale_q=dq, descale_k=dk, descale_v=dv,
-                                  causal=causal, softmax_scale=scale)
+    for name, out in outs.items():
         res[name] = (per_head_errors(out, ref_deq), per_head_errors(out, ref_orig))
     return res
 
@@ -119,13 +126,19 @@ def derived_128(q, k, v):
     return q2, k2, v2
 
 
+#: SmolLM2's own softmax scale, also for the derived d128 heads.
+LAYER_SCALE = 1.0 / np.sqrt(64.0)
+
+
+def layer_inputs(q, k, v, derived: bool):
+    """A captured layer's Q, K, V in float64, as captured (d64) or as the derived d128 heads."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    return derived_128(q, k, v) if derived else (q, k, v)
+
+
 def layer_task(args):
     key, q, k, v, recipes, derived = args
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    if derived:
-        q, k, v = derived_128(q, k, v)
-    scale = 1.0 / np.sqrt(64.0)   # the model's own scale, also for the derived heads
-    return key, fp8_case(q, k, v, True, recipes, scale=scale)
+    return key, fp8_case(*layer_inputs(q, k, v, derived), True, recipes, scale=LAYER_SCALE)
 
 
 # ------------------------------------------------------------------------------------
@@ -347,19 +360,11 @@ DIAGONAL_STUDY = ("sm_90a", "sm_90a/f16", "sm_90a/one", "fa3")
 
 def diagonal_task(args):
     layer, q, k, v, derived = args
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    if derived:
-        q, k, v = derived_128(q, k, v)
-    (qc, dq), (kc, dk), (vc, dv) = quantise(q), quantise(k), quantise(v)
-    deq = [e4m3.decode(c) * float(d) for c, d in ((qc, dq), (kc, dk), (vc, dv))]
-    ref = reference.attention(*(x[None] for x in deq), causal=True, softmax_scale=1 / 8)[0]
+    q, k, v = layer_inputs(q, k, v, derived)
+    ref, _, outs = fp8_outputs(q, k, v, True, DIAGONAL_STUDY, scale=LAYER_SCALE)
     edge = np.r_[0:128, q.shape[0] - 128:q.shape[0]]
-    res = {}
-    for name in DIAGONAL_STUDY:
-        out, _ = sequence_forward(qc, kc, vc, name, descale_q=dq, descale_k=dk, descale_v=dv,
-                                  causal=True, softmax_scale=1 / 8)
-        res[name] = (per_head_errors(out, ref), per_head_errors(out[edge], ref[edge]))
-    return (derived, layer), res
+    return (derived, layer), {name: (per_head_errors(out, ref), per_head_errors(out[edge], ref[edge]))
+                              for name, out in outs.items()}
 
 
 def diagonal(args) -> int:
