@@ -181,14 +181,20 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
 def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
     """FP8: four K/V^T stages where they fit at d_qk >= 128 (d128, d192/128), three at d64
     (where a fourth did not gain) and at d256 (where four do not fit); the layout Q (x 2 where
-    persistent: the next tile's) | K x stages | (V^T, ones) x stages | mbarriers (four a stage, two more, in 128-byte units) |
-    1 KiB of alignment within the 227 KiB a CTA may have; at d256, whose three stages with
-    their ones take all of it, the mbarriers inside stage 0's ones and no slack."""
+    persistent: the next tile's) | K x stages | (V^T, ones) x stages | causal at d_v <= 128, the
+    f16 diagonal's buffer ((d_v + 8) rows x 128 keys x 2 bytes) | mbarriers (four a stage, two
+    more, the softcap's factor, the f16 buffer's two, in 128-byte units) | 1 KiB of alignment
+    within the 227 KiB a CTA may have; at d256, whose three stages with their ones take all of
+    it, the mbarriers inside stage 0's ones and no slack."""
     stages = v.tile.stages
     assert stages == (3 if v.d_qk == 64 or v.d_v == 256 else 4)
     ones = 8 * 128 * stages
-    barriers, slack = (0, 0) if v.d_v == 256 else (128 if stages <= 3 else 256, 1024)
-    smem = (1 + v.tile.persistent) * v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + slack
+    f16 = v.causal and v.d_v <= 128
+    assert v.tile.f16_diagonal == f16
+    diagonal = f16 * (v.d_v + 8) * 128 * 2
+    barriers, slack = (0, 0) if v.d_v == 256 else (128 if 32 * stages + 16 + 24 * f16 <= 128 else 256, 1024)
+    smem = ((1 + v.tile.persistent) * v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + diagonal
+            + barriers + slack)
     assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
     if v.d_v == 256:     # exactly all of it; a fourth stage would not fit
         assert smem == SM90_MAX_SMEM and smem + 128 * (v.d_qk + v.d_v) > SM90_MAX_SMEM

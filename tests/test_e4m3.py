@@ -297,6 +297,24 @@ def test_exp2_x_is_two_to_the_u_correctly_rounded_and_zero_below_minus_7():
     assert e4m3.exp2_x(np.float32([100.0, np.inf]))[0] < 512
 
 
+def test_exp2_f16_is_x_in_f16_with_no_cut_below_minus_7():
+    """X = f16(fp32(2^u)), the f16 diagonal's P: exp2_x's x rounded to f16 over [-7, 9); below
+    -7 the f16 subnormals carry it (2^-20 exactly) until it rounds to 0; -inf (masked keys) is
+    0, NaN stays NaN; u held below 9, so X is at most x(EXP2_U_MAX) rounded to f16 (512)."""
+    u = np.float32(np.linspace(-7, 8.999, 200001))
+    x16 = e4m3.exp2_f16(u)
+    assert x16.dtype == np.float16
+    np.testing.assert_array_equal(x16, e4m3.exp2_x(u).astype(np.float16))
+    top = np.float16(np.float32(np.exp2(np.float64(e4m3.EXP2_U_MAX))))
+    got = e4m3.exp2_f16(np.float32([8.0, -np.inf, -20.0, -24.0, -25.0, -30.0, 9.5, np.inf, np.nan]))
+    np.testing.assert_array_equal(got[:8], [256, 0, 2.0 ** -20, 2.0 ** -24, 0, 0, top, top])
+    assert top == 512 and np.isnan(got[8])
+    deep = np.float32(np.linspace(-24, -7, 100001))     # the subnormals and the lowest binades
+    want = np.array([float(np.float16(np.float32(2.0 ** float(v)))) for v in deep[::97]])
+    np.testing.assert_array_equal(e4m3.exp2_f16(deep[::97]), want)
+    assert (e4m3.exp2_f16(deep) > 0).all() and (np.diff(e4m3.exp2_f16(deep).astype(np.float64)) >= 0).all()
+
+
 def test_hi_lo_codes_carry_p_to_a_twentieth_of_one_bytes_error():
     """hi + lo (both e4m3, lo signed) is x to about 2^-10 RMS where one RNE byte is 2^-5;
     the block max is hi = 120 (256) and lo = 0; masked keys give 0 and 0."""

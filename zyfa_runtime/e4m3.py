@@ -119,7 +119,7 @@ __all__ = ["MAX", "NAN", "decode", "encode", "as_codes", "fma_f32", "p_codes", "
            "quad_fold_codes", "P_ROUNDINGS", "LEAN_BOUND", "LEAN_QUAD_K", "LEAN_CENTRE",
            "QUAD_FOLD_C", "QUAD_FOLD_K", "QUAD_FOLD_A1", "QUAD_FOLD_A0", "quad_h2_codes", "fma_f16",
            "QUAD_H2_A", "QUAD_H2_B", "QUAD_H2_B17", "QUAD_H2_K", "EXP2_U_MAX", "EXP2_U_ZERO",
-           "exp2_x", "hi_lo_codes", "fma32", "ashr_u8_codes"]
+           "exp2_x", "exp2_f16", "hi_lo_codes", "fma32", "ashr_u8_codes"]
 
 MAX = 448.0  #: largest finite e4m3 value, code 0x7E
 NAN = 0x7F   #: the NaN code this module produces
@@ -401,6 +401,21 @@ def exp2_x(u) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         x = np.exp2(np.where(live, u, EXP2_U_ZERO).astype(np.float64)).astype(np.float32)
     return np.where(live, x, np.float32(0))
+
+
+def exp2_f16(u) -> np.ndarray:
+    """``X = f16(fp32(2^u))`` for ``u = log2(p_shift P)`` (float32; 8 at the block max, where X =
+    256), each step correctly rounded (nearest even), for every ``u``: ``u`` is first held below 9
+    (``min(u, EXP2_U_MAX)``, so X <= 512), and there is no cut at :data:`EXP2_U_ZERO`: the f16
+    subnormals carry P down to 2^-24, x up to half that (2^-25) rounds to 0, -inf gives 0 and
+    NaN stays NaN.  Equals ``exp2_x(u).astype(float16)`` for ``u`` in [-7, 9).  The kernel takes
+    x from MUFU's ``ex2.approx.ftz.f32``, within 2 ulp of fp32(2^u) over [-7, 9) (measured:
+    docs/numerics.md; its flush of fp32 subnormals changes no X), and X by ``cvt.rn.f16x2.f32``,
+    whose ulp is at least 2^13 times x's, so the two meet but near f16 ties.  Returns float16.
+    """
+    u = np.minimum(np.asarray(u, dtype=np.float32), EXP2_U_MAX)
+    with np.errstate(over="ignore", under="ignore"):
+        return np.exp2(u.astype(np.float64)).astype(np.float32).astype(np.float16)
 
 
 def hi_lo_codes(u) -> tuple[np.ndarray, np.ndarray]:
