@@ -106,18 +106,23 @@ constexpr int kAccB = kPvN / 2 + 4;            // the last PV pass's accumulator
 // dynamic shared memory does, 1024-aligned (checked: smem_base_exact) without the 1 KiB of slack.
 constexpr bool kBarsInOnes = kPasses > 1;
 constexpr int kOnesRows = kBarsInOnes ? 2 : 8;   // rows of stage 0's ones that are ones
-// The f16 diagonal (kDiagF16, causal; catalogue.Tile.f16_diagonal): one buffer of a diagonal
-// block's V^T in f16 after the V^T stages, K-major in the 128B swizzle as WGMMA reads it:
-// kBlockN / 64 chunks of 64 keys (128 bytes a row), each kDv rows of V^T and 8 rows of ones,
-// keys in their natural order (f16_p's A fragments); 1024-aligned, as each chunk
-// (kDiagChunk = 1024 x (kDv + 8) / 8).  Its full and empty mbarriers follow the softcap's factor.
+// The f16 diagonal (kDiagF16, causal; catalogue.Tile.f16_buffers): kDiagBuffers buffers of a
+// diagonal block's V^T in f16 after the V^T stages, each K-major in the 128B swizzle as WGMMA
+// reads it: kBlockN / 64 chunks of 64 keys (128 bytes a row), each kDv rows of V^T and 8 rows
+// of ones, keys in their natural order (f16_p's A fragments); 1024-aligned, as each chunk
+// (kDiagChunk = 1024 x (kDv + 8) / 8).  Their full and empty mbarriers follow the softcap's
+// factor.
 constexpr bool kF16Diag = kCausal && kDiagF16;
 constexpr int kDiagChunk = (kDv + 8) * 128;
-constexpr int kTileDiag = kF16Diag ? kBlockN / 64 * kDiagChunk : 0;
+constexpr int kDiagBuffer = kBlockN / 64 * kDiagChunk;
+constexpr int kTileDiag = kF16Diag ? kDiagBuffers * kDiagBuffer : 0;
+static_assert(kDiagBuffers == 1 || kDiagBuffers == 2, "one or two f16 V^T buffers");
 static_assert(!kF16Diag || (kPasses == 1 && !kDiagHiLo), "the f16 diagonal where PV is one pass (d_v <= 128)");
-constexpr int kBarBytes = kBarsInOnes ? 0 : (32 * kStages + 16 + (kF16Diag ? 24 : 0) + 127) / 128 * 128;   // catalogue.tile_for's
+constexpr int kBarBytes = kBarsInOnes ? 0 : (32 * kStages + 16 + (kF16Diag ? 8 + 16 * kDiagBuffers : 0) + 127) / 128 * 128;   // catalogue.tile_for's
 constexpr int kSlack = kBarsInOnes ? 0 : 1024;
-using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
+// kfull, vfull: one arrival, and the copies' bytes; vempty: with the f16 diagonal, the two
+// producer warps that make its f16 V^T too (make_f16_tile).
+using Bars = KvBarriers<kStages, kVtStages, kCausal && kDiagF16 ? 2 : 0>;
 static_assert(kStages >= 2 && Bars::kBytes + 16 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
               "the mbarriers' bytes (and qfull, qlanded)");
 static_assert(kQBuffers * kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileDiag + kBarBytes + kSlack == kDynamicSmem,
@@ -157,22 +162,25 @@ struct Smem {
   __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 8; }   // a packed tail's Q copy
   // Serving: the softcap's factor a (ServingFp8Scores), a float after the mbarriers.
   __device__ uint32_t softcap_a() const { return q + kBars + Bars::kBytes + 16; }
-  // The f16 diagonal (kF16Diag): its buffer, and its full (the producer's two warps) and empty
+  // The f16 diagonal (kF16Diag): buffer b, and its full (the producer's two warps) and empty
   // (each consumer warp of the block's users; the producer for the others) mbarriers.
-  __device__ uint32_t diag() const { return q + kDiag; }
-  __device__ uint32_t dfull() const { return q + kBars + Bars::kBytes + 24; }
-  __device__ uint32_t dempty() const { return q + kBars + Bars::kBytes + 32; }
-  // Word i of the f16 buffer's ones (8 rows of each chunk), and the mbarriers, made once a CTA.
-  static constexpr int kDiagOnesWords = kF16Diag ? kBlockN / 64 * 8 * 32 : 0;
-  __device__ uint32_t diag_ones_at(int i) const { return diag() + i / 256 * kDiagChunk + kDv * 128 + 4 * (i % 256); }
+  __device__ uint32_t diag(int b) const { return q + kDiag + b * kDiagBuffer; }
+  __device__ uint32_t dfull(int b) const { return q + kBars + Bars::kBytes + 24 + 8 * b; }
+  __device__ uint32_t dempty(int b) const { return q + kBars + Bars::kBytes + 24 + 8 * (kDiagBuffers + b); }
+  // Word i of the f16 buffers' ones (8 rows of each chunk), and the mbarriers, made once a CTA.
+  static constexpr int kDiagOnesWords = kF16Diag ? kDiagBuffers * kBlockN / 64 * 8 * 32 : 0;
+  __device__ uint32_t diag_ones_at(int i) const { return q + kDiag + i / 256 * kDiagChunk + kDv * 128 + 4 * (i % 256); }
   __device__ void init_diag() const {   // one thread, before bars.init (its fence)
     if constexpr (kF16Diag) {
-      mbar_init(dfull(), 2);
-      mbar_init(dempty(), 4 * kConsumers);
+      for (int b = 0; b < kDiagBuffers; ++b) {
+        mbar_init(dfull(b), 2);
+        mbar_init(dempty(b), 4 * kConsumers);
+      }
     }
   }
 };
-static_assert(!kF16Diag || Bars::kBytes + 40 <= kBarBytes, "the f16 buffer's mbarriers after the softcap's factor");
+static_assert(!kF16Diag || Bars::kBytes + 24 + 16 * kDiagBuffers <= kBarBytes,
+              "the f16 buffers' mbarriers after the softcap's factor");
 static_assert(!kServing || Bars::kBytes + 20 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
               "the softcap's factor after the mbarriers");
 
@@ -395,9 +403,10 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
 // its last block, consumer_blocks); their union is the run [first, end), contiguous (the
 // consumers' rows follow one another: a_(g + 1) <= b_g), one or two blocks a tile at two
 // consumers.  Producer warps 1 and 3 make each run block's f16 V^T once for all its users, in
-// order, into the one buffer; the conversions are counted over the CTA's tiles (k), so that
-// conversion k completes dfull's phase k and waits for dempty's phase k - 1 (its users' PV
-// done; the producer arrives for the consumers that do not use the block).
+// order; the conversions are counted over the CTA's tiles (k): conversion k goes into buffer
+// k % kDiagBuffers, completes that buffer's dfull phase k / kDiagBuffers and first waits for
+// its dempty phase k / kDiagBuffers - 1 (the users' PV of conversion k - kDiagBuffers done;
+// the producer arrives for the consumers that do not use a block).
 struct DiagRun {
   int first, end;
   int a[kConsumers], b[kConsumers];
@@ -462,40 +471,51 @@ __device__ __forceinline__ void make_f16_vt(uint32_t dst, uint32_t src, int t) {
   }
 }
 
-// Producer warps 1 and 3: the run's blocks of one tile or segment (ring: the K/V ring's phases
-// as it starts; k: the conversions before it, counted on).
+// Producer warps 1 and 3: the blocks of one tile or segment (ring: the K/V ring's phases as it
+// starts; k: the conversions before it, counted on).  They take every block's V^T stage in turn
+// as the consumers do, waiting for its full barrier and arriving on its empty one (two more of
+// vempty's arrivals), so that a stage is never refilled before they have passed it: waiting
+// only for the run's blocks, a parity wait a tile ahead could pass on a stage's earlier fill.
 template <class Ring>
-__device__ __forceinline__ void make_f16_run(const Smem& sm, const DiagRun& r, const Ring& ring, uint32_t& k) {
+__device__ __forceinline__ void make_f16_tile(const Smem& sm, const DiagRun& r, int n_blocks, const Ring& ring,
+                                              uint32_t& k) {
   const Bars bars = sm.bars();
   const int lane = threadIdx.x % 32, t = (threadIdx.x / 32 == 1 ? 0 : 32) + lane;
-  for (int d = r.first; d < r.end; ++d, ++k) {
-    if (k > 0) mbar_wait(sm.dempty(), (k - 1) & 1);
-    const int users = r.users(d);
-    if (users > 0) {
-      mbar_wait(bars.vfull(d % kVtStages), ring.full_parity(d));
-      make_f16_vt(sm.diag(), sm.vt_at(d % kVtStages), t);
-      fence_async_smem();   // the generic stores before the consumers' WGMMAs read them
+  for (int n = 0; n < n_blocks; ++n) {
+    const int s = n % kVtStages;
+    mbar_wait(bars.vfull(s), ring.full_parity(n));
+    if (n >= r.first && n < r.end) {
+      const int b = k % kDiagBuffers;
+      if (k >= kDiagBuffers) mbar_wait(sm.dempty(b), (k / kDiagBuffers - 1) & 1);
+      const int users = r.users(n);
+      if (users > 0) {
+        make_f16_vt(sm.diag(b), sm.vt_at(s), t);
+        fence_async_smem();   // the generic stores before the consumers' WGMMAs read them
+      }
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(sm.dfull(b));
+        if (t == 0 && users < kConsumers) mbar_arrive_n(sm.dempty(b), 4 * (kConsumers - users));
+      }
+      ++k;
     }
     __syncwarp();
-    if (lane == 0) {
-      mbar_arrive(sm.dfull());
-      if (t == 0 && users < kConsumers) mbar_arrive_n(sm.dempty(), 4 * (kConsumers - users));
-    }
+    if (lane == 0) mbar_arrive(bars.vempty(s));
   }
 }
 
 // Whether a producer thread is one of the f16 V^T's warps.
 __device__ __forceinline__ bool f16_warp() { return kF16Diag && (threadIdx.x / 32 == 1 || threadIdx.x / 32 == 3); }
 
-// PV(n) of a diagonal block in f16 (kF16Diag; the f16 buffer holds its V^T, dfull waited for):
+// PV(n) of a diagonal block in f16 (kF16Diag; f16 buffer b holds its V^T, dfull waited for):
 // a turn holding the product, its wait and the merge; V^T(n)'s stage and the buffer released.
 __device__ __forceinline__ bool f16_diagonal_pv(float (&acc_o)[kDv / 2], float (&acc_l)[4], float (&acc_b)[kAccB],
                                                 const uint32_t (&pd)[kBlockN / 4], const float (&factor)[2],
-                                                const Smem& sm, const Bars& bars, const Turns& turns, int t,
+                                                const Smem& sm, const Bars& bars, const Turns& turns, int t, int b,
                                                 bool last, bool final) {
   turns.take();
   wgmma_fence();
-  const uint64_t dv = desc_128b(sm.diag());
+  const uint64_t dv = desc_128b(sm.diag(b));
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk)
     wgmma_pv16(acc_b, pd + 4 * kk, desc_advance(dv, kk / 4 * kDiagChunk + kk % 4 * 32), kk > 0);
@@ -505,7 +525,7 @@ __device__ __forceinline__ bool f16_diagonal_pv(float (&acc_o)[kDv / 2], float (
   merge(acc_o, acc_l, acc_b, factor, 0);
   if (threadIdx.x % 32 == 0) {
     mbar_arrive(bars.vempty(t));
-    mbar_arrive(sm.dempty());
+    mbar_arrive(sm.dempty(b));
   }
   return last;
 }
@@ -874,14 +894,14 @@ __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork
   const Scores<P> scores(p, sm, diag, w.b, w.h_kv);
   const Turns turns{cw};
   // The f16 diagonal: the tile's run of f16 V^T blocks (diag_run, as the producer's warps count
-  // them) counted onto dconv (the CTA's conversions before this tile); dfull's phase of block n
-  // is (d_parity + n) & 1.  Derived where the diagonal blocks start, so that nothing of it is
-  // held through the other blocks.
+  // them) counted onto dconv (the CTA's conversions before this tile); block n is conversion
+  // k0 + n.  Derived where the diagonal blocks start, so that nothing of it is held through
+  // the other blocks.
   const auto count_run = [&] {
     const DiagRun dr = diag_run(w.row0, sq, sk, diag, n_blocks);
-    const uint32_t d_parity = (dconv - static_cast<uint32_t>(dr.first)) & 1u;
+    const uint32_t k0 = dconv - static_cast<uint32_t>(dr.first);
     dconv += static_cast<uint32_t>(dr.end - dr.first);
-    return d_parity;
+    return k0;
   };
 
 #pragma unroll
@@ -992,15 +1012,16 @@ __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork
 
     // The diagonal blocks in f16: the producer's f16 V^T of block n (dfull), one product.
     if constexpr (kF16Diag) {
-      const uint32_t d_parity = count_run();
+      const uint32_t k0 = count_run();
       for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
         uint32_t pd[kBlockN / 4];
         float factor[2];
         scores.apply(acc_s, n * kBlockN, wg_row0, r_lo, quad_col);
         softmax_f16(pd, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
         float acc_b[kAccB];
-        mbar_wait(sm.dfull(), (d_parity + static_cast<uint32_t>(n)) & 1u);
-        if (f16_diagonal_pv(acc_o, acc_l, acc_b, pd, factor, sm, bars, turns, n % kVtStages, n + 1 == n_mine,
+        const uint32_t k = k0 + static_cast<uint32_t>(n), b = k % kDiagBuffers;
+        mbar_wait(sm.dfull(b), (k / kDiagBuffers) & 1u);
+        if (f16_diagonal_pv(acc_o, acc_l, acc_b, pd, factor, sm, bars, turns, n % kVtStages, b, n + 1 == n_mine,
                             kOwnTurns && n + 1 == n_blocks)) break;
         // the registers do not hold P beside S(n + 1) in flight
         next_s(acc_s, sQg, sm, bars, ring.full_parity(n + 1), k1);
@@ -1113,8 +1134,8 @@ __device__ __forceinline__ void attention(const P& p) {
       static_assert(!kF16Diag || !kSplitTail, "one segment a CTA");
       uint32_t k = 0;
       const int nb0 = g.kb0;
-      make_f16_run(sm, diag_run(w.row0, w.seq.sq, w.seq.sk - nb0 * kBlockN, w.diag - nb0 * kBlockN, w.n_blocks),
-                   OneTileRing<Bars>{}, k);
+      make_f16_tile(sm, diag_run(w.row0, w.seq.sq, w.seq.sk - nb0 * kBlockN, w.diag - nb0 * kBlockN, w.n_blocks),
+                    w.n_blocks, OneTileRing<Bars>{}, k);
       return;
     }
     for (int s = 0;;) {
@@ -1252,7 +1273,7 @@ __device__ void make_f16_tiles(const Smem& sm, Sched& sh) {
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
     if (n_blocks < 0) return;
-    make_f16_run(sm, diag_run(w.row0, w.seq.sq, w.seq.sk, w.diag, n_blocks), ring, k);
+    make_f16_tile(sm, diag_run(w.row0, w.seq.sq, w.seq.sk, w.diag, n_blocks), n_blocks, ring, k);
     ring.end_tile(n_blocks);
   }
 }

@@ -131,6 +131,7 @@ def _recipe_constants(v: Variant) -> list[str]:
             f"   // diagonal {r.diagonal!r} at d_v <= {r.diagonal_dv}",
             f"constexpr bool kDiagF16 = {'true' if v.tile.f16_diagonal else 'false'};"
             f"   // Tile.f16_diagonal: the diagonal's P in f16 against an f16 V^T made on the SM",
+            f"constexpr int kDiagBuffers = {max(v.tile.f16_buffers, 1)};   // Tile.f16_buffers (>= 1 to compile)",
             f"constexpr float kExpUMax = {float(e4m3.EXP2_U_MAX).hex()}f;   // e4m3.EXP2_U_MAX",
             f"constexpr float kExpUZero = {float(e4m3.EXP2_U_ZERO)!r}f;   // e4m3.EXP2_U_ZERO"]
 
