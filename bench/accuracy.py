@@ -353,9 +353,9 @@ def input_errors(args) -> int:
     return 0
 
 
-#: The causal diagonal's forms (fp8_models.Recipe.diagonal): sm_90a's f16 P, the two e4m3
-#: terms it replaced, one byte; FA3's recipe for scale.
-DIAGONAL_STUDY = ("sm_90a", "sm_90a/hi_lo", "sm_90a/one", "fa3")
+#: The causal diagonal's forms (fp8_models.Recipe.diagonal): sm_90a's two e4m3 terms, the
+#: studied f16 P, one byte; FA3's recipe for scale.
+DIAGONAL_STUDY = ("sm_90a", "sm_90a/f16", "sm_90a/one", "fa3")
 
 
 def diagonal_task(args):
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
     ap.add_argument("--input-errors", action="store_true",
                     help="what quantize_fp8's model does to SmolLM2's Q, K, V per granularity (prints a table)")
     ap.add_argument("--diagonal", action="store_true",
-                    help="the causal diagonal's forms (f16, two terms, one byte) on SmolLM2 (prints a table)")
+                    help="the causal diagonal's forms (two terms, f16, one byte) on SmolLM2 (prints a table)")
     args = ap.parse_args(argv)
     if args.input_errors:
         return input_errors(args)

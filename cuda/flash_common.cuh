@@ -723,9 +723,8 @@ __device__ __forceinline__ void wgmma_wait() {
 // them), kempty / vempty when lane 0 of each of the 4 kConsumers consumer warps has arrived
 // (its WGMMAs reading the stage done).  Block n uses K stage n % kKStages and waits for the
 // phase n / kKStages of its full barrier, the phase n / kKStages - 1 of its empty one (n >=
-// kKStages); V likewise, where kVReaders more warps (the FP8 body's f16 V^T makers) arrive on
-// vempty too.
-template <int kKStages, int kVStages = kKStages, int kVReaders = 0>
+// kKStages); V likewise.
+template <int kKStages, int kVStages = kKStages>
 struct KvBarriers {
   static constexpr int kBytes = 16 * (kKStages + kVStages);
   static constexpr int kKRing = kKStages, kVRing = kVStages;
@@ -741,7 +740,7 @@ struct KvBarriers {
     }
     for (int s = 0; s < kVStages; ++s) {
       mbar_init(vfull(s), 1);
-      mbar_init(vempty(s), 4 * kConsumers + kVReaders);
+      mbar_init(vempty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }

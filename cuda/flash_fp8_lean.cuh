@@ -437,52 +437,6 @@ __device__ __forceinline__ void hi_lo_p(uint32_t (&pa)[kBlockN / 8], uint32_t (&
   }
 }
 
-// ---- the diagonal blocks: P in f16 ---------------------------------------------------------
-//
-// The recipe's "f16" diagonal (e4m3.exp2_f16): where the causal diagonal of the warpgroup's 64
-// rows cuts a block, P is X = f16(2^u), u = S c + (8 - T) as the two terms' (8 at the block max,
-// X = 256), in one k16 f16 product against an f16 copy of the block's V^T (made on the SM: see
-// the producer's f16 V^T in flash_fwd_fp8_ws.cuh) and its ones:
-//   u  = S c + (8 - T)   1 FFMA
-//   x  = 2^u             1 MUFU    ex2.approx.ftz: 0 for -inf (masked keys); no cut below 2^-7,
-//                                  X's f16 subnormals carry it (to 2^-24)
-//   X  = f16(x)          1/2 F2FP  (two scores a cvt.rn.f16x2.f32)
-// 2.5 issue slots a score against the two terms' 6.5 and the plain Lean byte's 2.25; X's error
-// is 2^-12 relative (RMS) against the two terms' 2^-10.  Its A fragment is S's accumulator
-// layout itself (k16: a thread's register i of key group g holds S's columns 16g + 8 (i >> 1)
-// + quad_col, + 1 of row half i & 1), so the copy of V^T keeps the keys in their natural order.
-template <bool kClamp>
-__device__ __forceinline__ uint32_t f16_pair(float s0, float s1, float c, float bias) {
-  float u0 = __fmaf_rn(s0, c, bias), u1 = __fmaf_rn(s1, c, bias);
-  if constexpr (kClamp) {
-    u0 = fminf(u0, kExpUMax);
-    u1 = fminf(u1, kExpUMax);
-  }
-  uint32_t x;
-  asm("{\n.reg .f32 x0, x1;\n"
-      "ex2.approx.ftz.f32 x0, %1;\n"
-      "ex2.approx.ftz.f32 x1, %2;\n"
-      "cvt.rn.f16x2.f32 %0, x1, x0;\n}\n"
-      : "=r"(x) : "f"(u0), "f"(u1));
-  return x;
-}
-
-// P of a diagonal block as f16 A fragments (kBlockN / 16 key groups of four registers).  The
-// block's 16-key groups from `seen` on (warp-uniform) are masked for every row of the warp: 0,
-// written so without the arithmetic.
-template <bool kClamp>
-__device__ __forceinline__ void f16_p(uint32_t (&pd)[kBlockN / 4], const float (&s)[kBlockN / 2], float c,
-                                      const float (&bias)[2], int seen) {
-#pragma unroll
-  for (int g = 0; g < kBlockN / 16; ++g) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = 8 * g + 2 * i;   // S's registers of row half i & 1, keys 16g + 8 (i >> 1) + quad_col
-      pd[4 * g + i] = g >= seen ? 0u : f16_pair<kClamp>(s[j], s[j + 1], c, bias[i & 1]);
-    }
-  }
-}
-
 // A descale of sequence b and key/value head h_kv: element [b, h_kv] of a (B, Hkv) view by its
 // strides in elements (one value: both 0; a broadcast view: either 0).
 __device__ __forceinline__ float descale_at(const void* d, long long stride_b, long long stride_h, int b, int h_kv) {

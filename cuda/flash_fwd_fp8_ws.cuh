@@ -106,26 +106,12 @@ constexpr int kAccB = kPvN / 2 + 4;            // the last PV pass's accumulator
 // dynamic shared memory does, 1024-aligned (checked: smem_base_exact) without the 1 KiB of slack.
 constexpr bool kBarsInOnes = kPasses > 1;
 constexpr int kOnesRows = kBarsInOnes ? 2 : 8;   // rows of stage 0's ones that are ones
-// The f16 diagonal (kDiagF16, causal; catalogue.Tile.f16_buffers): kDiagBuffers buffers of a
-// diagonal block's V^T in f16 after the V^T stages, each K-major in the 128B swizzle as WGMMA
-// reads it: kBlockN / 64 chunks of 64 keys (128 bytes a row), each kDv rows of V^T and 8 rows
-// of ones, keys in their natural order (f16_p's A fragments); 1024-aligned, as each chunk
-// (kDiagChunk = 1024 x (kDv + 8) / 8).  Their full and empty mbarriers follow the softcap's
-// factor.
-constexpr bool kF16Diag = kCausal && kDiagF16;
-constexpr int kDiagChunk = (kDv + 8) * 128;
-constexpr int kDiagBuffer = kBlockN / 64 * kDiagChunk;
-constexpr int kTileDiag = kF16Diag ? kDiagBuffers * kDiagBuffer : 0;
-static_assert(kDiagBuffers == 1 || kDiagBuffers == 2, "one or two f16 V^T buffers");
-static_assert(!kF16Diag || (kPasses == 1 && !kDiagHiLo), "the f16 diagonal where PV is one pass (d_v <= 128)");
-constexpr int kBarBytes = kBarsInOnes ? 0 : (32 * kStages + 16 + (kF16Diag ? 8 + 16 * kDiagBuffers : 0) + 127) / 128 * 128;   // catalogue.tile_for's
+constexpr int kBarBytes = kBarsInOnes ? 0 : (32 * kStages + 16 + 127) / 128 * 128;   // catalogue.tile_for's
 constexpr int kSlack = kBarsInOnes ? 0 : 1024;
-// kfull, vfull: one arrival, and the copies' bytes; vempty: with the f16 diagonal, the two
-// producer warps that make its f16 V^T too (make_f16_tile).
-using Bars = KvBarriers<kStages, kVtStages, kCausal && kDiagF16 ? 2 : 0>;
+using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(kStages >= 2 && Bars::kBytes + 16 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
               "the mbarriers' bytes (and qfull, qlanded)");
-static_assert(kQBuffers * kTileQ + kStages * kTileK + kVtStages * kTileVt + kTileDiag + kBarBytes + kSlack == kDynamicSmem,
+static_assert(kQBuffers * kTileQ + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
               "smem layout must match the catalogue");
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
 // registers do not hold the block accumulator and S(n + 1) in flight together.
@@ -144,8 +130,7 @@ static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two con
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
   static constexpr uint32_t kK = kQBuffers * kTileQ, kVt = kK + kStages * kTileK, kOnes = kDv * kBlockN,
-                            kDiag = kVt + kVtStages * kTileVt,
-                            kBars = kBarsInOnes ? kVt + kOnes + kOnesRows * 128 : kDiag + kTileDiag;
+                            kBars = kBarsInOnes ? kVt + kOnes + kOnesRows * 128 : kVt + kVtStages * kTileVt;
   uint32_t q;
   __device__ uint32_t q_at(int b) const { return q + b * kTileQ; }
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
@@ -162,25 +147,7 @@ struct Smem {
   __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 8; }   // a packed tail's Q copy
   // Serving: the softcap's factor a (ServingFp8Scores), a float after the mbarriers.
   __device__ uint32_t softcap_a() const { return q + kBars + Bars::kBytes + 16; }
-  // The f16 diagonal (kF16Diag): buffer b, and its full (the producer's two warps) and empty
-  // (each consumer warp of the block's users; the producer for the others) mbarriers.
-  __device__ uint32_t diag(int b) const { return q + kDiag + b * kDiagBuffer; }
-  __device__ uint32_t dfull(int b) const { return q + kBars + Bars::kBytes + 24 + 8 * b; }
-  __device__ uint32_t dempty(int b) const { return q + kBars + Bars::kBytes + 24 + 8 * (kDiagBuffers + b); }
-  // Word i of the f16 buffers' ones (8 rows of each chunk), and the mbarriers, made once a CTA.
-  static constexpr int kDiagOnesWords = kF16Diag ? kDiagBuffers * kBlockN / 64 * 8 * 32 : 0;
-  __device__ uint32_t diag_ones_at(int i) const { return q + kDiag + i / 256 * kDiagChunk + kDv * 128 + 4 * (i % 256); }
-  __device__ void init_diag() const {   // one thread, before bars.init (its fence)
-    if constexpr (kF16Diag) {
-      for (int b = 0; b < kDiagBuffers; ++b) {
-        mbar_init(dfull(b), 2);
-        mbar_init(dempty(b), 4 * kConsumers);
-      }
-    }
-  }
 };
-static_assert(!kF16Diag || Bars::kBytes + 24 + 16 * kDiagBuffers <= kBarBytes,
-              "the f16 buffers' mbarriers after the softcap's factor");
 static_assert(!kServing || Bars::kBytes + 20 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
               "the softcap's factor after the mbarriers");
 
@@ -262,37 +229,23 @@ __device__ __forceinline__ int first_diagonal_block(int wg_row0, int diag, int n
   return lane0(n < n_blocks ? n : n_blocks);
 }
 
-// Mask and frame of one block's S (acc_s) for the warpgroup whose first row is wg_row0: the
-// rows' bias and factor (block_frame<kTwo>: kTwo, a diagonal block's), and whether some row's
-// |T| is big (the bytes' clamp).
-template <bool kTwo>
-__device__ __forceinline__ bool mask_frame(float (&bias)[2], float (&factor)[2], float (&acc_s)[kBlockN / 2],
-                                           float (&frame)[2], float (&m_run)[2], int n0, int sk, int wg_row0,
-                                           int r_lo, int diag, int quad_col, float c) {
-  const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
-  if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
-  return block_frame<kTwo>(acc_s, c, frame, m_run, bias, factor);
-}
-
-// The 16-key groups of a diagonal block (from key n0) that the warp's last row sees (the
-// diagonal, the sequence's end), warp-uniform: the rest is masked for all 16 of its rows.
-__device__ __forceinline__ int seen_groups(int r_lo, int n0, int sk, int diag) {
-  const int warp_last = r_lo - (threadIdx.x % 32) / 4 + 15;
-  const int keys = min(sk, warp_last + diag + 1) - n0;
-  return lane0(keys <= 0 ? 0 : (keys + 15) / 16);
-}
-
-// Mask, frame and P of one block's S: the Lean byte into pa, or with kTwo (a diagonal block)
-// the two terms into pa and pl.
+// Mask, frame and P of one block's S (acc_s) for the warpgroup whose first row is wg_row0: the
+// Lean byte into pa, or with kTwo (a diagonal block) the two terms into pa and pl.
 template <bool kTwo>
 __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&pl)[kBlockN / 8],
                                         float (&factor)[2], float (&acc_s)[kBlockN / 2], float (&frame)[2],
                                         float (&m_run)[2], int n0, int sk, int wg_row0, int r_lo, int diag,
                                         int quad_col, float c) {
+  const bool need_mask = (n0 + kBlockN > sk) || (kCausal && n0 + kBlockN - 1 > wg_row0 + diag);
+  if (need_mask) mask_block(acc_s, n0, sk, r_lo, diag, quad_col);
   float bias[2];
-  const bool big = mask_frame<kTwo>(bias, factor, acc_s, frame, m_run, n0, sk, wg_row0, r_lo, diag, quad_col, c);
+  const bool big = block_frame<kTwo>(acc_s, c, frame, m_run, bias, factor);
   if constexpr (kTwo) {
-    const int seen = seen_groups(r_lo, n0, sk, diag);
+    // The 16-key groups the warp's last row sees (the diagonal, the sequence's end): the rest
+    // of a diagonal block is masked for all 16 of its rows.
+    const int warp_last = r_lo - (threadIdx.x % 32) / 4 + 15;
+    const int keys = min(sk, warp_last + diag + 1) - n0;
+    const int seen = lane0(keys <= 0 ? 0 : (keys + 15) / 16);
     if (__any_sync(0xffffffffu, big)) hi_lo_p<true>(pa, pl, acc_s, c, bias, seen);
     else hi_lo_p<false>(pa, pl, acc_s, c, bias, seen);
   } else {
@@ -303,17 +256,6 @@ __device__ __forceinline__ void softmax(uint32_t (&pa)[kBlockN / 8], uint32_t (&
       else lean_p<false>(pa, acc_s, c, bias);
     }
   }
-}
-
-// The same for a diagonal block whose P goes in f16 (kF16Diag): into pd, f16 A fragments.
-__device__ __forceinline__ void softmax_f16(uint32_t (&pd)[kBlockN / 4], float (&factor)[2],
-                                            float (&acc_s)[kBlockN / 2], float (&frame)[2], float (&m_run)[2],
-                                            int n0, int sk, int wg_row0, int r_lo, int diag, int quad_col, float c) {
-  float bias[2];
-  const bool big = mask_frame<true>(bias, factor, acc_s, frame, m_run, n0, sk, wg_row0, r_lo, diag, quad_col, c);
-  const int seen = seen_groups(r_lo, n0, sk, diag);
-  if (__any_sync(0xffffffffu, big)) f16_p<true>(pd, acc_s, c, bias, seen);
-  else f16_p<false>(pd, acc_s, c, bias, seen);
 }
 
 // O_b = P V^T(stage) for dv columns kPvN pass .. + kPvN, from zero, issued and committed; the
@@ -395,139 +337,6 @@ __device__ __forceinline__ void next_s(float (&acc_s)[kBlockN / 2], uint32_t sQg
   issue_qk(acc_s, sQg, sm.k_at(k1));
   wgmma_wait<0>();
   if (threadIdx.x % 32 == 0) mbar_arrive(bars.kempty(k1));
-}
-
-// ---- the f16 V^T of the diagonal blocks (kF16Diag) ------------------------------------------
-//
-// Consumer g takes its blocks [a_g, b_g) as diagonal blocks (from its first diagonal block to
-// its last block, consumer_blocks); their union is the run [first, end), contiguous (the
-// consumers' rows follow one another: a_(g + 1) <= b_g), one or two blocks a tile at two
-// consumers.  Producer warps 1 and 3 make each run block's f16 V^T once for all its users, in
-// order; the conversions are counted over the CTA's tiles (k): conversion k goes into buffer
-// k % kDiagBuffers, completes that buffer's dfull phase k / kDiagBuffers and first waits for
-// its dempty phase k / kDiagBuffers - 1 (the users' PV of conversion k - kDiagBuffers done;
-// the producer arrives for the consumers that do not use a block).
-struct DiagRun {
-  int first, end;
-  int a[kConsumers], b[kConsumers];
-  __device__ int users(int d) const {
-    int u = 0;
-#pragma unroll
-    for (int g = 0; g < kConsumers; ++g) u += a[g] <= d && d < b[g];
-    return u;
-  }
-};
-
-// The run of a tile (or segment: keys, diag and blocks counted from its first block, as attend's).
-__device__ __forceinline__ DiagRun diag_run(int row0, int sq, int sk, int diag, int n_blocks) {
-  DiagRun r;
-  r.first = n_blocks;
-  r.end = 0;
-#pragma unroll
-  for (int g = 0; g < kConsumers; ++g) {
-    const int wg_row0 = row0 + g * kConsumerRows;
-    r.b[g] = consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
-    r.a[g] = min(first_diagonal_block(wg_row0, diag, n_blocks), r.b[g]);
-    if (r.a[g] < r.b[g]) {
-      r.first = min(r.first, r.a[g]);
-      r.end = max(r.end, r.b[g]);
-    }
-  }
-  r.first = min(r.first, r.end);
-  return r;
-}
-
-__device__ __forceinline__ void mbar_arrive_n(uint32_t bar, uint32_t n) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(n) : "memory");
-}
-
-// V^T stage src (kDv rows of 128 key bytes, 128B-swizzled, keys in P's e4m3 order: byte 4q + b
-// of 16-key group G holds key 16G + 8 (b >> 1) + 2q + (b & 1), flash_fp8_lean.cuh) into the f16
-// buffer dst (keys in natural order), by 64 threads (t: 0 .. 63).  A thread takes a V^T row's
-// 16-byte unit u (group G = u): its four words' low halves are keys 16u .. 16u + 7, their high
-// halves 16u + 8 .. 16u + 15, so eight cvt.rn.f16x2.e4m3x2 make two 16-byte units of chunk
-// u / 4 (units 2 (u % 4) and + 1).  About 14 instructions a unit, kDv x 8 units: at d128 16 a
-// thread, on the schedulers of warps 1 and 3, which the consumers' softmax shares.
-__device__ __forceinline__ void make_f16_vt(uint32_t dst, uint32_t src, int t) {
-#pragma unroll 1   // the producer's 40 registers
-  for (int i = t; i < kDv * 8; i += 64) {
-    const int r = i / 8, u = i % 8, x = r & 7;
-    uint32_t w0, w1, w2, w3, l0, l1, l2, l3, h0, h1, h2, h3;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3) : "r"(src + r * 128 + ((u ^ x) << 4)));
-    asm("{\n.reg .b16 l0, h0, l1, h1, l2, h2, l3, h3;\n"
-        "mov.b32 {l0, h0}, %8;\nmov.b32 {l1, h1}, %9;\nmov.b32 {l2, h2}, %10;\nmov.b32 {l3, h3}, %11;\n"
-        "cvt.rn.f16x2.e4m3x2 %0, l0;\ncvt.rn.f16x2.e4m3x2 %1, l1;\n"
-        "cvt.rn.f16x2.e4m3x2 %2, l2;\ncvt.rn.f16x2.e4m3x2 %3, l3;\n"
-        "cvt.rn.f16x2.e4m3x2 %4, h0;\ncvt.rn.f16x2.e4m3x2 %5, h1;\n"
-        "cvt.rn.f16x2.e4m3x2 %6, h2;\ncvt.rn.f16x2.e4m3x2 %7, h3;\n}\n"
-        : "=r"(l0), "=r"(l1), "=r"(l2), "=r"(l3), "=r"(h0), "=r"(h1), "=r"(h2), "=r"(h3)
-        : "r"(w0), "r"(w1), "r"(w2), "r"(w3));
-    const uint32_t row = dst + (u / 4) * kDiagChunk + r * 128, v = 2 * (u % 4);
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
-                 :: "r"(row + ((v ^ x) << 4)), "r"(l0), "r"(l1), "r"(l2), "r"(l3) : "memory");
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
-                 :: "r"(row + (((v + 1) ^ x) << 4)), "r"(h0), "r"(h1), "r"(h2), "r"(h3) : "memory");
-  }
-}
-
-// Producer warps 1 and 3: the blocks of one tile or segment (ring: the K/V ring's phases as it
-// starts; k: the conversions before it, counted on).  They take every block's V^T stage in turn
-// as the consumers do, waiting for its full barrier and arriving on its empty one (two more of
-// vempty's arrivals), so that a stage is never refilled before they have passed it: waiting
-// only for the run's blocks, a parity wait a tile ahead could pass on a stage's earlier fill.
-template <class Ring>
-__device__ __forceinline__ void make_f16_tile(const Smem& sm, const DiagRun& r, int n_blocks, const Ring& ring,
-                                              uint32_t& k) {
-  const Bars bars = sm.bars();
-  const int lane = threadIdx.x % 32, t = (threadIdx.x / 32 == 1 ? 0 : 32) + lane;
-  for (int n = 0; n < n_blocks; ++n) {
-    const int s = n % kVtStages;
-    mbar_wait(bars.vfull(s), ring.full_parity(n));
-    if (n >= r.first && n < r.end) {
-      const int b = k % kDiagBuffers;
-      if (k >= kDiagBuffers) mbar_wait(sm.dempty(b), (k / kDiagBuffers - 1) & 1);
-      const int users = r.users(n);
-      if (users > 0) {
-        make_f16_vt(sm.diag(b), sm.vt_at(s), t);
-        fence_async_smem();   // the generic stores before the consumers' WGMMAs read them
-      }
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(sm.dfull(b));
-        if (t == 0 && users < kConsumers) mbar_arrive_n(sm.dempty(b), 4 * (kConsumers - users));
-      }
-      ++k;
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bars.vempty(s));
-  }
-}
-
-// Whether a producer thread is one of the f16 V^T's warps.
-__device__ __forceinline__ bool f16_warp() { return kF16Diag && (threadIdx.x / 32 == 1 || threadIdx.x / 32 == 3); }
-
-// PV(n) of a diagonal block in f16 (kF16Diag; f16 buffer b holds its V^T, dfull waited for):
-// a turn holding the product, its wait and the merge; V^T(n)'s stage and the buffer released.
-__device__ __forceinline__ bool f16_diagonal_pv(float (&acc_o)[kDv / 2], float (&acc_l)[4], float (&acc_b)[kAccB],
-                                                const uint32_t (&pd)[kBlockN / 4], const float (&factor)[2],
-                                                const Smem& sm, const Bars& bars, const Turns& turns, int t, int b,
-                                                bool last, bool final) {
-  turns.take();
-  wgmma_fence();
-  const uint64_t dv = desc_128b(sm.diag(b));
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk)
-    wgmma_pv16(acc_b, pd + 4 * kk, desc_advance(dv, kk / 4 * kDiagChunk + kk % 4 * 32), kk > 0);
-  wgmma_commit();
-  turns.hand_over(final);
-  wgmma_wait<0>();
-  merge(acc_o, acc_l, acc_b, factor, 0);
-  if (threadIdx.x % 32 == 0) {
-    mbar_arrive(bars.vempty(t));
-    mbar_arrive(sm.dempty(b));
-  }
-  return last;
 }
 
 // ---- the balanced tail (kSplitTail) -----------------------------------------------------------
@@ -882,7 +691,7 @@ __device__ __forceinline__ float score_factor(const P& p, int b, int h_kv) {
 template <bool kOwnTurns, class Ring, class P>
 __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork& w, int n_blocks,
                                        const ConsumerLane& me, uint32_t sQg, uint32_t qfull, uint32_t qparity,
-                                       int nb0, const Ring& ring, uint32_t& dconv, float (&acc_o)[kDv / 2],
+                                       int nb0, const Ring& ring, float (&acc_o)[kDv / 2],
                                        float (&acc_l)[4], float (&frame)[2]) {
   static_assert(kVtStages == kStages, "K and V^T: one ring (TileRing)");
   const Bars bars = sm.bars();
@@ -893,16 +702,6 @@ __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork
   const float c = score_factor(p, w.b, w.h_kv);
   const Scores<P> scores(p, sm, diag, w.b, w.h_kv);
   const Turns turns{cw};
-  // The f16 diagonal: the tile's run of f16 V^T blocks (diag_run, as the producer's warps count
-  // them) counted onto dconv (the CTA's conversions before this tile); block n is conversion
-  // k0 + n.  Derived where the diagonal blocks start, so that nothing of it is held through
-  // the other blocks.
-  const auto count_run = [&] {
-    const DiagRun dr = diag_run(w.row0, sq, sk, diag, n_blocks);
-    const uint32_t k0 = dconv - static_cast<uint32_t>(dr.first);
-    dconv += static_cast<uint32_t>(dr.end - dr.first);
-    return k0;
-  };
 
 #pragma unroll
   for (int i = 0; i < kDv / 2; ++i) acc_o[i] = 0.f;
@@ -925,7 +724,6 @@ __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork
     const int n_mine = consumer_blocks(wg_row0, sq, sk, diag, n_blocks);
     static_assert(!kBarsInOnes || kConsumers == 2, "nothing after the blocks where a consumer may leave early");
     if (kPersistent && kConsumers > 2 && n_mine == 0) {
-      if constexpr (kF16Diag) count_run();
       mbar_wait(bars.kfull(0), ring.full_parity(0));
       if (lane == 0) mbar_arrive(bars.kempty(0));
       for (int m = 0; m < n_blocks; ++m) idle_turn(bars, turns, m, false, ring.full_parity(m), ring.full_parity(m));
@@ -933,13 +731,13 @@ __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork
     }
     turns.s0(bars, ring.full_parity(0), [&] { issue_qk(acc_s, sQg, sm.k_at(0)); });
 
-    // The diagonal blocks (the recipe's "hi_lo" or "f16" at this d_v: P in two terms, or in
-    // f16) are the warpgroup's last, from n_two on, in a loop of their own after this one, so
-    // that the registers of their wider P never weigh on the other blocks'.  The last block leaves the loop from its
+    // The diagonal blocks (the "hi_lo" recipe at this d_v: P in two terms) are the warpgroup's
+    // last, from n_two on, in a loop of their own after this one, so that the registers of
+    // their second P never weigh on the other blocks'.  The last block leaves the loop from its
     // turn: the rest of the body is the same for every block, so that the compiler keeps
     // S(n + 1) in flight across the merge of block n.
     int n_two = n_mine;
-    if constexpr (kCausal && (kDiagHiLo || kDiagF16)) {
+    if constexpr (kCausal && kDiagHiLo) {
       n_two = first_diagonal_block(wg_row0, diag, n_blocks);   // <= n_blocks
       if constexpr (kConsumers > 2) n_two = min(n_two, n_mine);
     }
@@ -1010,23 +808,6 @@ __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork
       if (lane == 0) mbar_arrive(bars.kempty(k1));
     }
 
-    // The diagonal blocks in f16: the producer's f16 V^T of block n (dfull), one product.
-    if constexpr (kF16Diag) {
-      const uint32_t k0 = count_run();
-      for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
-        uint32_t pd[kBlockN / 4];
-        float factor[2];
-        scores.apply(acc_s, n * kBlockN, wg_row0, r_lo, quad_col);
-        softmax_f16(pd, factor, acc_s, frame, m_run, n * kBlockN, sk, wg_row0, r_lo, diag, quad_col, c);
-        float acc_b[kAccB];
-        const uint32_t k = k0 + static_cast<uint32_t>(n), b = k % kDiagBuffers;
-        mbar_wait(sm.dfull(b), (k / kDiagBuffers) & 1u);
-        if (f16_diagonal_pv(acc_o, acc_l, acc_b, pd, factor, sm, bars, turns, n % kVtStages, b, n + 1 == n_mine,
-                            kOwnTurns && n + 1 == n_blocks)) break;
-        // the registers do not hold P beside S(n + 1) in flight
-        next_s(acc_s, sQg, sm, bars, ring.full_parity(n + 1), k1);
-      }
-    }
     // The diagonal blocks: P in two terms.
     if constexpr (kCausal && kDiagHiLo) {
       for (; n < n_mine; ++n, k1 = next_stage<kStages>(k1)) {
@@ -1061,8 +842,7 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   const int cw = me.cw, wg_row0 = me.wg_row0, r_lo = me.r_lo;
   const uint32_t sQg = sm.q + cw * kConsumerRows * 64;      // this warpgroup's rows (in each 64-byte K-block)
   float acc_o[kDv / 2], acc_l[4], frame[2];
-  uint32_t dconv = 0;   // the f16 diagonal's conversions before this segment (one tile: none)
-  attend<true>(p, sm, w, w.n_blocks, me, sQg, sm.qfull(), 0, nb0, OneTileRing<Bars>{}, dconv, acc_o, acc_l, frame);
+  attend<true>(p, sm, w, w.n_blocks, me, sQg, sm.qfull(), 0, nb0, OneTileRing<Bars>{}, acc_o, acc_l, frame);
   // The work derived again (its registers free through the loop).
   Segment g;
   CtaWork wo;
@@ -1108,7 +888,6 @@ __device__ __forceinline__ void attention(const P& p) {
   const auto start = [&](const CtaWork& w, const Copies& c, int nb0) {
     mbar_init(sm.qfull(), 1);
     mbar_init(sm.qlanded(), 1);
-    sm.init_diag();
     bars.init();
     if (w.n_blocks > 0) {
       tma_tile<kBlockM, kDqk, 64>(sm.q, reinterpret_cast<uint64_t>(p.tmap_q),
@@ -1120,7 +899,6 @@ __device__ __forceinline__ void attention(const P& p) {
   if (threadIdx.x == 0) start(w, c, g.kb0);
   for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads)
     if (Smem::is_ones(i)) sts32(sm.ones_at(i), 0x38383838u);
-  for (int i = threadIdx.x; i < Smem::kDiagOnesWords; i += kThreads) sts32(sm.diag_ones_at(i), 0x3C003C00u);
   fence_async_smem();
   __syncthreads();
 
@@ -1130,14 +908,6 @@ __device__ __forceinline__ void attention(const P& p) {
   constexpr int kSegBar = 1, kSegThreads = 128 * kConsumers + 32;
   if (wg == 0) {
     producer_registers();
-    if (f16_warp()) {   // the segment's f16 V^T blocks (a CTA a tile: one segment; no tail where causal)
-      static_assert(!kF16Diag || !kSplitTail, "one segment a CTA");
-      uint32_t k = 0;
-      const int nb0 = g.kb0;
-      make_f16_tile(sm, diag_run(w.row0, w.seq.sq, w.seq.sk - nb0 * kBlockN, w.diag - nb0 * kBlockN, w.n_blocks),
-                    w.n_blocks, OneTileRing<Bars>{}, k);
-      return;
-    }
     for (int s = 0;;) {
       if (w.n_blocks > 0) produce(p, sm, c.gvt, c.rows_q, w.h_kv, c.krow0, c.kbatch, w.n_blocks, g.kb0);
       if (!kTail || threadIdx.x >= 32 || !segment_work<kTail>(p, blockIdx, ++s, g, w)) return;
@@ -1229,7 +999,6 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   const Turns turns{wg - 1};
   TileRing<kStages> ring;
   uint32_t qphase = 0;                        // bit b: the phase of qfull[b]
-  uint32_t dconv = 0;                         // the f16 diagonal's conversions (kF16Diag)
   bool turned = false;
   for (int j = 0;; ++j) {
     const int b = j & 1;
@@ -1249,31 +1018,12 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     const uint32_t sQg = sm.q_at(b) + me.cw * kConsumerRows * 64;
     float acc_o[kDv / 2], acc_l[4], frame[2];
     attend<false>(p, sm, sh.work[b], n_blocks, me, sQg, shared_addr(&sh.qfull[b]), (qphase >> b) & 1, 0, ring,
-                  dconv, acc_o, acc_l, frame);
+                  acc_o, acc_l, frame);
     if (n_blocks > 0) qphase ^= 1u << b;
     write_rows(p, sh.work[b], acc_o, acc_l, frame, me.r_lo, me.wg_row0, me.cw, sQg);
     fence_async_smem();   // the epilogue's writes to Q's buffer before the next tile's copy into it
     __syncwarp();
     if (me.lane == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
-    ring.end_tile(n_blocks);
-  }
-}
-
-// Producer warps 1 and 3 (kF16Diag): each tile's run of f16 V^T blocks, the slot read and
-// released (a reader of qempty) before its blocks, the K/V ring's phases followed as the
-// consumers follow them.
-__device__ void make_f16_tiles(const Smem& sm, Sched& sh) {
-  TileRing<kStages> ring;
-  uint32_t k = 0;
-  for (int j = 0;; ++j) {
-    const int b = j & 1;
-    mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
-    const CtaWork w = sh.work[b];
-    const int n_blocks = lane0(w.n_blocks);
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
-    if (n_blocks < 0) return;
-    make_f16_tile(sm, diag_run(w.row0, w.seq.sq, w.seq.sk, w.diag, n_blocks), n_blocks, ring, k);
     ring.end_tile(n_blocks);
   }
 }
@@ -1285,8 +1035,7 @@ __device__ void persistent(const P& p) {
   CtaWork w;          // thread 0: the tile in slot 0
   bool more = false, started = false;
   if (threadIdx.x == 0) {
-    init_sched(sh, 4 * kConsumers + (p.cu_seqlens_q != nullptr) + (kF16Diag ? 2 : 0));
-    sm.init_diag();
+    init_sched(sh, 4 * kConsumers + (p.cu_seqlens_q != nullptr));
     sm.bars().init();
     more = take_first_tile(p, sh, w);
     if (more && w.n_blocks > 0) {
@@ -1298,7 +1047,6 @@ __device__ void persistent(const P& p) {
   }
   for (int i = threadIdx.x; i < Smem::kOnesWords; i += kThreads)
     if (Smem::is_ones(i)) sts32(sm.ones_at(i), 0x38383838u);
-  for (int i = threadIdx.x; i < Smem::kDiagOnesWords; i += kThreads) sts32(sm.diag_ones_at(i), 0x3C003C00u);
   fence_async_smem();
   __syncthreads();
 
@@ -1306,7 +1054,6 @@ __device__ void persistent(const P& p) {
     producer_registers();
     if (threadIdx.x == 0) schedule(p, sm, sh, w, more, started);
     else if (threadIdx.x / 32 == 2 && p.cu_seqlens_q != nullptr) zero_q_tails<kBlockM, 64, kTileQ>(sm, sh);
-    else if (f16_warp()) make_f16_tiles(sm, sh);
     return;
   }
   consume_tiles(p, sm, sh);

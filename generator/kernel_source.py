@@ -66,8 +66,7 @@ def _wgmma_wrappers(v: Variant) -> str:
     (flash_fp8_lean.cuh): k32 e4m3, both K-major, PV in passes of N <= 128.  Each V^T stage
     is followed by 8 rows of ones, and PV's last pass is N = its columns + 8 (``wgmma_pv``):
     the rounded row sum comes out of its last 8 columns.  At d_v = 256 the first pass is
-    ``wgmma_pv_bare`` (N = 128).  ``wgmma_pv16`` (k16 f16, N = d_v + 8), where ``Tile.f16_diagonal``:
-    the causal diagonal's blocks, P in f16 against the f16 V^T and its ones."""
+    ``wgmma_pv_bare`` (N = 128)."""
     n = v.tile.block_n
     if v.dtype == "bf16":
         pv_n = v.d_v + (8 if v.tile.pv_row_sums else 0)   # l from a block of ones (kOnesSum)
@@ -76,13 +75,10 @@ def _wgmma_wrappers(v: Variant) -> str:
             _wgmma("wgmma_pv", f"m64n{pv_n}k16", "bf16.bf16", pv_n // 2, True, "1, 1, 1")])
     pv_n = min(v.d_v, 128)     # one PV pass: kPvN in the body
     ones = 8                   # the rows of ones after each V^T stage: l in the last pass itself
-    wrappers = [
+    return "\n".join([
         _wgmma("wgmma_qk", f"m64n{n}k32", "e4m3.e4m3", n // 2, False, "1, 1"),
         _wgmma("wgmma_pv", f"m64n{pv_n + ones}k32", "e4m3.e4m3", (pv_n + ones) // 2, True, "1, 1"),
-        _wgmma("wgmma_pv_bare", f"m64n{pv_n}k32", "e4m3.e4m3", pv_n // 2, True, "1, 1")]
-    # the f16 diagonal's PV (Tile.f16_diagonal): P in f16, the f16 V^T K-major (no transposes)
-    wrappers.append(_wgmma("wgmma_pv16", f"m64n{pv_n + ones}k16", "f16.f16", (pv_n + ones) // 2, True, "1, 1, 0"))
-    return "\n".join(wrappers)
+        _wgmma("wgmma_pv_bare", f"m64n{pv_n}k32", "e4m3.e4m3", pv_n // 2, True, "1, 1")])
 
 
 def body_key(v: Variant) -> str:
@@ -92,7 +88,7 @@ def body_key(v: Variant) -> str:
 
 def _recipe_constants(v: Variant) -> list[str]:
     """The P arithmetic of the FP8 WGMMA body, from the model it must match bit for bit (but
-    the diagonal's x (two terms or f16), MUFU's ex2.approx within 2 ulp of the model's fp32(2^u), and
+    the two-term diagonal's x, MUFU's ex2.approx within 2 ulp of the model's fp32(2^u), and
     the softcap's tanh.approx: e4m3.exp2_x, docs/numerics.md).
     The body implements three byte forms: "lean_h2" (the plain Lean byte held to 1/8 code in
     f16, the target's), "quad_h2" (with the quadratic correction in f16x2) and "quad_fold"
@@ -101,11 +97,11 @@ def _recipe_constants(v: Variant) -> list[str]:
     # (the Recipe itself ties each of these forms to its rounding and the exact block max)
     if (r.block_keys, r.max_kind, r.sum_of, r.lse_offset) != (v.tile.block_n, "block_fp32", "rounded", 0.0) or \
             r.byte_form not in ("lean_h2", "quad_h2", "quad_fold") or \
-            r.diagonal not in ("same", "hi_lo", "f16") or (r.diagonal != "same" and r.diagonal_rows != CONSUMER_ROWS):
+            r.diagonal not in ("same", "hi_lo") or (r.diagonal == "hi_lo" and r.diagonal_rows != CONSUMER_ROWS):
         raise ValueError(f"{v.name}: the FP8 WGMMA body implements lean bytes in the lean_h2 form or "
                          f"lean_quad bytes in the quad_h2 or quad_fold form, the exact fp32 block max "
                          f"and rounded sums over {v.tile.block_n}-key blocks with no LSE offset, and "
-                         f"one-byte, two-term or f16 diagonals (per consumer warpgroup's {CONSUMER_ROWS} rows), not {r}")
+                         f"one-byte or two-term diagonals (per consumer warpgroup's {CONSUMER_ROWS} rows), not {r}")
 
     def f16x2(x) -> str:       # an f16 constant in both halves of a b32, as its bits
         bits = int(np.float16(x).view(np.uint16))
@@ -127,11 +123,8 @@ def _recipe_constants(v: Variant) -> list[str]:
             f"constexpr unsigned kH2B = {f16x2(e4m3.QUAD_H2_B)};   // e4m3.QUAD_H2_B",
             f"constexpr unsigned kH2NegB17 = {f16x2(-e4m3.QUAD_H2_B17)};   // -e4m3.QUAD_H2_B17",
             f"constexpr unsigned kH2ZMax = {f16x2((r.c0 + 128) / 8)};   // z of code c0: (c0 + 128) / 8",
-            f"constexpr bool kDiagHiLo = {'true' if r.diagonal == 'hi_lo' and r.diagonal_at(v.d_v) else 'false'};"
+            f"constexpr bool kDiagHiLo = {'true' if r.diagonal_at(v.d_v) else 'false'};"
             f"   // diagonal {r.diagonal!r} at d_v <= {r.diagonal_dv}",
-            f"constexpr bool kDiagF16 = {'true' if v.tile.f16_diagonal else 'false'};"
-            f"   // Tile.f16_diagonal: the diagonal's P in f16 against an f16 V^T made on the SM",
-            f"constexpr int kDiagBuffers = {max(v.tile.f16_buffers, 1)};   // Tile.f16_buffers (>= 1 to compile)",
             f"constexpr float kExpUMax = {float(e4m3.EXP2_U_MAX).hex()}f;   // e4m3.EXP2_U_MAX",
             f"constexpr float kExpUZero = {float(e4m3.EXP2_U_ZERO)!r}f;   // e4m3.EXP2_U_ZERO"]
 

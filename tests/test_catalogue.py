@@ -180,26 +180,15 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
                          ids=lambda v: v.name)
 def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
     """FP8: four K/V^T stages where they fit at d_qk >= 128 (d128, d192/128), three at d64
-    (where a fourth did not gain), at d256 (where four do not fit) and in the causal persistent
-    kernel (its two f16 buffers take a fourth's room); the layout Q (x 2 where persistent: the
-    next tile's) | K x stages | (V^T, ones) x stages | causal at d_v <= 128, the f16 diagonal's
-    buffers ((d_v + 8) rows x 128 keys x 2 bytes; two where persistent, else one) | mbarriers
-    (four a stage, two more, the softcap's factor, two a f16 buffer, in 128-byte units) | 1 KiB
-    of alignment within the 227 KiB a CTA may have; at d256, whose three stages with their ones
-    take all of it, the mbarriers inside stage 0's ones and no slack."""
-    f16 = v.causal and v.d_v <= 128
-    buffers = f16 * (1 + v.tile.persistent)
-    assert v.tile.f16_buffers == buffers and v.tile.f16_diagonal == f16
+    (where a fourth did not gain) and at d256 (where four do not fit); the layout Q (x 2 where
+    persistent: the next tile's) | K x stages | (V^T, ones) x stages | mbarriers (four a stage, two more, in 128-byte units) |
+    1 KiB of alignment within the 227 KiB a CTA may have; at d256, whose three stages with
+    their ones take all of it, the mbarriers inside stage 0's ones and no slack."""
     stages = v.tile.stages
-    assert stages == (3 if v.d_qk == 64 or v.d_v == 256 or buffers == 2 else 4)
+    assert stages == (3 if v.d_qk == 64 or v.d_v == 256 else 4)
     ones = 8 * 128 * stages
-    diagonal = buffers * (v.d_v + 8) * 128 * 2
-    barriers, slack = (0, 0) if v.d_v == 256 else (128 if 32 * stages + 16 + (8 + 16 * buffers) * f16 <= 128 else 256,
-                                                   1024)
-    smem = ((1 + v.tile.persistent) * v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + diagonal
-            + barriers + slack)
-    if buffers == 2:      # a fourth stage would not fit beside them
-        assert smem + 128 * (v.d_qk + v.d_v) + 8 * 128 > SM90_MAX_SMEM
+    barriers, slack = (0, 0) if v.d_v == 256 else (128 if stages <= 3 else 256, 1024)
+    smem = (1 + v.tile.persistent) * v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + slack
     assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
     if v.d_v == 256:     # exactly all of it; a fourth stage would not fit
         assert smem == SM90_MAX_SMEM and smem + 128 * (v.d_qk + v.d_v) > SM90_MAX_SMEM
@@ -288,13 +277,9 @@ def test_a_short_variant_is_its_plain_kernel_with_persistent_ctas(v):
     assert short_variant(plain) == v and short_variant(v) == v and v.name == plain.name + "_short"
     assert (v.d_qk, v.d_v) in SHORT_VARIANTS_OF[(v.arch, v.dtype)] and SHORT_KEYS == 2048
     assert v.tile.persistent and not plain.tile.persistent and not v.tile.split_tail
-    same = ("block_m", "block_n", "threads", "pv_row_sums")
+    same = ("block_m", "block_n", "threads", "stages", "pv_row_sums")
     assert all(getattr(v.tile, f) == getattr(plain.tile, f) for f in same)
-    if v.causal:   # a second f16 V^T buffer in a stage's room (test_fp8_k_v_rings_...)
-        assert (v.tile.f16_buffers, v.tile.stages) == (2, plain.tile.stages - 1) and plain.tile.f16_buffers == 1
-    else:
-        assert v.tile.stages == plain.tile.stages and v.tile.f16_buffers == plain.tile.f16_buffers == 0
-        assert v.tile.dynamic_smem == plain.tile.dynamic_smem + v.tile.block_m * v.d_qk   # Q x 2 (e4m3)
+    assert v.tile.dynamic_smem == plain.tile.dynamic_smem + v.tile.block_m * v.d_qk   # Q x 2 (e4m3)
     names, plain_names = [a.name for a in kernargs(v)], [a.name for a in kernargs(plain)]
     assert [n for n in names if n not in plain_names] == ["tile_counter", "tiles_x", "tiles_y", "tiles_z",
                                                           "tile_count"]

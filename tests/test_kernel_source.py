@@ -91,27 +91,16 @@ def test_recipe_constants_are_the_models():
     assert e4m3.quad_h2_codes(np.float32([(r.c0 + 128) / 8]))[0] == r.c0   # w = z = ZMax: code c0
 
 
-@pytest.mark.parametrize("dv,causal,f16", [(128, True, True), (64, True, True), (128, False, False),
+@pytest.mark.parametrize("dv,causal,two", [(128, True, True), (64, True, True), (128, False, False),
                                            (256, True, False)])
-def test_the_diagonal_reaches_the_kernel_where_the_recipe_takes_it(monkeypatch, dv, causal, f16):
-    """kDiagF16 (Tile.f16_diagonal) where the recipe's f16 diagonal applies (causal, d_v <= 128),
-    with the f16 product's wrapper (N = d_v + 8, k16, B K-major); under the two-term recipe
-    kDiagHiLo instead (the body tests kCausal too); u's clamp and zero bound exactly as the model
-    holds them."""
-    v = Variant("sm_90a", "fp8_e4m3", 192 if dv == 128 and causal else dv, dv, causal)
-    cfg = ks.config(v)
-    assert f"kDiagF16 = {'true' if f16 else 'false'};" in cfg and "kDiagHiLo = false;" in cfg
-    assert v.tile.f16_diagonal == f16
-    pv = min(dv, 128) + 8
-    assert f"wgmma.mma_async.sync.aligned.m64n{pv}k16.f32.f16.f16" in ks._wgmma_wrappers(v)
+def test_the_diagonal_terms_reach_the_kernel_where_the_recipe_takes_them(dv, causal, two):
+    """kDiagHiLo where the recipe's two-term diagonal applies (causal, d_v <= 128; the body
+    tests kCausal too), and u's clamp and zero bound exactly as the model holds them."""
+    cfg = ks.config(Variant("sm_90a", "fp8_e4m3", 192 if dv == 128 and causal else dv, dv, causal))
+    assert f"kDiagHiLo = {'true' if two or not causal and dv <= 128 else 'false'};" in cfg
     u_max = float.fromhex(re.search(r"kExpUMax = (\S+)f;", cfg).group(1))
     assert u_max == float(e4m3.EXP2_U_MAX) == 9 - 2.0 ** -19
     assert float(re.search(r"kExpUZero = (\S+)f;", cfg).group(1)) == float(e4m3.EXP2_U_ZERO) == -7
-    monkeypatch.setitem(fp8_models.RECIPES, "sm_90a", fp8_models.RECIPES["sm_90a/hi_lo"])
-    v = Variant("sm_90a", "fp8_e4m3", 192 if dv == 128 and causal else dv, dv, causal)
-    cfg = ks.config(v)
-    assert "kDiagF16 = false;" in cfg and not v.tile.f16_diagonal
-    assert f"kDiagHiLo = {'true' if dv <= 128 else 'false'};" in cfg
 
 
 @pytest.mark.parametrize("name,h2", [("sm_90a/quad", "true"), ("sm_90a/fold", "false")])
@@ -125,7 +114,7 @@ def test_the_quadratic_forms_are_still_built_where_the_recipe_names_them(monkeyp
 @pytest.mark.parametrize("change", [dict(byte_form="fma"), dict(p_rounding="lean_quad", byte_form="fma"),
                                     dict(block_keys=64),
                                     dict(code_offset=0.0),    # uncentred Lean sums need an LSE offset
-                                    dict(diagonal="hi_lo", diagonal_rows=32)])   # not a consumer's 64 rows
+                                    dict(diagonal="f16")])    # studied, not built
 def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch, change):
     v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
     other = fp8_models.RECIPES["sm_90a"].replace(**change)

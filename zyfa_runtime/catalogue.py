@@ -196,17 +196,6 @@ class Tile:
     #: which may end one tile and start the next; each piece of a cut tile writes its O / l, l
     #: and frame to a workspace and the tile's last piece to finish merges them (plan.tail_plan)
     split_tail: bool = False
-    #: sm_90a FP8 causal at d_v <= 128 under the recipe's "f16" diagonal: the blocks the causal
-    #: diagonal cuts take P in f16 against an f16 copy of their V^T, which two producer warps
-    #: make on the SM into buffers of their own after the V^T stages ((d_v + 8) x 128 keys x 2
-    #: bytes each: V^T and 8 rows of ones): how many (0: none).  Two in the persistent
-    #: kernels, where the next tile's copy is made while this one's diagonal runs; one where a
-    #: CTA takes a tile, whose diagonal blocks come last and land stages ahead of their turn.
-    f16_buffers: int = 0
-
-    @property
-    def f16_diagonal(self) -> bool:
-        return self.f16_buffers > 0
 
 
 def sm90_body(v: Variant) -> str:
@@ -219,14 +208,6 @@ def sm90_body(v: Variant) -> str:
     if v.vendor != "cuda":
         raise ValueError(f"{v.name} is not an sm_90a variant")
     return "ws" if v.dtype == "bf16" else "fp8-ws"
-
-
-def f16_diagonal_at(d_v: int) -> bool:
-    """Whether sm_90a's FP8 recipe takes a causal forward's diagonal blocks in f16 at value
-    head dim ``d_v`` (fp8_models.Recipe.diagonal "f16", ``diagonal_at``)."""
-    from . import fp8_models    # the recipes import nothing of the catalogue; lazily all the same
-    r = fp8_models.RECIPES["sm_90a"]
-    return r.diagonal == "f16" and r.diagonal_at(d_v)
 
 
 #: Dynamic shared memory one sm_90a CTA may have (227 KiB).
@@ -272,17 +253,13 @@ def tile_for(v: Variant) -> Tile:
         # Persistent in the short-prompt variants (Variant.short: at short prompts a tile is a
         # few blocks, and a CTA a tile idles through its epilogue and the next one's first
         # copies): Q x 2, the next tile's copied during this one.
-        # With the f16 diagonal (f16_diagonal_at), its f16 V^T buffers (Tile.f16_buffers) after
-        # the stages, and their full and empty mbarriers after the softcap's factor.
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         persistent = v.short
-        f16_buffers = (2 if persistent else 1) if v.causal and f16_diagonal_at(v.d_v) else 0
         def smem(stages):
             inside = v.d_v > 128
-            # four a stage, qfull, qlanded, the softcap's factor (+8), two a f16 buffer
-            barriers = 0 if inside else -(-(32 * stages + 16 + (8 + 16 * f16_buffers if f16_buffers else 0)) // 128) * 128
+            barriers = 0 if inside else -(-(32 * stages + 16) // 128) * 128   # four a stage, qfull and qlanded
             return ((1 + persistent) * SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * stages * (v.d_qk + v.d_v)
-                    + stages * 8 * 128 + f16_buffers * (v.d_v + 8) * 128 * 2 + barriers + (0 if inside else 1024))
+                    + stages * 8 * 128 + barriers + (0 if inside else 1024))
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
         # The balanced tail at d_v = 256 non-causal, where a partial last wave of its long tiles
@@ -290,8 +267,7 @@ def tile_for(v: Variant) -> Tile:
         # tiles' key ranges follow from the window (a CTA a tile, as BF16's).
         split_tail = v.d_v == 256 and not v.causal and not v.serving
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
-                    dynamic_smem=smem(stages), stages=stages, persistent=persistent, split_tail=split_tail,
-                    f16_buffers=f16_buffers)
+                    dynamic_smem=smem(stages), stages=stages, persistent=persistent, split_tail=split_tail)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.

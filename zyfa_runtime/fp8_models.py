@@ -165,12 +165,12 @@ class Recipe:
                     of p_shift P: 8 at the block max), with no centring offset (the two terms carry no Lean bias to cancel); needs
                     "block_fp32".  Only where ``d_v <=
                     diagonal_dv`` (``diagonal_at``): sm_90a's d_v = 256 consumer holds no
-                    second P beside its 256-wide O and block accumulator.  Or "f16", sm_90a's:
-                    those blocks carry P as ``X = e4m3.exp2_f16(u)``, f16(2^u) itself (the
-                    first step of "hi_lo"; about 2^-12 relative, RMS), with no cut below
-                    2^-7 (the f16 subnormals carry it), in one product with an f16 copy of V
-                    (the e4m3 values exactly; the kernel's producer warpgroup makes it on the
-                    SM from the V^T stage) and X in the rounded sum (docs/numerics.md).
+                    second P beside its 256-wide O and block accumulator.  Or "f16", built
+                    for sm_90a, measured and not kept (slower: docs/sm90a.md): those blocks
+                    carry P as ``X = f16(2^u)`` itself (``e4m3.exp2_f16``: the first step of
+                    "hi_lo" without its cut below 2^-7; about 2^-12 relative, RMS), one product
+                    with an f16 V (the e4m3 values exactly) and X in the rounded sum
+                    (docs/numerics.md).
     ``exact_within`` None (every block rescaled to its own exact max), or delta in (-8, 64)
                     with byte_form "ashr_u8": an adaptive merge, studied for gfx950 and not
                     adopted (docs/gfx950_fp8.md).  A row keeps its running max ``M`` and a
@@ -287,7 +287,7 @@ class Recipe:
     def w_constant(self) -> np.float32:
         """``fp32(16 + (c0 - delta)/8)``: the ``w`` of a block's maximum in the quad and
         lean_h2 forms (``w = fp32(S c + fp32(w_constant - m_b))``), which a kernel holds as
-        a constant; the diagonal forms' is that of ``c0`` alone (no centring)."""
+        a constant; the two-term diagonal's is that of ``c0`` alone (no centring)."""
         return _fp32(16.0 + (self.c0 - self.code_offset) / 8.0)
 
     @property
@@ -316,9 +316,8 @@ def _recipes() -> dict[str, Recipe]:
     * "sm_90a": the same Lean P (centred, exact fp32 block max, rounded sum) over 128-key
       blocks, the byte held to 1/8 code in half precision, two scores an instruction: 1.5
       FMA-pipe + 0.75 other instructions per element, no MUFU; causal, at d_v <= 128, the
-      blocks the diagonal of each 64-row group cuts take P as f16 X, one f16 product
-      (``diagonal="f16"``; "sm_90a/hi_lo": the two e4m3 terms it replaced; "sm_90a/one": the
-      recipe with one byte there).  "sm_90a/quad": the
+      blocks the diagonal of each 64-row group cuts take P in two e4m3 terms
+      (``diagonal="hi_lo"``; "sm_90a/one" is the recipe without them).  "sm_90a/quad": the
       quadratic mantissa correction in half precision, 2.5 + 1.25 ("sm_90a/fold": the same
       byte in fp32, 4 + 1.5; "sm_90a/fma": the FMA form, 6 + 1.5), about 0.85x the error for
       more issue slots than the kernels can afford (docs/numerics.md).
@@ -340,14 +339,13 @@ def _recipes() -> dict[str, Recipe]:
         "gfx950": Recipe("gfx950", 64, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
                          "ashr_u8", descale_blocks="e8m0", softcap_form="exp_rcp"),
         "sm_90a": Recipe("sm_90a", 128, "lean", "block_fp32", "rounded", 256.0, e4m3.LEAN_CENTRE,
-                         "lean_h2", "f16"),
+                         "lean_h2", "hi_lo"),
         # sm_90a's recipe until the kernels showed the quadratic correction's cost.
         "sm_90a/quad": Recipe("sm_90a/quad", 128, "lean_quad", "block_fp32", "rounded", 256.0, 0.0,
                               "quad_h2", "hi_lo"),
     }
     r["sm_90a/one"] = r["sm_90a"].replace(name="sm_90a/one", diagonal="same")
-    # the two-term diagonal, sm_90a's until the f16 kernels
-    r["sm_90a/hi_lo"] = r["sm_90a"].replace(name="sm_90a/hi_lo", diagonal="hi_lo")
+    r["sm_90a/f16"] = r["sm_90a"].replace(name="sm_90a/f16", diagonal="f16")
     # gfx950's byte until the subnormal FMA and v_ashr_pk_u8_i32: v_cvt_pk_u8_f32
     r["gfx950/pk_u8"] = r["gfx950"].replace(name="gfx950/pk_u8", byte_form="pk_u8")
     r["sm_90a/fold"] = r["sm_90a/quad"].replace(name="sm_90a/fold", byte_form="quad_fold")
