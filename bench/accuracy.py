@@ -126,6 +126,11 @@ def derived_128(q, k, v):
     return q2, k2, v2
 
 
+def chosen_layers(args, default):
+    """The layers named by ``--layers`` (comma-separated), else ``default``."""
+    return [int(x) for x in args.layers.split(",")] if args.layers else default
+
+
 #: SmolLM2's own softmax scale, also for the derived d128 heads.
 LAYER_SCALE = 1.0 / np.sqrt(64.0)
 
@@ -237,7 +242,7 @@ def adaptive(args) -> int:
     (4,096 tokens, 2 heads, d128 non-causal, d64 causal) through gfx950's recipe with each
     delta of the adaptive merge (decided per row, or per 32-row wave with ``--unit wave``);
     prints a markdown table."""
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else range(1, 30, 4)
+    layers = chosen_layers(args, range(1, 30, 4))
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max_workers=args.jobs) as pool:
         caps = capture(["technical_storage", "dialogue_garden"], 2048)
         files = []
@@ -323,7 +328,7 @@ def input_errors(args) -> int:
     smooth_k: of K reconstructed as its codes' values plus the mean), mean over layers, and the
     share of elements whose dequantised value differs from the per-tensor one (power-of-two
     descales; "-" where every value moves: fp32 descales, K plus its fp32 mean); prints a table."""
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else range(30)
+    layers = chosen_layers(args, range(30))
     caps = capture(["technical_storage"], 2048)["technical_storage"]
     rows = {}
     for layer in layers:
@@ -372,7 +377,7 @@ def diagonal(args) -> int:
     the d64 heads as captured and the derived d128 ones): each recipe's median per-head error
     against fp64 on the e4m3 inputs, over every row and over the first and last 128 (prints a
     table)."""
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else range(1, 30, 4)
+    layers = chosen_layers(args, range(1, 30, 4))
     caps = capture(["technical_storage"], 2048)["technical_storage"]
     tasks = [(layer, *caps[layer], derived) for derived in (False, True) for layer in layers]
     errs: dict = {}
@@ -399,9 +404,7 @@ def granularity(args) -> int:
     if unknown:
         raise SystemExit(f"unknown granularity cases {sorted(unknown)}; known: {list(GRANULARITY_CASES)}")
     layer_tokens = 512 if args.quick else 2048
-    layers = range(0, 30, 10) if args.quick else range(30)
-    if args.layers:
-        layers = [int(x) for x in args.layers.split(",")]
+    layers = chosen_layers(args, range(0, 30, 10) if args.quick else range(30))
     prompts_layers = ["technical_storage"] if args.quick else ["technical_storage", "dialogue_garden"]
     e2e_prompts = ["prose_lighthouse"] if args.quick else ["prose_lighthouse", "technical_storage",
                                                           "dialogue_garden"]

@@ -454,8 +454,8 @@ def test_sm90a_diagonal_terms_cut_the_error_of_rows_near_the_start(d):
 
 
 def test_an_f16_diagonal_is_x_rounded_once_and_at_least_as_close_as_two_terms():
-    """The studied "f16" diagonal (sm_90a/f16): the blocks the diagonal cuts carry X = f16(x),
-    the first step of the two terms, so where a row sees one key only (row 0) P is X exactly,
+    """The "f16" diagonal (sm_90a/f16, built and not kept): the blocks the diagonal cuts carry
+    X = f16(x), the first step of the two terms, so where a row sees one key only (row 0) P is X exactly,
     and the rows that see diagonal blocks alone come out at least as close to fp64 as with the
     two e4m3 terms; the other blocks' bytes are the recipe's."""
     rng = np.random.default_rng(29)

@@ -114,7 +114,7 @@ def test_the_quadratic_forms_are_still_built_where_the_recipe_names_them(monkeyp
 @pytest.mark.parametrize("change", [dict(byte_form="fma"), dict(p_rounding="lean_quad", byte_form="fma"),
                                     dict(block_keys=64),
                                     dict(code_offset=0.0),    # uncentred Lean sums need an LSE offset
-                                    dict(diagonal="f16")])    # studied, not built
+                                    dict(diagonal="f16")])    # built, not kept: the body has none
 def test_a_recipe_the_body_does_not_implement_is_refused(monkeypatch, change):
     v = Variant("sm_90a", "fp8_e4m3", 128, 128, False)
     other = fp8_models.RECIPES["sm_90a"].replace(**change)

@@ -396,11 +396,8 @@ def exp2_x(u) -> np.ndarray:
     within 2 ulp of this over [-7, 9) (measured: docs/numerics.md); x is then rounded to f16
     (:func:`hi_lo_codes`), whose ulp is 2^13 times larger, so the two meet but near f16 ties.
     """
-    u = np.minimum(np.asarray(u, dtype=np.float32), EXP2_U_MAX)
-    live = u >= EXP2_U_ZERO
-    with np.errstate(invalid="ignore", over="ignore"):
-        x = np.exp2(np.where(live, u, EXP2_U_ZERO).astype(np.float64)).astype(np.float32)
-    return np.where(live, x, np.float32(0))
+    u, x = _exp2_fp32(u)
+    return np.where(u >= EXP2_U_ZERO, x, np.float32(0))
 
 
 def exp2_f16(u) -> np.ndarray:
@@ -408,14 +405,22 @@ def exp2_f16(u) -> np.ndarray:
     256), each step correctly rounded (nearest even), for every ``u``: ``u`` is first held below 9
     (``min(u, EXP2_U_MAX)``, so X <= 512), and there is no cut at :data:`EXP2_U_ZERO`: the f16
     subnormals carry P down to 2^-24, x up to half that (2^-25) rounds to 0, -inf gives 0 and
-    NaN stays NaN.  Equals ``exp2_x(u).astype(float16)`` for ``u`` in [-7, 9).  The kernel takes
-    x from MUFU's ``ex2.approx.ftz.f32``, within 2 ulp of fp32(2^u) over [-7, 9) (measured:
+    NaN stays NaN.  Equals ``exp2_x(u).astype(float16)`` for ``u`` in [-7, 9).  The f16
+    diagonal's kernel (built, not kept: bench/results/2026-12-06_h100_fp8_f16_diagonal) took x
+    from MUFU's ``ex2.approx.ftz.f32``, within 2 ulp of fp32(2^u) over [-7, 9) (measured:
     docs/numerics.md; its flush of fp32 subnormals changes no X), and X by ``cvt.rn.f16x2.f32``,
     whose ulp is at least 2^13 times x's, so the two meet but near f16 ties.  Returns float16.
     """
+    return _exp2_fp32(u)[1].astype(np.float16)
+
+
+def _exp2_fp32(u) -> tuple[np.ndarray, np.ndarray]:
+    """``u`` (float32) held below 9 (``min(u, EXP2_U_MAX)``; NaN stays NaN) and fp32(2^u),
+    correctly rounded (float64 exp2, one rounding to fp32): what :func:`exp2_x` and
+    :func:`exp2_f16` share."""
     u = np.minimum(np.asarray(u, dtype=np.float32), EXP2_U_MAX)
-    with np.errstate(over="ignore", under="ignore"):
-        return np.exp2(u.astype(np.float64)).astype(np.float32).astype(np.float16)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        return u, np.exp2(u.astype(np.float64)).astype(np.float32)
 
 
 def hi_lo_codes(u) -> tuple[np.ndarray, np.ndarray]:
