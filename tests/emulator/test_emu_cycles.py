@@ -358,6 +358,7 @@ def traced(variant, **shape):
             _os.environ["ZYFA_EMULATOR_HAZARDS"] = hazards
 
 
+@pytest.mark.slow   # a streamed trace of a whole launch: the full run only
 @needs_gfx950
 def test_kernel_figures_are_consistent():
     from zyfa_emulator.cycles import _classify, _Kind, loop_figures, stream, stream_window
@@ -391,6 +392,7 @@ def test_kernel_figures_are_consistent():
     assert all(min(s for s, _ in spans[j + 1]) >= max(e for _, e in spans[j]) for j in range(5))
 
 
+@pytest.mark.slow   # a streamed trace of a whole launch: the full run only
 @needs_gfx950
 def test_workgroup_cost_of_a_causal_kernel():
     """The cost cut out of streamed runs: the KV tiles counted from the grid agree with the
