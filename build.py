@@ -40,7 +40,7 @@ from zyfa_runtime import __version__  # noqa: E402
 from zyfa_runtime.cache import atomic_write  # noqa: E402
 from zyfa_runtime.catalogue import (ARCHES, TOOLKIT, VT_BLOCK, VT_THREADS, AuxKernel, Variant,  # noqa: E402
                                     all_aux, all_variants,
-                                    PERSISTENT_COUNTER_BYTES, SHORT_KEYS, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_OVERHEAD_BLOCKS,
+                                    PERSISTENT_COUNTER_BYTES, SHORT_KEYS, F16_KEYS, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_OVERHEAD_BLOCKS,
                                     SPLIT_TAIL_SWITCH_BLOCKS, grid_rule,
                                     dependent_launch, features, has_vt_prepass, iter_select, kernarg_size,
                                     split_tail_counter_bytes,
@@ -127,6 +127,8 @@ def entry_for(v: Variant, tc, source_hash: str, image: bytes) -> dict:
         # a short-prompt variant (catalogue.Variant.short): the runtime takes it for calls of at
         # most max_seqlen_k keys a sequence (plan.variant_for)
         **({"short": {"max_seqlen_k": SHORT_KEYS}} if v.short else {}),
+        # an f16-math variant (catalogue.Variant.f16): likewise, for at most max_seqlen_k keys
+        **({"f16": {"max_seqlen_k": F16_KEYS}} if v.f16 else {}),
         **({"split_tail": split_tail_entry(v)} if v.tile.split_tail else {}),
         **({"tensor_maps": tensor_maps(v)} if tensor_maps(v) else {}),
         # the serving features the kernel implements (catalogue.features; plan.require_features

@@ -46,7 +46,15 @@
 // (clamped), K and V from the cache by TMA (paged: a box a page piece, the stream's lanes a box
 // each), V's rows past the keys zeroed (copy_v's tail), as a packed batch's.
 // Named barriers: 2 + g consumer g's turn; 5 + g its epilogue (store_o_rows: O through its Q rows,
-// 16 bytes a thread in whole rows).
+// 16 bytes a thread in whole rows); 9 the converters' (kFp8In).
+// FP8 inputs, PV in f16 (kFp8In, catalogue.Variant.f16; persistent d128 only): Q, K and V are
+// e4m3, each tile copied by TMA as its bytes (rows of 128, one K-block of the 128B swizzle, in
+// the first half of the buffer or stage).  S = Q K^T is an e4m3 WGMMA (k32, both K-major, as the
+// FP8 body's); V, which FP8 WGMMA cannot read MN-major, lands where its f16 tile's second K-block
+// lies, onto vland instead of vfull, and producer warps 2 and 3 convert it there into the two
+// f16 K-blocks PV reads (convert_tiles: e4m3 is a subset of f16, so PV multiplies the e4m3
+// values), then complete vfull.  P is f16; the scores' factor carries the call's dq dk and O's
+// its dv, per tile (the descales of its sequence and key/value head).  No V^T pre-pass.
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -83,6 +91,11 @@ constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's 
 static_assert(kQBuffers * kTileQ + kStages * (kTileK + kTileV + kTileOnes) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 static_assert(!kPersistent || kOverlap, "persistent CTAs: the schedule of d_v <= 128 with two consumers");
+static_assert(!kFp8In || (kPersistent && kDqk == 128 && kDv == 128 && !kServing),
+              "e4m3 inputs (kFp8In): the persistent d128 plain kernel, a row of e4m3 one 128-byte K-block");
+// kFp8In: where a tile's e4m3 bytes land (its second f16 K-block), the converters' named barrier
+// and threads (warps 2 and 3 of the producer).
+constexpr int kConvertBar = 9, kConverters = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -98,7 +111,10 @@ struct Smem {
   __device__ uint32_t qfull() const { return q + kBars + Bars::kBytes; }          // Q landed (and its tail zeroed)
   __device__ uint32_t vlanded() const { return q + kBars + Bars::kBytes + 8; }    // packed tails (zero_tail_rows):
   __device__ uint32_t qlanded() const { return q + kBars + Bars::kBytes + 16; }   //   V's and Q's copies
+  // kFp8In: stage s's e4m3 V landed (its TMA copy completes this, the converters vfull)
+  __device__ uint32_t vland(int s) const { return q + kBars + Bars::kBytes + 24 + 8 * s; }
 };
+static_assert(Bars::kBytes + 24 + 8 * kStages <= kBarBytes, "vland after the other mbarriers");
 
 // K-major operand descriptor: 1024 bytes between 8-row groups, 128B swizzle (the leading byte
 // offset is unused for swizzled K-major tiles).
@@ -118,7 +134,7 @@ __device__ __forceinline__ void write_ones(const Smem& sm) {
   if constexpr (kOnesSum) {
     constexpr int kChunks = kTileOnes / 16;
     for (int i = threadIdx.x; i < kStages * kChunks; i += kThreads)
-      sts128_fill(sm.v_at(i / kChunks) + kTileV + 16 * (i % kChunks), 0x3f803f80u);
+      sts128_fill(sm.v_at(i / kChunks) + kTileV + 16 * (i % kChunks), kFp8In ? 0x3c003c00u : 0x3f803f80u);
     fence_async_smem();
   }
 }
@@ -145,6 +161,11 @@ struct KvAt {
 };
 template <class P>
 __device__ __forceinline__ void copy_k(const P& p, const Smem& sm, const KvAt& kv, int m, int s) {
+  if constexpr (kFp8In) {   // e4m3 rows, one K-block, for the e4m3 S
+    tma_tile<kBlockN, kDqk, 128>(sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), sm.bars().kfull(s), kv.h,
+                                 kv.row + m * kBlockN, kv.seq);
+    return;
+  }
   tma_tile_kv<kBlockN, 2 * kDqk, 128>(p, sm.k_at(s), reinterpret_cast<uint64_t>(p.tmap_k), sm.bars().kfull(s), kv.h,
                                       kv.row + m * kBlockN, kv.seq);
 }
@@ -152,7 +173,8 @@ __device__ __forceinline__ void copy_k(const P& p, const Smem& sm, const KvAt& k
 // A Q tile into the buffer at dst, completing bar: the tensor map's head h, row qrow, sequence qseq.
 template <class P>
 __device__ __forceinline__ void copy_q(const P& p, uint32_t dst, uint32_t bar, int h, int qrow, int qseq) {
-  tma_tile<kBlockM, 2 * kDqk, 128>(dst, reinterpret_cast<uint64_t>(p.tmap_q), bar, h, qrow, qseq);
+  if constexpr (kFp8In) tma_tile<kBlockM, kDqk, 128>(dst, reinterpret_cast<uint64_t>(p.tmap_q), bar, h, qrow, qseq);
+  else tma_tile<kBlockM, 2 * kDqk, 128>(dst, reinterpret_cast<uint64_t>(p.tmap_q), bar, h, qrow, qseq);
 }
 
 // Thread 0, once the barriers are initialised: Q (onto qlanded where a packed sequence ends
@@ -174,6 +196,12 @@ __device__ __forceinline__ void copy_v(const P& p, const Smem& sm, const KvAt& k
                                        uint32_t parity, int page = 0) {
   const int n0 = m * kBlockN;
   const Bars bars = sm.bars();
+  if constexpr (kFp8In) {   // e4m3 bytes onto vland (convert_tiles zeroes the tail)
+    if (threadIdx.x % 32 == 0)
+      tma_tile<kBlockN, kDv, 128>(sm.v_at(s) + kBlockN * 128, reinterpret_cast<uint64_t>(p.tmap_v), sm.vland(s), kv.h,
+                                  kv.row + n0, kv.seq);
+    return;
+  }
   const uint32_t bar = tail ? sm.vlanded() : bars.vfull(s);
   if constexpr (HasPages<P>::value) {
     if (paged(p))
@@ -254,6 +282,12 @@ __device__ __forceinline__ void produce(const P& p, const Smem& sm, const KvAt& 
 // S = Q K(stage)^T for the warpgroup's 64 rows (sQg), issued and committed.
 __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 2], uint32_t sQg, uint32_t sK) {
   const uint64_t dq = desc_kmajor(sQg), dk = desc_kmajor(sK);
+  if constexpr (kFp8In) {   // e4m3: kDqk bytes a row, one K-block; k32 steps of 32 bytes
+#pragma unroll
+    for (int k = 0; k < kDqk / 32; ++k) wgmma_qk(acc_s, desc_advance(dq, k * 32), desc_advance(dk, k * 32), k > 0);
+    wgmma_commit();
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < kDqk / 16; ++k) {
     const uint32_t kb = k / 4, kk = k % 4;
@@ -273,6 +307,27 @@ __device__ __forceinline__ void issue_pv(float (&acc_o)[kAccO], const uint32_t (
   for (int kk = 0; kk < kBlockN / 16; ++kk)
     wgmma_pv(acc_o, pa + 4 * kk, desc_advance(dv, kk * 16 * 128), kk > 0 || accumulate);
   wgmma_commit();
+}
+
+// kFp8In: two P as an f16 pair (lo in the low half), the A fragments of the f16 PV.
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// kFp8In: tile w's descale of one tensor, element [b, h_kv] of a (B, Hkv) view by its strides in
+// elements (one value: both 0).
+__device__ __forceinline__ float fp8_descale(const void* d, long long stride_b, long long stride_h, const CtaWork& w) {
+  return static_cast<const float*>(d)[w.b * stride_b + w.h_kv * stride_h];
+}
+// kFp8In: the factor that takes tile w's scores to log2 units, fp32(softmax_scale log2(e) dq dk)
+// with the products in double, as the FP8 kernels' (flash_fp8_lean.cuh log2_scale).
+template <class P>
+__device__ __forceinline__ float fp8_score_factor(const P& p, const CtaWork& w) {
+  const double dq = fp8_descale(p.descale_q, p.descale_q_stride_b, p.descale_q_stride_h, w);
+  const double dk = fp8_descale(p.descale_k, p.descale_k_stride_b, p.descale_k_stride_h, w);
+  return static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634 * dq * dk);
 }
 
 // Online softmax of one block for the two rows (r_lo, r_lo + 8) a thread holds: scores scaled
@@ -323,7 +378,8 @@ __device__ __forceinline__ bool softmax(uint32_t (&pa)[kBlockN / 4], float (&acc
   for (int hr = 0; hr < 2; ++hr)
     if constexpr (!kOnesSum) l_run[hr] += (sum[hr][0] + sum[hr][1]) + (sum[hr][2] + sum[hr][3]);
 #pragma unroll
-  for (int i = 0; i < kBlockN / 4; ++i) pa[i] = pack_bf16(acc_s[2 * i], acc_s[2 * i + 1]);
+  for (int i = 0; i < kBlockN / 4; ++i)
+    pa[i] = kFp8In ? pack_f16(acc_s[2 * i], acc_s[2 * i + 1]) : pack_bf16(acc_s[2 * i], acc_s[2 * i + 1]);
   return moved;
 }
 
@@ -405,6 +461,7 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
     const int row = r_lo + hr * 8;
     float m = m_run[hr], o_factor = 1.f;
     if constexpr (kServing) o_factor = with_sink(p, w.h, m, l);
+    if constexpr (kFp8In) o_factor = fp8_descale(p.descale_v, p.descale_v_stride_b, p.descale_v_stride_h, w);
     inv[hr] = l > 0.f ? o_factor / l : 0.f;
     if (p.lse != nullptr && (threadIdx.x % 4) == 0 && row < w.seq.sq) {
       float* glse = lse_rows(p, w.seq, w.b, w.h);
@@ -690,12 +747,111 @@ __device__ void stream_v(const P& p, const Smem& sm, Sched& sh) {
   }
 }
 
+// ---- kFp8In: the converters (warps 2 and 3) ---------------------------------------------------
+//
+// Four e4m3 (a b32) -> four f16 (two b32, the first two in lo), exactly.
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(lo), "=r"(hi) : "r"(x));
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" :: "r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+// A tile of kRows rows whose e4m3 bytes TMA put where its second f16 K-block lies (kRows rows of
+// 128 bytes, the 128B swizzle: row r's 16-byte chunk c at c ^ (r % 8)), converted into both f16
+// K-blocks (the same swizzle): bytes 16c .. 16c + 15 of row r are f16 chunks 2c % 8 and 2c % 8 + 1
+// of row r of K-block c / 4.  Converter t takes rows t, t + 64: K-block 0's half first (outside
+// the bytes), then, with the rest of the row's bytes read, K-block 1's over them (row r of it is
+// row r's bytes, and no other thread's).  Rows from `valid` on are zeroed (a packed sequence's
+// next one, a tile past the sequence's end).  Conflict-free: a quarter warp's eight rows take
+// eight different chunks of their banks.
+template <int kRows>
+__device__ __forceinline__ void convert_rows(uint32_t tile, int valid, int t) {
+#pragma unroll 1
+  for (int r = t; r < kRows; r += kConverters) {
+    const uint32_t row0 = tile + r * 128, row1 = row0 + kRows * 128, x = r & 7;
+    if (r >= valid) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        sts128_zero(row0 + 16 * c);
+        sts128_zero(row1 + 16 * c);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint4 a[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = lds128(row1 + (((4 * half + i) ^ x) << 4));
+      const uint32_t dst = half ? row1 : row0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint4 lo, hi;
+        e4m3x4_to_f16(a[i].x, lo.x, lo.y);
+        e4m3x4_to_f16(a[i].y, lo.z, lo.w);
+        e4m3x4_to_f16(a[i].z, hi.x, hi.y);
+        e4m3x4_to_f16(a[i].w, hi.z, hi.w);
+        sts128(dst + (((2 * i) ^ x) << 4), lo);
+        sts128(dst + (((2 * i + 1) ^ x) << 4), hi);
+      }
+    }
+  }
+}
+
+// The converters' writes fenced for the async proxy, all of them done, then one arrival on full.
+__device__ __forceinline__ void converted(uint32_t full) {
+  fence_async_smem();
+  bar_sync(kConvertBar, kConverters);
+  if (threadIdx.x == 64) mbar_arrive(full);
+}
+
+// Warps 2 and 3 (kFp8In): every tile's blocks' V, each once it has landed (vland: the copies'
+// own phases, TileRing's over the ring), then vfull completed; before them, where a packed
+// sequence ends inside the tile, Q's rows past its end zeroed (zero_q_tails' work, Q's e4m3 rows
+// one K-block); a reader of each slot (qempty), as the V stream is.
+template <class P>
+__device__ void convert_tiles(const P& p, const Smem& sm, Sched& sh) {
+  const int t = threadIdx.x - 64;
+  const Bars bars = sm.bars();
+  TileRing<kStages> ring;
+  uint32_t qland = 0;   // bit b: the phase of qlanded[b]
+  for (int j = 0;; ++j) {
+    const int b = j & 1;
+    mbar_wait(shared_addr(&sh.tfull[b]), (j >> 1) & 1);
+    const CtaWork w = sh.work[b];
+    if (w.n_blocks < 0) return;
+    const int rows_q = w.seq.sq - w.row0;
+    if (w.n_blocks > 0 && p.cu_seqlens_q != nullptr && rows_q < kBlockM) {
+      mbar_wait(shared_addr(&sh.qlanded[b]), (qland >> b) & 1);
+      qland ^= 1u << b;
+      for (int i = t; i < kBlockM * 8; i += kConverters)
+        if (i / 8 >= rows_q) sts128_zero(sm.q_at(b) + 16 * i);
+      converted(shared_addr(&sh.qfull[b]));
+    }
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
+    for (int m = 0; m < w.n_blocks; ++m) {
+      const int s = m & 1, keys = w.seq.sk - m * kBlockN;
+      mbar_wait(sm.vland(s), ring.full_parity(m));
+      convert_rows<kBlockN>(sm.v_at(s), keys, t);
+      converted(bars.vfull(s));
+    }
+    ring.end_tile(w.n_blocks);
+  }
+}
+
 template <class P>
 __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   consumer_registers();
   const ConsumerLane me(warpgroup_index(), 0);   // rows from the tile's first
   const int cw = me.cw, lane = me.lane, quad_col = me.quad_col, r_off = me.r_lo;
-  const float scale_log2 = score_factor(p);
+  float scale_log2 = score_factor(p);   // kFp8In: the tile's (load_tile)
   const Turns turns{cw};
   const Bars bars = sm.bars();
 
@@ -726,6 +882,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     sk = sh.work[b].seq.sk;
     diag = sh.work[b].diag;
     row0 = sh.work[b].row0;
+    if constexpr (kFp8In) scale_log2 = fp8_score_factor(p, sh.work[b]);
   };
   // The epilogue of the tile in slot b (O from acc_o, l_run, m_run; zeros for a tile without
   // keys: acc_o is not zeroed, where the compiler moved the zeros into the products' registers
@@ -830,8 +987,13 @@ __device__ void persistent(const P& p) {
   CtaWork w;          // thread 0: the tile in slot 0
   bool more = false, k0 = false;
   if (threadIdx.x == 0) {
-    init_sched(sh, 4 * kConsumers + 1 + (p.cu_seqlens_q != nullptr));
+    // a slot's readers: the consumer warps, the V stream, and warp 2 where Q is packed (zero_q_tails)
+    // or the converters' two warps (kFp8In)
+    init_sched(sh, 4 * kConsumers + 1 + (kFp8In ? 2 : p.cu_seqlens_q != nullptr));
     mbar_init(sm.vlanded(), 1);
+    if constexpr (kFp8In) {
+      for (int s = 0; s < kStages; ++s) mbar_init(sm.vland(s), 1);
+    }
     sm.bars().init();
     more = take_first_tile(p, sh, w);
     if (more && w.n_blocks > 0) {
@@ -855,6 +1017,8 @@ __device__ void persistent(const P& p) {
       schedule_k(p, sm, sh, w, more, k0);
     } else if (warp == 1) {
       stream_v(p, sm, sh);
+    } else if (kFp8In && warp >= 2) {
+      convert_tiles(p, sm, sh);
     } else if (warp == 2 && p.cu_seqlens_q != nullptr) {
       zero_q_tails<kBlockM, 128, kTileQ>(sm, sh);
     }

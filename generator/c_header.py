@@ -228,6 +228,9 @@ def _kernel(entry: dict) -> list[str]:
         # a short-prompt variant (manifest "short"): the kernel for calls of at most this many
         # keys a sequence, the plain kernel of its name less "_short" for longer ones; 0: not one
         ("SHORT_MAX_SEQLEN_K", str(int(entry["short"]["max_seqlen_k"])) if "short" in entry else "0"),
+        # an f16-math variant (manifest "f16": e4m3 inputs in f16 tensor math, no pre-pass): the
+        # kernel for calls of at most this many keys a sequence, before the short one; 0: not one
+        ("F16_MAX_SEQLEN_K", str(int(entry["f16"]["max_seqlen_k"])) if "f16" in entry else "0"),
         ("SPLIT_TAIL", "1" if "split_tail" in entry else "0"),
         ("DEPENDENT_LAUNCH", "1" if entry.get("dependent_launch") else "0"),
         # the serving features (manifest "features"): 1 where the struct has their arguments

@@ -68,8 +68,12 @@ def _wgmma_wrappers(v: Variant) -> str:
     the rounded row sum comes out of its last 8 columns.  At d_v = 256 the first pass is
     ``wgmma_pv_bare`` (N = 128)."""
     n = v.tile.block_n
-    if v.dtype == "bf16":
+    if body_key(v) == "ws":
         pv_n = v.d_v + (8 if v.tile.pv_row_sums else 0)   # l from a block of ones (kOnesSum)
+        if v.f16:   # e4m3 inputs (kFp8In): S an e4m3 product, PV f16 against V converted to f16
+            return "\n".join([
+                _wgmma("wgmma_qk", f"m64n{n}k32", "e4m3.e4m3", n // 2, False, "1, 1"),
+                _wgmma("wgmma_pv", f"m64n{pv_n}k16", "f16.f16", pv_n // 2, True, "1, 1, 1")])
         return "\n".join([
             _wgmma("wgmma_qk", f"m64n{n}k16", "bf16.bf16", n // 2, False, "1, 1, 0, 0"),
             _wgmma("wgmma_pv", f"m64n{pv_n}k16", "bf16.bf16", pv_n // 2, True, "1, 1, 1")])
@@ -159,7 +163,8 @@ def config(v: Variant) -> str:
         f"constexpr int kDqk = {v.d_qk};",
         f"constexpr int kDv = {v.d_v};",
         f"constexpr bool kCausal = {'true' if v.causal else 'false'};",
-        f"constexpr bool kFp8 = {'true' if v.dtype == 'fp8_e4m3' else 'false'};",
+        f"constexpr bool kFp8 = {'true' if v.dtype == 'fp8_e4m3' and not v.f16 else 'false'};   // FP8 tensor math",
+        f"constexpr bool kFp8In = {'true' if v.f16 else 'false'};   // e4m3 tiles in f16 tensor math (Variant.f16)",
         f"constexpr int kBlockM = {t.block_m};",
         f"constexpr int kBlockN = {t.block_n};",
         f"constexpr int kThreads = {t.threads};",
@@ -184,7 +189,7 @@ def config(v: Variant) -> str:
     if catalogue.has_vt_prepass(v):
         lines.append(f"constexpr int kVtBlock = {catalogue.VT_BLOCK}, kVtThreads = {catalogue.VT_THREADS};"
                      "   // the V^T pre-pass: keys and threads of a CTA")
-    if v.dtype == "fp8_e4m3" and v.vendor == "cuda":
+    if v.vendor == "cuda" and body_key(v) == "fp8-ws":
         lines += _recipe_constants(v)
     lines.append("}  // namespace zyfa_cfg")
     return "\n".join(lines) + "\n"
@@ -258,7 +263,7 @@ def emit(v: Variant) -> str:
     if v.vendor == "cuda":
         wrappers = _wgmma_wrappers(v)
         parts.append(COMMON.read_text())
-        if v.dtype == "fp8_e4m3":
+        if body_key(v) == "fp8-ws":
             parts.append(FP8_COMMON.read_text().replace("ZYFA_WGMMA_WRAPPERS", wrappers))
         else:
             body = body.replace("ZYFA_WGMMA_WRAPPERS", wrappers)

@@ -442,18 +442,20 @@ def test_persistent_kernels_take_a_cta_an_sm_and_a_zeroed_tile_counter_per_strea
 
 
 def test_fp8_d128_takes_its_short_prompt_variant_up_to_its_keys(fake):
-    """sm_90a FP8 d128 has a short-prompt variant (persistent CTAs) beside the plain kernel (a
-    CTA a tile): a call without features of at most its entry's short.max_seqlen_k keys a
-    sequence (dense seqlen_k, packed max_seqlen_k) takes it, one CTA an SM over its tiles;
+    """sm_90a FP8 d128 has a short-prompt variant (persistent CTAs) and an f16-math one beside
+    the plain kernel (a CTA a tile): a call without features of at most the f16-math entry's
+    f16.max_seqlen_k keys a sequence (dense seqlen_k, packed max_seqlen_k) takes that one, of at
+    most the short entry's short.max_seqlen_k the short one, one CTA an SM over its tiles;
     longer ones take the plain kernel, and a call with a feature the serving one.  Within
-    plan.forced_variant either kernel takes any length (selfcheck tests each so)."""
-    from zyfa_runtime.catalogue import SHORT_KEYS, serving_variant, short_variant
+    plan.forced_variant each kernel takes any length (selfcheck tests each so)."""
+    from zyfa_runtime.catalogue import F16_KEYS, SHORT_KEYS, f16_variant, serving_variant, short_variant
     for causal in (False,):   # the causal pair follows the same rule (conftest builds the full one)
         plain = Variant("sm_90a", "fp8_e4m3", 128, 128, causal)
-        short = short_variant(plain)
-        limit = entry_of(short)["short"]["max_seqlen_k"]
+        short, f16 = short_variant(plain), f16_variant(plain)
+        limit, f16_limit = entry_of(short)["short"]["max_seqlen_k"], entry_of(f16)["f16"]["max_seqlen_k"]
         assert limit == SHORT_KEYS and "short" not in entry_of(plain) and "persistent" not in entry_of(plain)
-        for sk, want in ((128, short), (limit, short), (limit + 1, plain)):
+        assert f16_limit == F16_KEYS < limit and "prepass" not in entry_of(f16)
+        for sk, want in ((128, f16), (f16_limit, f16), (f16_limit + 1, short), (limit, short), (limit + 1, plain)):
             q, k, v = arrays((2, 128, 4, 128), (2, sk, 2, 128), (2, sk, 2, 128), dtype="fp8_e4m3")
             flash_attn_func(q, k, v, causal=causal)
             assert fake.launches[-1].symbol == want.symbol, (sk, want.name)
@@ -464,7 +466,7 @@ def test_fp8_d128_takes_its_short_prompt_variant_up_to_its_keys(fake):
         assert fake.launches[-1].grid == (args["tile_count"], 1, 1)       # fewer tiles than SMs
         flash_attn_func(q, k, v, causal=causal, sinks=np.zeros(4, np.float32))
         assert fake.launches[-1].symbol == serving_variant(plain).symbol
-        for n, want in ((limit, short), (limit + 1, plain)):
+        for n, want in ((f16_limit, f16), (limit, short), (limit + 1, plain)):
             cu = np.array([0, 100, 100 + n], np.int32)
             qp, kp, vp = arrays((100 + n, 4, 128), (100 + n, 2, 128), (100 + n, 2, 128), dtype="fp8_e4m3")
             flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n, max_seqlen_k=n,
@@ -473,10 +475,11 @@ def test_fp8_d128_takes_its_short_prompt_variant_up_to_its_keys(fake):
         with plan_mod.forced_variant(plain):
             flash_attn_func(q, k, v, causal=causal)
             assert fake.launches[-1].symbol == plain.symbol
-        with plan_mod.forced_variant(short):
-            q, k, v = arrays((1, 128, 4, 128), (1, 4096, 2, 128), (1, 4096, 2, 128), dtype="fp8_e4m3")
-            flash_attn_func(q, k, v, causal=causal)
-            assert fake.launches[-1].symbol == short.symbol
+        for forced in (short, f16):
+            with plan_mod.forced_variant(forced):
+                q, k, v = arrays((1, 128, 4, 128), (1, 4096, 2, 128), (1, 4096, 2, 128), dtype="fp8_e4m3")
+                flash_attn_func(q, k, v, causal=causal)
+                assert fake.launches[-1].symbol == forced.symbol
         flash_attn_func(q, k, v, causal=causal)
         assert fake.launches[-1].symbol == plain.symbol
 

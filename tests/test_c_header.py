@@ -14,7 +14,7 @@ import pytest
 from generator.c_header import HeaderError, write_header
 from zyfa_runtime import __version__
 from build import prepass_entry, split_tail_entry
-from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, SHORT_KEYS, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_SWITCH_BLOCKS,
+from zyfa_runtime.catalogue import (PERSISTENT_COUNTER_BYTES, SHORT_KEYS, F16_KEYS, SPLIT_TAIL_DRAIN_BLOCKS, SPLIT_TAIL_SWITCH_BLOCKS,
                                     TOOLKIT, all_variants, eval_grid, grid_rule, has_vt_prepass, kernarg_size, kernargs, tensor_maps, tiles_rule,
                                     vt_columns)
 from zyfa_runtime.plan import tail_plan
@@ -45,6 +45,7 @@ def catalogue_manifest() -> dict:
                if v.tile.persistent else {}),
             **({"split_tail": split_tail_entry(v)} if v.tile.split_tail else {}),
             **({"short": {"max_seqlen_k": SHORT_KEYS}} if v.short else {}),
+            **({"f16": {"max_seqlen_k": F16_KEYS}} if v.f16 else {}),
         })
     return {"format": 1, "package_version": __version__, "toolkits": dict(TOOLKIT),
             "compilers": {"sm_90a": {"name": "nvcc", "version": "V13.0 \"quoted\" \\ back"}},
@@ -339,7 +340,8 @@ def test_header_carries_the_manifest_values():
                          ("BLOCK_SIZE", e["block_size"]), ("DYNAMIC_SMEM", e["dynamic_smem"]),
                          ("SHARED_BYTES", e["shared_bytes"]), ("KERNARG_SIZE", e["kernarg_size"]),
                          ("PERSISTENT", int("persistent" in e)),
-                         ("SHORT_MAX_SEQLEN_K", e["short"]["max_seqlen_k"] if "short" in e else 0)):
+                         ("SHORT_MAX_SEQLEN_K", e["short"]["max_seqlen_k"] if "short" in e else 0),
+                         ("F16_MAX_SEQLEN_K", e["f16"]["max_seqlen_k"] if "f16" in e else 0)):
             assert re.search(rf"^#define ZYFA_{up}_{key} +{re.escape(str(val))}$", h, re.M), (e["name"], key)
     for e in m["kernels"]:
         if not e["built"]:

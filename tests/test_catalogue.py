@@ -11,21 +11,24 @@ from zyfa_runtime.catalogue import (ARG_TYPES, FEATURES_OF, HEAD_DIMS, SERVING_F
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
                                     vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES,
                                     SM90_MAX_SMEM, SHORT_KEYS, SHORT_VARIANTS_OF, features, serving_variant,
-                                    short_variant)
+                                    short_variant, f16_variant, F16_KEYS, F16_VARIANTS_OF)
 
 
-def test_catalogue_is_the_full_product_and_the_serving_short_and_softcap_variants_of_sm90a():
+def test_catalogue_is_the_full_product_and_the_serving_short_softcap_and_f16_variants_of_sm90a():
     vs = all_variants()
-    assert len(vs) == 66
-    assert len({v.name for v in vs}) == 66 and len({v.symbol for v in vs}) == 66
-    assert len({v.filename for v in vs}) == 66
-    plain = [v for v in vs if not v.serving and not v.short]
+    assert len(vs) == 68
+    assert len({v.name for v in vs}) == 68 and len({v.symbol for v in vs}) == 68
+    assert len({v.filename for v in vs}) == 68
+    plain = [v for v in vs if not v.serving and not v.short and not v.f16]
     assert len(plain) == 32 and {(v.d_qk, v.d_v) for v in plain} == set(HEAD_DIMS)
     assert vs[32:48] == [serving_variant(v) for v in plain if v.arch == "sm_90a"]
     assert vs[48:50] == [short_variant(v) for v in plain if short_variant(v) is not None]
     assert [v.name for v in vs[48:50]] == ["fwd_sm_90a_fp8_e4m3_d128x128_full_short",
                                            "fwd_sm_90a_fp8_e4m3_d128x128_causal_short"]
-    assert vs[50:] == [serving_variant(v, softcap=True) for v in plain if v.arch == "sm_90a"]
+    assert vs[50:66] == [serving_variant(v, softcap=True) for v in plain if v.arch == "sm_90a"]
+    assert vs[66:] == [f16_variant(v) for v in plain if f16_variant(v) is not None]
+    assert [v.name for v in vs[66:]] == ["fwd_sm_90a_fp8_e4m3_d128x128_full_f16",
+                                         "fwd_sm_90a_fp8_e4m3_d128x128_causal_f16"]
     assert all(v.name == serving_variant(p).name == p.name + "_serving" for p, v in zip(plain[:16], vs[32:]))
     assert all(v.name == p.name + "_serving_softcap" and v.serving and v.softcap
                for p, v in zip(plain[:16], vs[50:]))
@@ -37,7 +40,10 @@ def test_catalogue_is_the_full_product_and_the_serving_short_and_softcap_variant
 @pytest.mark.parametrize("bad", [dict(arch="gfx942"), dict(dtype="fp16"), dict(d_qk=96, d_v=96),
                                  dict(arch="gfx950", dtype="fp8_e4m3", serving=True), dict(arch="gfx950", serving=True),
                                  dict(dtype="fp8_e4m3", short=True, serving=True), dict(dtype="fp8_e4m3", d_qk=64, d_v=64, short=True),
-                                 dict(short=True), dict(arch="gfx950", dtype="fp8_e4m3", short=True)])
+                                 dict(short=True), dict(arch="gfx950", dtype="fp8_e4m3", short=True),
+                                 dict(f16=True), dict(dtype="fp8_e4m3", f16=True, short=True),
+                                 dict(dtype="fp8_e4m3", f16=True, serving=True), dict(dtype="fp8_e4m3", d_qk=64, d_v=64, f16=True),
+                                 dict(arch="gfx950", dtype="fp8_e4m3", f16=True)])
 def test_variant_rejects_what_is_not_in_the_catalogue(bad):
     kw = dict(arch="sm_90a", dtype="bf16", d_qk=128, d_v=128, causal=False) | bad
     with pytest.raises(ValueError):
@@ -60,15 +66,18 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     assert len(set(names)) == len(names)
     assert ("descale_q" in names) == (v.dtype == "fp8_e4m3")
     assert ("vt" in names) == ("vt_stride_h" in names) == has_vt_prepass(v)
-    # sm_90a reads Q and K by TMA, and BF16 V too (FP8's V^T comes from the pre-pass's workspace)
+    # sm_90a reads Q and K by TMA, and BF16 V too (FP8's V^T comes from the pre-pass's workspace;
+    # the f16-math FP8 kernels read V as BF16 does, e4m3 rows of 128 bytes a box)
     assert [n for n in names if n.startswith("tmap_")] == list(tensor_maps(v))
-    assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else ["tmap_q", "tmap_k"] if v.dtype == "fp8_e4m3"
+    assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else ["tmap_q", "tmap_k"] if has_vt_prepass(v)
                                     else ["tmap_q", "tmap_k", "tmap_v"])
+    if v.f16:
+        assert all(m["box"][0] == 128 == m["swizzle_bytes"] == v.d_qk for m in tensor_maps(v).values())
 
 
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():
     assert {v.name for v in all_variants() if has_vt_prepass(v)} == {
-        v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3"}
+        v.name for v in all_variants() if v.arch == "sm_90a" and v.dtype == "fp8_e4m3" and not v.f16}
     # the gfx950 FP8 kernels' argument layout is the sm_90a FP8 serving one without the
     # pre-pass's V^T and gathered K and K's tensor map (window, softcap, sinks and the KV cache's
     # in the same places: the softcap specialisation's), the KV cache's count pointer after the sinks
@@ -154,12 +163,12 @@ def test_causal_sm90a_grid_order_follows_what_fits_in_l2(v):
 
 @pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a"], ids=lambda v: v.name)
 def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
-    """BF16 d128 (plain and serving) and the FP8 d128 short-prompt variants are persistent (two
-    Q tiles fit beside the K/V ring): the grid is one CTA an SM, or a tile, where there are
+    """BF16 d128 (plain and serving) and the FP8 d128 short-prompt and f16-math variants are
+    persistent (two Q tiles fit beside the K/V ring): the grid is one CTA an SM, or a tile, where there are
     fewer; the arguments carry the tiles' grid, their count and the counter.  Every sm_90a
     argument list ends on 8 bytes: cuLaunchKernel takes a buffer of the cubin's parameter size,
     and kernarg_size rounds up to 8."""
-    assert v.tile.persistent == (((v.d_qk, v.d_v) == (128, 128) and v.dtype == "bf16") or v.short)
+    assert v.tile.persistent == (((v.d_qk, v.d_v) == (128, 128) and v.dtype == "bf16") or v.short or v.f16)
     names = [a.name for a in kernargs(v)]
     tile_args = ["tiles_x", "tiles_y", "tiles_z", "tile_count"]
     assert ("tile_counter" in names) == v.tile.persistent
@@ -170,13 +179,13 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
     if v.tile.persistent:
         for tiles, sms in ((5, 132), (132, 132), (4096, 132), (4096, 78)):
             assert eval_grid(grid_rule(v), {"tile_count": tiles, "sm_count": sms}) == (min(tiles, sms), 1, 1)
-    if v.tile.persistent and v.dtype == "bf16":   # FP8's layout: test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows
+    if v.tile.persistent and (v.dtype == "bf16" or v.f16):   # FP8's: test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows
         ones = 2 * v.tile.block_n * 128 if v.tile.pv_row_sums else 0   # a block of ones after each V stage
         smem = 2 * v.tile.block_m * 2 * v.d_qk + 2 * v.tile.block_n * 2 * (v.d_qk + v.d_v) + ones + 128 + 1024
         assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
 
 
-@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a" and v.dtype != "bf16"],
+@pytest.mark.parametrize("v", [v for v in all_variants() if v.arch == "sm_90a" and v.dtype != "bf16" and not v.f16],
                          ids=lambda v: v.name)
 def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
     """FP8: four K/V^T stages where they fit at d_qk >= 128 (d128, d192/128), three at d64
@@ -219,7 +228,8 @@ def test_causal_grid_reading_covers_every_block_once_in_any_order(blocks, hq, ba
 
 def test_selection_by_arch_and_substring():
     vs = all_variants()
-    assert len(list(iter_select(vs, arch="sm_90a"))) == 50
+    assert len(list(iter_select(vs, arch="sm_90a"))) == 52
+    assert len(list(iter_select(vs, arch="sm_90a", only="_f16"))) == 2
     assert len(list(iter_select(vs, arch="sm_90a", only="_serving"))) == 32
     assert len(list(iter_select(vs, arch="sm_90a", only="_softcap"))) == 16
     assert len(list(iter_select(vs, arch="sm_90a", only="_short"))) == 2
@@ -252,6 +262,9 @@ def test_fp8_d256_non_causal_balances_its_last_wave(v):
     both; no other variant has any of them.  Every sm_90a FP8 kernel (and so its tail) may be
     launched as its pre-pass's dependent; no BF16 one (it has no pre-pass)."""
     assert v.tile.split_tail == (v.dtype == "fp8_e4m3" and v.d_v == 256 and not v.causal and not v.serving)
+    if v.f16:   # no pre-pass: launched plainly
+        assert not v.tile.split_tail and not dependent_launch(v)
+        return
     names = [a.name for a in kernargs(v)]
     tail_args = ["tail_first", "tail_ctas", "tail_gap", "tail_ramp", "partials", "tail_counter"]
     assert all(n in names for n in tail_args) == v.tile.split_tail
@@ -316,3 +329,21 @@ def test_a_serving_variant_is_its_plain_kernel_with_the_features_arguments(v):
     assert Variant.from_json(v.to_json()) == v and v.to_json()["serving"] is True
     assert Variant.from_json({k: x for k, x in plain.to_json().items() if k != "serving"}) == plain
     assert serving_variant(Variant("gfx950", "bf16", v.d_qk, v.d_v, v.causal)) is None
+
+
+def test_f16_math_variants_are_the_bf16_body_on_e4m3_tiles_for_short_keys():
+    """sm_90a FP8 d128's f16-math variants (Variant.f16): the BF16 body and tile (persistent, row
+    sums from PV), FP8's arguments (descales per sequence and key/value head) without the
+    pre-pass's, and the runtime takes them up to F16_KEYS keys (plan.variant_for)."""
+    assert F16_VARIANTS_OF == {("sm_90a", "fp8_e4m3"): ((128, 128),)} and 128 <= F16_KEYS < SHORT_KEYS
+    for causal in (False, True):
+        plain = Variant("sm_90a", "fp8_e4m3", 128, 128, causal)
+        v, bf16 = f16_variant(plain), Variant("sm_90a", "bf16", 128, 128, causal)
+        assert v.f16 and v.name == plain.name + "_f16" and Variant.from_json(v.to_json()) == v
+        assert v.tile == bf16.tile and v.tile.persistent and v.tile.pv_row_sums
+        assert not has_vt_prepass(v) and not dependent_launch(v)
+        names = [a.name for a in kernargs(v)]
+        assert "vt" not in names and "descale_v_stride_h" in names and "tile_counter" in names
+        assert f16_variant(v) == v and short_variant(v) is None and f16_variant(short_variant(plain)) is None
+    assert f16_variant(Variant("sm_90a", "bf16", 128, 128, True)) is None
+    assert f16_variant(Variant("sm_90a", "fp8_e4m3", 64, 64, True)) is None

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from zyfa_runtime import reference
-from zyfa_runtime.catalogue import Variant, all_variants, clamps_cu_seqlens, per_head_descales, short_variant
+from zyfa_runtime.catalogue import (Variant, all_variants, clamps_cu_seqlens, f16_variant, per_head_descales,
+                                    short_variant)
 from zyfa_runtime.plan import forced_variant
 from zyfa_runtime.selfcheck import bounds
 
@@ -40,11 +41,11 @@ ARCH = DRIVER.arch(0) if DRIVER is not None else None
 
 @pytest.fixture(autouse=True)
 def _the_kernel_named(request):
-    """A test of variant ``v`` runs v's own kernel, plain or short-prompt (catalogue.Variant.short),
-    whatever length its shapes have (plan.forced_variant)."""
+    """A test of variant ``v`` runs v's own kernel, plain, short-prompt or f16-math
+    (catalogue.Variant.short, .f16), whatever length its shapes have (plan.forced_variant)."""
     spec = getattr(request.node, "callspec", None)
     v = spec.params.get("v") if spec is not None else None
-    if isinstance(v, Variant) and (v.short or short_variant(v) is not None):
+    if isinstance(v, Variant) and (v.short or v.f16 or short_variant(v) is not None or f16_variant(v) is not None):
         with forced_variant(v):
             yield
     else:
@@ -337,9 +338,10 @@ def test_sm90a_fp8_diagonal_blocks_carry_p_in_two_terms(d):
     scales = [t.abs().max() / 448 for t in xs]
     q8, k8, v8 = ((t / c).to(torch.float8_e4m3fn) for t, c in zip(xs, scales))
     out = torch.full((1, s, heads, dv), float("nan"), device="cuda", dtype=torch.bfloat16)
-    flash_attn_func(*(as_tensor(t.view(torch.uint8), dtype="fp8_e4m3") for t in (q8, k8, v8)),
-                    descale_q=scales[0].reshape(1), descale_k=scales[1].reshape(1),
-                    descale_v=scales[2].reshape(1), out=out, causal=True)
+    with forced_variant(Variant(ARCH, "fp8_e4m3", d, dv, True)):   # the recipe's kernel (not f16-math)
+        flash_attn_func(*(as_tensor(t.view(torch.uint8), dtype="fp8_e4m3") for t in (q8, k8, v8)),
+                        descale_q=scales[0].reshape(1), descale_k=scales[1].reshape(1),
+                        descale_v=scales[2].reshape(1), out=out, causal=True)
     torch.cuda.synchronize()
     codes = [t.view(torch.uint8).cpu().numpy()[0] for t in (q8, k8, v8)]
     deq = [(t.double() * c.double()).cpu().numpy()[0] for t, c in zip((q8, k8, v8), scales)]
@@ -522,24 +524,26 @@ def test_several_gpus_driven_from_one_process():
     assert loaded == set(range(n))
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3", "fp8_e4m3/f16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(dtype, causal):
-    """The persistent kernels (sm_90a d128: BF16's, FP8's short-prompt one; one CTA an SM, tiles
-    from a counter):
+    """The persistent kernels (sm_90a d128: BF16's, FP8's short-prompt and f16-math ones; one
+    CTA an SM, tiles from a counter):
     a packed batch of some 640 tiles (10 sequences x 8 heads x the longest's row blocks), of odd
     and even block counts, tails, sequences with no rows, and one with rows but no keys (O 0,
     LSE -inf).  O poisoned before each of three launches, two on one stream (its counter left
     zero by the first) and one on another; each equal, bit for bit, to the first, and every
-    sequence and head within its bound: BF16 of the fp64 reference (the LSE within the
-    variant's bound: its l the sum of the rounded P), FP8 of its recipe's model."""
+    sequence and head within its bound: BF16 and f16-math FP8 of the fp64 reference (the LSE
+    within the variant's bound: its l the sum of the rounded P), FP8 of its recipe's model."""
     torch = pytest.importorskip("torch")
     from zyfa_runtime import flash_attn_varlen_func, fp8_models
     from zyfa_runtime.api import kernel_table
     from zyfa_runtime.memory import to_device
     from zyfa_runtime.selfcheck import RECIPE_OF, _descales, _poisoned_out, _quantise
+    f16 = dtype.endswith("/f16")
+    dtype = dtype.removesuffix("/f16")
     v = Variant(ARCH, dtype, 128, 128, causal)
-    v = short_variant(v) or v
+    v = (f16_variant(v) if f16 else short_variant(v)) or v
     if "persistent" not in (kernel_table(DRIVER).entry(v) or {}):
         pytest.skip(f"{v.name} is not persistent")
     sq = [0, 1, 127, 128, 129, 300, 0, 1000, 64, 50]
@@ -566,7 +570,7 @@ def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(dtype, c
         assert np.array_equal(o, runs[0][0]) and np.array_equal(l.view(np.uint32), runs[0][1].view(np.uint32))
     o, got_lse = bf16_to_f64(runs[0][0]), runs[0][1]
     assert not np.isnan(o).any() and not np.isnan(got_lse).any()
-    o_bound, lse_bound = (8e-3, bounds(v)[1]) if dtype == "bf16" else bounds(v)
+    o_bound, lse_bound = (8e-3, bounds(v)[1]) if dtype == "bf16" or f16 else bounds(v)
     scale = float(np.float32(1.0 / np.sqrt(128)))
     for i in range(len(sq)):
         (a, b), (ka, kb) = (cu[0][i], cu[0][i + 1]), (cu[1][i], cu[1][i + 1])
@@ -575,7 +579,7 @@ def test_persistent_ctas_take_every_tile_once_over_launches_and_streams(dtype, c
         if kb == ka:
             assert (o[a:b] == 0).all() and np.isneginf(got_lse[:, a:b]).all(), i
             continue
-        if dtype == "bf16":
+        if dtype == "bf16" or f16:   # (f16-math: the fp64 reference of the dequantised inputs)
             ref, ref_lse = reference.attention(host[0][1][a:b], host[1][1][ka:kb], host[2][1][ka:kb],
                                                causal=causal, return_lse=True,
                                                cu_seqlens_q=np.array([0, b - a]), cu_seqlens_k=np.array([0, kb - ka]))
@@ -1114,8 +1118,11 @@ def test_fp8_descales_per_sequence_and_kv_head_match_the_model_fp64_and_each_gro
                                     descale_k=scales["k"], descale_v=scales["v"], causal=v.causal,
                                     softmax_scale=scale, **ref_cu)
     fp64 = reference.attention(exact["q"], exact["k"], exact["v"], causal=v.causal, **ref_cu)
-    assert reference.relative_error(o, model) <= MODEL_BOUNDS["sm_90a"][0]
-    assert reference.relative_error(o, fp64) <= RECIPE_FP64_BOUND
+    if v.f16:   # f16-math: no recipe, the BF16 bound against fp64
+        assert reference.relative_error(o, fp64) <= bounds(v)[0]
+    else:
+        assert reference.relative_error(o, model) <= MODEL_BOUNDS["sm_90a"][0]
+        assert reference.relative_error(o, fp64) <= RECIPE_FP64_BOUND
     bits = out.numpy().view(np.uint16)
     for b in range(bsz):
         for g in range(hkv):

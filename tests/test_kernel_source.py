@@ -18,8 +18,11 @@ SM90 = [v for v in catalogue.all_variants() if v.arch == "sm_90a"]
 def test_each_variant_gets_its_body(v):
     src = ks.emit(v)
     assert "ZYFA_WGMMA_WRAPPERS" not in src and "wgmma.mma_async" in src
-    if v.dtype == "bf16":     # flash_fwd_ws.cuh: a producer and consumer warpgroups, exp2
+    if v.dtype == "bf16" or v.f16:   # flash_fwd_ws.cuh: a producer and consumer warpgroups, exp2
         assert ks.body_key(v) == "ws" and "setmaxnreg" in src and "wgmma_sum" not in src
+        # the f16-math FP8 kernels: f16 products on e4m3 tiles converted by the producer (kFp8In)
+        assert ("constexpr bool kFp8In = true;" in src) == v.f16 and "constexpr bool kFp8 = false;" in src
+        assert ("f32.f16.f16" in src) == v.f16 and ("f32.bf16.bf16" in src) != v.f16
         # three consumer warpgroups (192 rows) at d64, else two
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 else 2
         assert (v.tile.block_m, v.tile.threads) == (64 * consumers, 128 * (1 + consumers))
@@ -47,7 +50,7 @@ def test_bf16_row_sums_by_pv_widen_it_by_eight_columns_of_ones(v):
     assert v.tile.dynamic_smem <= catalogue.SM90_MAX_SMEM
 
 
-@pytest.mark.parametrize("v", [v for v in SM90 if v.dtype == "fp8_e4m3"], ids=lambda v: v.name)
+@pytest.mark.parametrize("v", [v for v in SM90 if v.dtype == "fp8_e4m3" and not v.f16], ids=lambda v: v.name)
 def test_fp8_wgmma_shapes_follow_the_tile_and_head_dims(v):
     src = ks.emit(v)
     n = v.tile.block_n

@@ -93,7 +93,7 @@ def test_an_sm90a_fp8_call_takes_its_serving_variant_where_it_needs_a_feature():
         p = problem(dtype="fp8_e4m3", **options)
         plain = Variant("sm_90a", "fp8_e4m3", 128, 128, options.get("causal", False))
         got = plan.variant_for(p, table(), "sm_90a")
-        # without a feature, 70 keys take the short-prompt variant (catalogue.Variant.short)
+        # without a feature, 70 keys take the f16-math variant (catalogue.Variant.f16)
         assert got == (catalogue.serving_variant(plain, softcap="softcap" in options) if needs
-                       else catalogue.short_variant(plain))
+                       else catalogue.f16_variant(plain))
         plan.require_features(p, table(), got)

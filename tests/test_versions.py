@@ -243,7 +243,7 @@ def test_info_and_check_report_a_refusal(monkeypatch, tmp_path, capsys):
     assert cli(["info"]) == 1
     out = capsys.readouterr().out
     # 16 plain, 16 serving, 2 short, 16 softcap
-    assert "sm_90a: 50 kernels for CUDA 13.0 (the pin), built with" in out
+    assert "sm_90a: 52 kernels for CUDA 13.0 (the pin), built with" in out
     assert "gfx950: ROCm 7.2.3, no kernels in this installation (zyfa-rocm7-2 has them)" in out
     assert "refused      zyfa-cuda13" in out and "CUDA 12.8" in out
     api._tables.clear()

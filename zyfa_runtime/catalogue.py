@@ -88,6 +88,12 @@ class Variant(CodeObject):
     #: itself has none: its test of the softcap's argument before each block and the capping
     #: code cost the windowed, sink and paged calls 1-2 % (docs/sm90a.md).
     softcap: bool = False
+    #: The FP8 inputs in f16 tensor math (F16_VARIANTS_OF): the BF16 body reading e4m3 Q, K and V,
+    #: each tile converted exactly to f16 in shared memory by the producer (e4m3 is a subset of
+    #: f16), P in f16, no V^T pre-pass; the runtime takes it for a call whose sequences have at
+    #: most F16_KEYS keys, where the FP8 kernels' cost is their pre-pass and their causal
+    #: diagonal's two terms, not their tensor rate.
+    f16: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHES:
@@ -104,12 +110,18 @@ class Variant(CodeObject):
                              f"{' serving' if self.serving else ''}; those of {SHORT_VARIANTS_OF} only")
         if self.softcap and not self.serving:
             raise ValueError("a softcap variant is a serving variant's specialisation (serving=True)")
+        if self.f16 and (self.serving or self.short
+                         or (self.d_qk, self.d_v) not in F16_VARIANTS_OF.get((self.arch, self.dtype), ())):
+            raise ValueError(f"no f16-math variant of {self.arch} {self.dtype} d{self.d_qk}x{self.d_v}"
+                             f"{' serving' if self.serving else ''}{' short' if self.short else ''}; "
+                             f"those of {F16_VARIANTS_OF} only (plain)")
 
     @property
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
         return (f"fwd_{self.arch}_{self.dtype}_d{self.d_qk}x{self.d_v}_{mask}" + ("_serving" if self.serving else "")
-                + ("_softcap" if self.softcap else "") + ("_short" if self.short else ""))
+                + ("_softcap" if self.softcap else "") + ("_short" if self.short else "")
+                + ("_f16" if self.f16 else ""))
 
     @property
     def tile(self) -> "Tile":
@@ -129,7 +141,8 @@ class Variant(CodeObject):
     def from_json(cls, d: dict) -> "Variant":
         return cls(arch=d["arch"], dtype=d["dtype"], d_qk=int(d["d_qk"]), d_v=int(d["d_v"]),
                    causal=bool(d["causal"]), serving=bool(d.get("serving", False)),   # absent: before serving
-                   short=bool(d.get("short", False)), softcap=bool(d.get("softcap", False)))
+                   short=bool(d.get("short", False)), softcap=bool(d.get("softcap", False)),
+                   f16=bool(d.get("f16", False)))
 
 
 def all_variants() -> list[Variant]:
@@ -137,14 +150,17 @@ def all_variants() -> list[Variant]:
     head dims, causal or full), then the serving ones (SERVING_FEATURES_OF: 8 a listed
     (arch, dtype), in the plain ones' order), then the short-prompt ones (SHORT_VARIANTS_OF:
     causal and full of each listed head dims, in the plain ones' order), then the serving ones'
-    softcap specialisations (in the serving ones' order)."""
+    softcap specialisations (in the serving ones' order), then the f16-math ones (F16_VARIANTS_OF,
+    in the plain ones' order)."""
     plain = [Variant(a, t, dq, dv, c)
              for a, t, (dq, dv), c in itertools.product(ARCHES, DTYPES, HEAD_DIMS, (False, True))]
     serving = [dataclasses.replace(v, serving=True) for v in plain if (v.arch, v.dtype) in SERVING_FEATURES_OF]
     return (plain + serving
             + [dataclasses.replace(v, short=True) for v in plain
                if (v.d_qk, v.d_v) in SHORT_VARIANTS_OF.get((v.arch, v.dtype), ())]
-            + [dataclasses.replace(v, softcap=True) for v in serving])
+            + [dataclasses.replace(v, softcap=True) for v in serving]
+            + [dataclasses.replace(v, f16=True) for v in plain
+               if (v.d_qk, v.d_v) in F16_VARIANTS_OF.get((v.arch, v.dtype), ())])
 
 
 #: The short-prompt variants (Variant.short) of each (arch, dtype) that has them: their head
@@ -160,10 +176,29 @@ SHORT_VARIANTS_OF = {("sm_90a", "fp8_e4m3"): ((128, 128),)}
 SHORT_KEYS = 2048
 
 
+#: The f16-math variants (Variant.f16) of each (arch, dtype) that has them: their head dims.
+#: sm_90a FP8 d128: at 128-256 keys a tile is one or two blocks, and the FP8 kernels' V^T
+#: pre-pass and their causal diagonal's two terms cost more than FP8's tensor rate saves
+#: (docs/sm90a.md); converted to f16 in shared memory, the e4m3 inputs keep their bytes' traffic.
+F16_VARIANTS_OF = {("sm_90a", "fp8_e4m3"): ((128, 128),)}
+
+#: The most keys a call's sequences may have for the runtime to take an f16-math variant
+#: (plan.variant_for; each such manifest entry's ``f16.max_seqlen_k``).
+F16_KEYS = 256
+
+
+def f16_variant(v: Variant) -> "Variant | None":
+    """The f16-math variant of plain ``v``'s (arch, dtype, head dims, causal), None where the
+    catalogue has none (F16_VARIANTS_OF)."""
+    if v.serving or v.short or (v.d_qk, v.d_v) not in F16_VARIANTS_OF.get((v.arch, v.dtype), ()):
+        return None
+    return dataclasses.replace(v, f16=True)
+
+
 def short_variant(v: Variant) -> "Variant | None":
     """The short-prompt variant of plain ``v``'s (arch, dtype, head dims, causal), None where the
     catalogue has none (SHORT_VARIANTS_OF)."""
-    if v.serving or (v.d_qk, v.d_v) not in SHORT_VARIANTS_OF.get((v.arch, v.dtype), ()):
+    if v.serving or v.f16 or (v.d_qk, v.d_v) not in SHORT_VARIANTS_OF.get((v.arch, v.dtype), ()):
         return None
     return dataclasses.replace(v, short=True)
 
@@ -204,10 +239,12 @@ def sm90_body(v: Variant) -> str:
 
     * ``"ws"`` -- cuda/flash_fwd_ws.cuh, BF16: WGMMA, hardware exp2;
     * ``"fp8-ws"`` -- cuda/flash_fwd_fp8_ws.cuh, FP8: Lean P, V^T from a pre-pass kernel, K by TMA.
+
+    An f16-math variant (Variant.f16) is the ``"ws"`` body reading e4m3 tiles (its kFp8In).
     """
     if v.vendor != "cuda":
         raise ValueError(f"{v.name} is not an sm_90a variant")
-    return "ws" if v.dtype == "bf16" else "fp8-ws"
+    return "ws" if v.dtype == "bf16" or v.f16 else "fp8-ws"
 
 
 #: Dynamic shared memory one sm_90a CTA may have (227 KiB).
@@ -592,8 +629,9 @@ VT_THREADS = 128
 
 
 def has_vt_prepass(v: Variant) -> bool:
-    """Whether the variant's code object has the V^T pre-pass (the sm_90a FP8 kernels)."""
-    return v.vendor == "cuda" and v.dtype == "fp8_e4m3"
+    """Whether the variant's code object has the V^T pre-pass (the sm_90a FP8 kernels but the
+    f16-math ones, whose V is read as it lies: f16 WGMMA transposes it)."""
+    return v.vendor == "cuda" and v.dtype == "fp8_e4m3" and not v.f16
 
 
 def gathers_k(v: Variant) -> bool:
@@ -624,7 +662,8 @@ def tensor_maps(v: Variant) -> dict:
     rows) x 1 sequence; BF16 Q, K and V in boxes of 128 bytes (a K-block of the 128B swizzle)."""
     if v.vendor != "cuda":
         return {}
-    box, tensors = (64, "qk") if v.dtype == "fp8_e4m3" else (128, "qkv")
+    # (f16-math: the BF16 body's Q, K and V, e4m3 in boxes of 128 bytes: a row of d128)
+    box, tensors = (64, "qk") if v.dtype == "fp8_e4m3" and not v.f16 else (128, "qkv")
     return {f"tmap_{t}": {"tensor": t, "box": [box, 1, v.tile.block_m if t == "q" else v.tile.block_n, 1],
                           "swizzle_bytes": box} for t in tensors}
 

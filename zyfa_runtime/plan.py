@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from . import launch, validate, workspace
-from .catalogue import Variant, eval_grid, serving_variant, short_variant, vt_columns
+from .catalogue import Variant, eval_grid, f16_variant, serving_variant, short_variant, vt_columns
 from .memory import DeviceArray
 from .tensors import contiguous_strides
 
@@ -170,19 +170,21 @@ def variant_for(problem: validate.Problem, table, arch: str) -> Variant:
     features; with a softcap its softcap specialisation, Variant.softcap), else the plain variant -- which lists its features itself (gfx950) or is refused
     by require_features.  A call without features whose sequences have at most the keys a
     built short-prompt variant's entry names (``short.max_seqlen_k``) takes that variant
-    (catalogue.Variant.short).  Within ``forced_variant(v)`` a call of v's (arch, dtype, head
-    dims, causal) without features takes v (its plain or short kernel, for the tests of each)."""
+    (catalogue.Variant.short), and where a built f16-math variant's entry names at least as many
+    (``f16.max_seqlen_k``), that one first (catalogue.Variant.f16).  Within ``forced_variant(v)``
+    a call of v's (arch, dtype, head dims, causal) without features takes v (its plain, short or
+    f16-math kernel, for the tests of each)."""
     plain = Variant(arch, problem.dtype, problem.d_qk, problem.d_v, problem.causal)
     needed = validate.features_of(problem)
     if needed:
         serving = serving_variant(plain, softcap="softcap" in needed)
         return serving if serving is not None and table.entry(serving) is not None else plain
-    if _forced is not None and _forced in (plain, short_variant(plain)):
+    if _forced is not None and _forced in (plain, short_variant(plain), f16_variant(plain)):
         return _forced
-    short = short_variant(plain)
-    entry = table.entry(short) if short is not None else None
-    if entry is not None and entry.get("built") and problem.seqlen_k <= entry["short"]["max_seqlen_k"]:
-        return short
+    for special, key in ((f16_variant(plain), "f16"), (short_variant(plain), "short")):
+        entry = table.entry(special) if special is not None else None
+        if entry is not None and entry.get("built") and problem.seqlen_k <= entry.get(key, {}).get("max_seqlen_k", -1):
+            return special
     return plain
 
 

@@ -31,6 +31,10 @@ bit in P given the kernel's own fp32 scores.
   scores of ``torch._scaled_mm`` (the same FP8 accumulation) and holds the kernel to
   4e-3 / 5e-4.
 
+The f16-math FP8 kernels (``Variant.f16``: e4m3 inputs converted exactly to f16, P in f16 and
+normalised by the sum of the rounded P) are checked against fp64 with the BF16 bounds: P's
+f16 rounding (2^-11) is finer than bf16's, O's final bf16 rounding the same.
+
 Their error against fp64 is the recipe's own (Lean bytes are within [-4.2 %, +10.8 %] of
 the exact weights, normalised by their own sum): it is reported and bounded by 0.05, a
 margin over the ~2e-2 the model has on these inputs (FlashAttention-3's recipe: the same).
@@ -45,7 +49,7 @@ import numpy as np
 
 from . import fp8_models, reference
 from .api import flash_attn_func, flash_attn_varlen_func
-from .catalogue import Variant, short_variant
+from .catalogue import Variant, f16_variant, short_variant
 from .plan import forced_variant
 from .memory import DeviceArray, host_dtype, to_device, view
 
@@ -63,16 +67,22 @@ MODEL_BOUNDS = {"gfx950": (MODEL_O_BOUND, MODEL_LSE_BOUND), "sm_90a": (1.5e-2, 4
 RECIPE_FP64_BOUND = 0.05
 
 
+def recipe_of(v: Variant) -> "str | None":
+    """The fp8_models recipe whose P arithmetic variant ``v``'s kernel has (RECIPE_OF), None
+    where it has none (BF16, and the f16-math FP8 kernels: Variant.f16)."""
+    return None if v.f16 else RECIPE_OF.get((v.arch, v.dtype))
+
+
 def bounds(v: Variant) -> tuple[float, float]:
     """(O, LSE) bounds of variant ``v`` against the reference it is checked with."""
-    if (v.arch, v.dtype) in RECIPE_OF:
-        return MODEL_BOUNDS[RECIPE_OF[(v.arch, v.dtype)]]
+    if recipe_of(v) is not None:
+        return MODEL_BOUNDS[recipe_of(v)]
     return O_BOUND, ROUNDED_SUM_LSE_BOUND if v.tile.pv_row_sums else LSE_BOUND
 
 
 def _model(v: Variant, q, k, vv, scales, cu_q=None, cu_k=None):
     """The recipe model's out and lse for host e4m3 inputs (dense (B, S, H, D) or packed)."""
-    recipe = RECIPE_OF[(v.arch, v.dtype)]
+    recipe = recipe_of(v)
     scale = float(np.float32(1.0 / np.sqrt(v.d_qk)))   # what the kernel receives
     kw = dict(descale_q=scales[0], descale_k=scales[1], descale_v=scales[2], causal=v.causal,
               softmax_scale=scale)
@@ -152,7 +162,7 @@ def dense_case(driver, device: int, v: Variant, rng, *, b, sq, sk, hq, hkv, stri
     _, lse = flash_attn_func(*refs, causal=v.causal, out=out, return_lse=True,
                              **_descales(driver, device, (dq, dk, dv)))
     ref_o, ref_lse = reference.attention(q64, k64, v64, causal=v.causal, return_lse=True)
-    if (v.arch, v.dtype) in RECIPE_OF:
+    if recipe_of(v) is not None:
         return _errors(out, lse, *_model(v, q, k, vv, (dq, dk, dv))), _errors(out, lse, ref_o, ref_lse)
     return _errors(out, lse, ref_o, ref_lse), None
 
@@ -175,7 +185,7 @@ def varlen_case(driver, device: int, v: Variant, rng, *, seq_q, seq_k, hq, hkv, 
                                     **_descales(driver, device, (dq, dk, dv)))
     ref_o, ref_lse = reference.attention(q64, k64, v64, causal=v.causal, cu_seqlens_q=cu_q,
                                          cu_seqlens_k=cu_k, return_lse=True)
-    if (v.arch, v.dtype) in RECIPE_OF:
+    if recipe_of(v) is not None:
         return (_errors(out, lse, *_model(v, q, k, vv, (dq, dk, dv), cu_q, cu_k)),
                 _errors(out, lse, ref_o, ref_lse))
     return _errors(out, lse, ref_o, ref_lse), None
@@ -200,9 +210,9 @@ def check_variant(driver, device: int, v: Variant, seed: int | None = None,
     rng = np.random.default_rng(seed)
     results = []
     o_bound, lse_bound = bounds(v)
-    # A variant with a short-prompt sibling (catalogue.Variant.short): the kernel named, plain or
-    # short, whatever the case's length would take.
-    paired = short_variant(v) is not None   # v itself where v is short
+    # A variant with a short-prompt or f16-math sibling (catalogue.Variant.short, .f16): the
+    # kernel named, whatever the case's length would take.
+    paired = v.short or short_variant(v) is not None or f16_variant(v) is not None or v.f16
     for name in cases or tuple(CASES):
         with forced_variant(v) if paired else contextlib.nullcontext():
             (o_err, lse_err), fp64 = CASES[name](driver, device, v, rng)
