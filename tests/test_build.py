@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The builds here leave the serving kernels out (their compiles would take as long again as the
 #: default run's budget has): test_the_serving_kernels_build_without_spills builds them.
 SKIP = ["--skip", "_serving"]
-PLAIN = [v for v in all_variants() if not v.serving]   # and the short-prompt variants
+PLAIN = [v for v in all_variants() if not v.serving]   # and the short-prompt and f16-math variants
 #: The default run's clean build: the plain kernels of one head-dim pair (every compiler and the
 #: FP8 generator run: nvcc, the HIP compiler, the assembler) and every auxiliary kernel.  The
 #: full run's (``slow``) builds every plain kernel: a third of the default run's time.
@@ -72,9 +72,9 @@ def test_manifest_lists_every_variant_and_builds_them_all(full_build):
     assert set(kernels) == {v.name for v in all_variants()}
     built = {n for n, e in kernels.items() if e["built"]}
     assert built == {v.name for v in PLAIN}     # and the serving ones listed, unbuilt (--skip)
-    # sm_90a: 16 plain and the 2 short-prompt variants (catalogue.Variant.short)
-    assert len([n for n in built if "sm_90a" in n]) == 18 and len([n for n in built if "gfx950" in n]) == 16
-    assert len([n for n in built if n.endswith("_short")]) == 2
+    # sm_90a: 16 plain, the 2 short-prompt and the 2 f16-math variants (catalogue.Variant.short, .f16)
+    assert len([n for n in built if "sm_90a" in n]) == 20 and len([n for n in built if "gfx950" in n]) == 16
+    assert len([n for n in built if n.endswith("_short")]) == 2 and len([n for n in built if n.endswith("_f16")]) == 2
     assert all("--skip" in kernels[v.name]["reason"] for v in all_variants() if v.serving)
 
 

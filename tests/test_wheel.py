@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.wheel, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "py3-none-manylinux_2_28_x86_64"
 WHEELS = {  # target -> (distribution, arch, kernels built)
-    "cuda": ("zyfa-cuda13", "sm_90a", 50),   # 16 plain, 16 serving, 2 short-prompt, 16 softcap
+    "cuda": ("zyfa-cuda13", "sm_90a", 52),   # 16 plain, 16 serving, 2 short-prompt, 16 softcap, 2 f16-math
     "rocm": ("zyfa-rocm7-2", "gfx950", 16),
 }
 COMPILERS = ("nvcc", "clang", "clang++", "hipcc", "amdclang", "zig", "ld.lld")
