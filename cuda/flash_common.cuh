@@ -142,6 +142,26 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// ---- FP8 descales (the FP8 body, and the BF16 body's e4m3 inputs: kFp8In) ----------------------
+constexpr double kLog2eD = 1.4426950408889634;
+
+// A descale of sequence b and key/value head h_kv: element [b, h_kv] of a (B, Hkv) view by its
+// strides in elements (one value: both 0; a broadcast view: either 0).
+__device__ __forceinline__ float descale_at(const void* d, long long stride_b, long long stride_h, int b, int h_kv) {
+  return static_cast<const float*>(d)[b * stride_b + h_kv * stride_h];
+}
+
+// c = fp32(softmax_scale * log2(e) * dq * dk), the products in double (fp8_models.log2_scale),
+// with the descales of the CTA's sequence b and key/value head h_kv (every query head of the
+// group shares them).
+template <class P>
+__device__ __forceinline__ float log2_scale(const P& p, int b, int h_kv) {
+  const float dq = descale_at(p.descale_q, p.descale_q_stride_b, p.descale_q_stride_h, b, h_kv);
+  const float dk = descale_at(p.descale_k, p.descale_k_stride_b, p.descale_k_stride_h, b, h_kv);
+  return static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eD * static_cast<double>(dq) *
+                            static_cast<double>(dk));
+}
+
 // x, as the compiler cannot know it: what is computed from the result stays after this point.
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("" : "+r"(x));

@@ -43,7 +43,6 @@ namespace zyfa {
 using namespace zyfa_cfg;
 
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr double kLog2eD = 1.4426950408889634;
 constexpr float kSkip = 64.f;               // blocks this far below the running max are skipped
 constexpr float kBigT = 262144.f;           // |T| from here on may round a code past 120.5: clamp
 // kWBias (generated): fp32(16 + (c0 - delta) / 8), the main bytes' w of the block max, less the
@@ -435,23 +434,6 @@ __device__ __forceinline__ void hi_lo_p(uint32_t (&pa)[kBlockN / 8], uint32_t (&
                  exp2_x<kClamp>(s[j + 5], c, b), pa[4 * k + r], pl[4 * k + r]);
     }
   }
-}
-
-// A descale of sequence b and key/value head h_kv: element [b, h_kv] of a (B, Hkv) view by its
-// strides in elements (one value: both 0; a broadcast view: either 0).
-__device__ __forceinline__ float descale_at(const void* d, long long stride_b, long long stride_h, int b, int h_kv) {
-  return static_cast<const float*>(d)[b * stride_b + h_kv * stride_h];
-}
-
-// c = fp32(softmax_scale * log2(e) * dq * dk), the products in double (fp8_models.log2_scale),
-// with the descales of the CTA's sequence b and key/value head h_kv (every query head of the
-// group shares them).
-template <class P>
-__device__ __forceinline__ float log2_scale(const P& p, int b, int h_kv) {
-  const float dq = descale_at(p.descale_q, p.descale_q_stride_b, p.descale_q_stride_h, b, h_kv);
-  const float dk = descale_at(p.descale_k, p.descale_k_stride_b, p.descale_k_stride_h, b, h_kv);
-  return static_cast<float>(static_cast<double>(p.softmax_scale) * kLog2eD * static_cast<double>(dq) *
-                            static_cast<double>(dk));
 }
 
 // ---- the epilogue --------------------------------------------------------------------------

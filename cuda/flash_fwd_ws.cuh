@@ -316,20 +316,6 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
   return r;
 }
 
-// kFp8In: tile w's descale of one tensor, element [b, h_kv] of a (B, Hkv) view by its strides in
-// elements (one value: both 0).
-__device__ __forceinline__ float fp8_descale(const void* d, long long stride_b, long long stride_h, const CtaWork& w) {
-  return static_cast<const float*>(d)[w.b * stride_b + w.h_kv * stride_h];
-}
-// kFp8In: the factor that takes tile w's scores to log2 units, fp32(softmax_scale log2(e) dq dk)
-// with the products in double, as the FP8 kernels' (flash_fp8_lean.cuh log2_scale).
-template <class P>
-__device__ __forceinline__ float fp8_score_factor(const P& p, const CtaWork& w) {
-  const double dq = fp8_descale(p.descale_q, p.descale_q_stride_b, p.descale_q_stride_h, w);
-  const double dk = fp8_descale(p.descale_k, p.descale_k_stride_b, p.descale_k_stride_h, w);
-  return static_cast<float>(static_cast<double>(p.softmax_scale) * 1.4426950408889634 * dq * dk);
-}
-
 // Online softmax of one block for the two rows (r_lo, r_lo + 8) a thread holds: scores scaled
 // to log2 units and masked, P = exp2(S c - m) packed as bf16 A fragments, l = l alpha + its row
 // sums.  The reference m moves only when a row's max passes it by more than kRescaleSlack (or
@@ -461,7 +447,7 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
     const int row = r_lo + hr * 8;
     float m = m_run[hr], o_factor = 1.f;
     if constexpr (kServing) o_factor = with_sink(p, w.h, m, l);
-    if constexpr (kFp8In) o_factor = fp8_descale(p.descale_v, p.descale_v_stride_b, p.descale_v_stride_h, w);
+    if constexpr (kFp8In) o_factor = descale_at(p.descale_v, p.descale_v_stride_b, p.descale_v_stride_h, w.b, w.h_kv);
     inv[hr] = l > 0.f ? o_factor / l : 0.f;
     if (p.lse != nullptr && (threadIdx.x % 4) == 0 && row < w.seq.sq) {
       float* glse = lse_rows(p, w.seq, w.b, w.h);
@@ -828,11 +814,10 @@ __device__ void convert_tiles(const P& p, const Smem& sm, Sched& sh) {
     if (w.n_blocks < 0) return;
     const int rows_q = w.seq.sq - w.row0;
     if (w.n_blocks > 0 && p.cu_seqlens_q != nullptr && rows_q < kBlockM) {
-      mbar_wait(shared_addr(&sh.qlanded[b]), (qland >> b) & 1);
+      if (threadIdx.x / 32 == 2)
+        zero_tail_rows<kBlockM, 128, kBlockM * 128>(sm.q_at(b), shared_addr(&sh.qlanded[b]),
+                                                    shared_addr(&sh.qfull[b]), rows_q, (qland >> b) & 1);
       qland ^= 1u << b;
-      for (int i = t; i < kBlockM * 8; i += kConverters)
-        if (i / 8 >= rows_q) sts128_zero(sm.q_at(b) + 16 * i);
-      converted(shared_addr(&sh.qfull[b]));
     }
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
@@ -882,7 +867,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     sk = sh.work[b].seq.sk;
     diag = sh.work[b].diag;
     row0 = sh.work[b].row0;
-    if constexpr (kFp8In) scale_log2 = fp8_score_factor(p, sh.work[b]);
+    if constexpr (kFp8In) scale_log2 = log2_scale(p, sh.work[b].b, sh.work[b].h_kv);
   };
   // The epilogue of the tile in slot b (O from acc_o, l_run, m_run; zeros for a tile without
   // keys: acc_o is not zeroed, where the compiler moved the zeros into the products' registers

@@ -45,7 +45,7 @@ def _the_kernel_named(request):
     (catalogue.Variant.short, .f16), whatever length its shapes have (plan.forced_variant)."""
     spec = getattr(request.node, "callspec", None)
     v = spec.params.get("v") if spec is not None else None
-    if isinstance(v, Variant) and (v.short or v.f16 or short_variant(v) is not None or f16_variant(v) is not None):
+    if isinstance(v, Variant) and (short_variant(v) is not None or f16_variant(v) is not None):
         with forced_variant(v):
             yield
     else:
