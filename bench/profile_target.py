@@ -28,11 +28,15 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--launches", type=int, default=3)
     a = ap.parse_args()
-    shape = (1, a.seqlen, a.heads, a.head_dim)
-    qkv = gaussian_qkv(shape, a.dtype)
+    shape = (a.batch, a.seqlen, a.heads, a.head_dim)
+    q = gaussian_qkv(shape, a.dtype)[0]
+    k, v = gaussian_qkv((a.batch, a.seqlen, a.kv_heads or a.heads, a.head_dim), a.dtype)[:2]
+    qkv = [q, k, v]
     out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
     for _ in range(a.launches):
         flash_attn_func(*qkv, out=out, causal=a.causal)
