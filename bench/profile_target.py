@@ -12,14 +12,18 @@ import torch
 from zyfa_runtime import as_tensor, flash_attn_func
 
 
-def gaussian_qkv(shape: tuple, dtype: str) -> list:
-    """Q, K and V of ``shape`` on the GPU, Gaussian; FP8 scaled so that the largest is e4m3's
-    448 (as zyfa tensors over uint8 bytes), else bf16."""
-    xs = [torch.randn(shape, device="cuda") for _ in range(3)]
+def gaussian(shape: tuple, dtype: str):
+    """A tensor of ``shape`` on the GPU, Gaussian; FP8 scaled so that the largest is e4m3's 448
+    (a zyfa tensor over uint8 bytes), else bf16."""
+    t = torch.randn(shape, device="cuda")
     if dtype == "fp8_e4m3":
-        return [as_tensor((t / (t.abs().max() / 448)).to(torch.float8_e4m3fn).view(torch.uint8), dtype="fp8_e4m3")
-                for t in xs]
-    return [t.to(torch.bfloat16) for t in xs]
+        return as_tensor((t / (t.abs().max() / 448)).to(torch.float8_e4m3fn).view(torch.uint8), dtype="fp8_e4m3")
+    return t.to(torch.bfloat16)
+
+
+def gaussian_qkv(shape: tuple, dtype: str, kv_shape: tuple | None = None) -> list:
+    """Q of ``shape``, K and V of ``kv_shape`` (default ``shape``), as ``gaussian``."""
+    return [gaussian(shape, dtype)] + [gaussian(kv_shape or shape, dtype) for _ in range(2)]
 
 
 def main() -> None:
@@ -34,9 +38,7 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=3)
     a = ap.parse_args()
     shape = (a.batch, a.seqlen, a.heads, a.head_dim)
-    q = gaussian_qkv(shape, a.dtype)[0]
-    k, v = gaussian_qkv((a.batch, a.seqlen, a.kv_heads or a.heads, a.head_dim), a.dtype)[:2]
-    qkv = [q, k, v]
+    qkv = gaussian_qkv(shape, a.dtype, (a.batch, a.seqlen, a.kv_heads or a.heads, a.head_dim))
     out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
     for _ in range(a.launches):
         flash_attn_func(*qkv, out=out, causal=a.causal)
