@@ -4,7 +4,7 @@
 # SDPA cuDNN in each.
 #   bash run.sh BASE_DIR MASK_DIR RING_MASK_DIR RING_MASK_HALFDIAG_DIR
 set -e
-base=$1 mask=$2 ring=$3 half=$4
+base=$1 mask=$2 ring=$3 half=$4 out=$(mktemp -d)
 for pb in "$mask" "$ring" "$half"; do
   ZYFA_PREBUILT_DIR=$pb python3 - <<'PY'
 import os
@@ -20,7 +20,7 @@ print(os.environ["ZYFA_PREBUILT_DIR"], "selfcheck", n, "variants,", bad, "failed
 PY
 done
 SH="--shapes 16x32x8x512x128x128,32x32x8x256x128x128,64x32x8x128x128x128,2x32x8x4096x128x128 --rounds 1"
-run() { echo "== $1"; ZYFA_PREBUILT_DIR=$2 python3 bench/short_prompts.py $SH --impls $3 --out /tmp/$1.json > /dev/null; tail -n +4 /tmp/$1.md; }
+run() { echo "== $1"; ZYFA_PREBUILT_DIR=$2 python3 bench/short_prompts.py $SH --impls $3 --out "$out/$1.json" > /dev/null; tail -n +4 "$out/$1.md"; }
 run base_r1 "$base" zyfa_bf16,zyfa_fp8
 run ring_mask_r1 "$ring" zyfa_bf16,zyfa_fp8
 run ring_mask_halfdiag_r1 "$half" zyfa_bf16,zyfa_fp8
