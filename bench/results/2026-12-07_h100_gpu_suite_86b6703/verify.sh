@@ -1,5 +1,5 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=$PWD:/tmp/site
+# From the repository root, with the package and its test extra installed
+# (python -m pip install -e ".[test]") and torch for the capture tests.
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 120 python3 - <<'PY'
 from zyfa_runtime.driver import get_driver
