@@ -890,17 +890,58 @@ struct Turns {
   }
 };
 
+// The geometry of O's passes through Q's K-blocks (kQBlock-byte rows: 64 FP8, 128 BF16).
+template <int kQBlock>
+struct OPasses {
+  static constexpr int kBlockCols = kQBlock / 2, kBlockChunks = kQBlock / 16;
+  static constexpr int kPieces = zyfa_cfg::kDv / kBlockCols;   // K-blocks of Q a row of O fills
+  static constexpr int kPerPass = [] {                         // the most of Q's kDqk / 64 that divide kPieces
+    int n = zyfa_cfg::kDqk / 64 < kPieces ? zyfa_cfg::kDqk / 64 : kPieces;
+    while (kPieces % n) --n;
+    return n;
+  }();
+  static constexpr int kPassCols = kBlockCols * kPerPass, kRowChunks = kPassCols / 8;
+  static constexpr int kPasses = zyfa_cfg::kDv / kPassCols;
+  // The shared address of 16-byte chunk c of row r of a pass (K-block c / kBlockChunks).
+  static __device__ __forceinline__ uint32_t chunk(uint32_t sQg, int r, int c) {
+    const int cc = c % kBlockChunks;
+    return sQg + (c / kBlockChunks) * (zyfa_cfg::kBlockM * kQBlock) + (kQBlock == 64 ? swz64(r, cc) : swz128(r, cc));
+  }
+};
+
+// Pass `pass` of O, scaled by inv per row half and rounded to bf16, into the warpgroup's Q rows
+// at sQg: each warp's 16 rows by stmatrix (the accumulator layout is stmatrix's: matrix j of a
+// warp's x4 is rows 8 (j & 1) .. + 7, columns 8 (i + (j >> 1)) .. + 7).
+template <int kQBlock>
+__device__ __forceinline__ void stage_o_pass(const float (&acc_o)[zyfa_cfg::kDv / 2], const float (&inv)[2],
+                                             uint32_t sQg, int pass, int lane, int warp) {
+  using O = OPasses<kQBlock>;
+#pragma unroll
+  for (int q = 0; q < O::kPassCols / 16; ++q) {       // column groups i, i + 1 (8 columns each)
+    const int i = pass * O::kPassCols / 8 + 2 * q;
+    uint32_t m[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int hr = j & 1, g = i + (j >> 1);
+      m[j] = pack_bf16(acc_o[4 * g + 2 * hr] * inv[hr], acc_o[4 * g + 2 * hr + 1] * inv[hr]);
+    }
+    const int mat = lane / 8;                         // lane L addresses row L % 8 of matrix L / 8
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(O::chunk(sQg, warp * 16 + (mat & 1) * 8 + lane % 8, 2 * q + (mat >> 1))),
+                    "r"(m[0]), "r"(m[1]), "r"(m[2]), "r"(m[3]) : "memory");
+  }
+}
+
 // O, scaled by inv per row half and rounded to bf16, for the warpgroup's 64 rows, through its
 // own Q rows (free once its last S is done: only its own WGMMAs read them).  Q's tile is
 // kDqk / 64 K-blocks of kQBlock-byte rows (FP8: 64 bytes in the 64B swizzle, BF16: 128 in the
 // 128B swizzle), kBlockM rows apart, from sQg; each holds kQBlock / 2 columns of O.  O goes
-// through as many of them at a time as divide its row (kPassCols columns): per pass, each
-// warp's 16 rows by stmatrix (the accumulator layout is stmatrix's: matrix j of a warp's x4 is
-// rows 8 (j & 1) .. + 7, columns 8 (i + (j >> 1)) .. + 7), the warpgroup's named barrier
-// kOutBar + cw, then every thread reads 16 bytes of a row and stores them, rows from `rows` on
-// (past the sequence's end) left out.  go: the warpgroup's first row; row_stride in elements (a
-// multiple of 8: validate.py).  16-byte stores of whole rows, where the accumulators' own
-// layout gives four-byte stores, eight rows a warp instruction.
+// through as many of them at a time as divide its row (kPassCols columns): per pass,
+// stage_o_pass, the warpgroup's named barrier kOutBar + cw, then every thread reads 16 bytes
+// of a row and stores them, rows from `rows` on (past the sequence's end) left out.  go: the
+// warpgroup's first row; row_stride in elements (a multiple of 8: validate.py).  16-byte
+// stores of whole rows, where the accumulators' own layout gives four-byte stores, eight rows
+// a warp instruction.
 constexpr int kOutBar = Turns::kBar + 3;   // named barriers 5 .. 7, after the turns' (2 + consumer)
 static_assert(Turns::kBar + kConsumers <= kOutBar && kOutBar + kConsumers <= 16,
               "named barriers");
@@ -909,50 +950,61 @@ template <int kQBlock>
 __device__ __forceinline__ void store_o_rows(const float (&acc_o)[zyfa_cfg::kDv / 2], const float (&inv)[2],
                                              uint32_t sQg, __nv_bfloat16* go, long long row_stride, int rows,
                                              int cw) {
-  using namespace zyfa_cfg;
+  using O = OPasses<kQBlock>;
   static_assert(kQBlock == 64 || kQBlock == 128, "Q's K-blocks: the 64B or the 128B swizzle");
-  constexpr int kBlockCols = kQBlock / 2, kBlockChunks = kQBlock / 16;
-  constexpr int kPieces = kDv / kBlockCols;           // K-blocks of Q a row of O fills
-  constexpr int kPerPass = [] {                       // the most of Q's kDqk / 64 that divide kPieces
-    int n = kDqk / 64 < kPieces ? kDqk / 64 : kPieces;
-    while (kPieces % n) --n;
-    return n;
-  }();
-  constexpr int kPassCols = kBlockCols * kPerPass, kRowChunks = kPassCols / 8;
   // The addresses from values read here (opaque): none of them is computed ahead, where its
   // registers would stay live through the consumer's loop.
   sQg = opaque(sQg);
   const int tid = opaque(threadIdx.x) % 128, lane = tid % 32, warp = tid / 32;
-  const auto chunk = [&](int r, int c) {
-    const int cc = c % kBlockChunks;
-    return sQg + (c / kBlockChunks) * (kBlockM * kQBlock) + (kQBlock == 64 ? swz64(r, cc) : swz128(r, cc));
-  };
 #pragma unroll
-  for (int pass = 0; pass < kDv / kPassCols; ++pass) {
+  for (int pass = 0; pass < O::kPasses; ++pass) {
     if (pass > 0) bar_sync(kOutBar + cw, 128);        // the last pass's chunks read
-#pragma unroll
-    for (int q = 0; q < kPassCols / 16; ++q) {        // column groups i, i + 1 (8 columns each)
-      const int i = pass * kPassCols / 8 + 2 * q;
-      uint32_t m[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int hr = j & 1, g = i + (j >> 1);
-        m[j] = pack_bf16(acc_o[4 * g + 2 * hr] * inv[hr], acc_o[4 * g + 2 * hr + 1] * inv[hr]);
-      }
-      const int mat = lane / 8;                       // lane L addresses row L % 8 of matrix L / 8
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                   :: "r"(chunk(warp * 16 + (mat & 1) * 8 + lane % 8, 2 * q + (mat >> 1))),
-                      "r"(m[0]), "r"(m[1]), "r"(m[2]), "r"(m[3]) : "memory");
-    }
+    stage_o_pass<kQBlock>(acc_o, inv, sQg, pass, lane, warp);
     bar_sync(kOutBar + cw, 128);
 #pragma unroll
-    for (int k = 0; k < 64 * kRowChunks / 128; ++k) {
-      const int q = tid + 128 * k, r = q / kRowChunks, c = q % kRowChunks;
+    for (int k = 0; k < 64 * O::kRowChunks / 128; ++k) {
+      const int q = tid + 128 * k, r = q / O::kRowChunks, c = q % O::kRowChunks;
       uint4 v;
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(chunk(r, c)) : "memory");
-      if (r < rows) stg128(go + r * row_stride + pass * kPassCols + 8 * c, v);
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(O::chunk(sQg, r, c)) : "memory");
+      if (r < rows) stg128(go + r * row_stride + pass * O::kPassCols + 8 * c, v);
     }
+  }
+}
+
+// ---- O by TMA (the persistent BF16-body kernels: tmap_o) ----------------------------------------
+//
+// The warpgroup's 64 rows of O staged as store_o_rows stages them -- in one pass: Q's 128-byte
+// K-blocks in the 128B swizzle hold O's row, each K-block a TMA box of 64 rows (tmap_o: bytes of
+// (head dim, heads, rows, sequences), boxes of 128 bytes x 1 x 64 x 1) -- then copied out by
+// the warpgroup's thread 0 as one bulk group, which TMA clips at the tensor's ends.  The thread
+// must wait for the group's reads (tma_store_read) before the Q buffer is refilled; the other
+// threads go on at once.  Instead of 64 16-byte stores a warp, each computing its address, and
+// the row checks: one instruction a K-block (docs/sm90a.md, What was tried).
+__device__ __forceinline__ void tma_store_4d(uint64_t tmap, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               :: "l"(tmap), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void tma_store_read() {   // this thread's bulk groups have read shared memory
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_done() {   // this thread's bulk groups have written
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void store_o_tma(const float (&acc_o)[zyfa_cfg::kDv / 2], const float (&inv)[2],
+                                            uint32_t sQg, uint64_t tmap, int h, int row, int seq, int cw) {
+  using O = OPasses<128>;
+  static_assert(O::kPasses == 1, "O's row in one pass through Q's K-blocks");
+  sQg = opaque(sQg);
+  const int tid = opaque(threadIdx.x) % 128;
+  stage_o_pass<128>(acc_o, inv, sQg, 0, tid % 32, tid / 32);
+  fence_async_smem();                                 // stmatrix's writes, for TMA's reads
+  bar_sync(kOutBar + cw, 128);
+  if (tid == 0) {
+#pragma unroll
+    for (int kb = 0; kb < O::kPieces; ++kb) tma_store_4d(tmap, sQg + kb * (zyfa_cfg::kBlockM * 128), 128 * kb, h, row, seq);
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
   }
 }
 

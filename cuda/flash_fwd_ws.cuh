@@ -424,16 +424,15 @@ __device__ __forceinline__ float with_sink(const P& p, int h, float& m, float& l
   return alpha;
 }
 
-// Epilogue: O / l as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its
-// Q rows at sQg), and LSE = ln 2 (m + log2 l) for the two rows r_lo, r_lo + 8 a thread holds
-// (l: the quad's four partial sums, or with kOnesSum PV's column kDv + quad_col, every one of
-// the quad's the row's sum).  w: the CTA's work as the kernel read it first (derived
-// again here, as the FP8 body does, it has ptxas serialise the WGMMAs of d128 causal).
+// Epilogue: the factors O / l takes to bf16 for the warpgroup's 64 rows (inv, per row half), and
+// LSE = ln 2 (m + log2 l) for the two rows r_lo, r_lo + 8 a thread holds (l: the quad's four
+// partial sums, or with kOnesSum PV's column kDv + quad_col, every one of the quad's the row's
+// sum).  w: the CTA's work as the kernel read it first (derived again here, as the FP8 body
+// does, it has ptxas serialise the WGMMAs of d128 causal).
 template <class P>
-__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kAccO],
-                                           const float (&l_run)[2], const float (&m_run)[2], int r_lo, int wg_row0,
-                                           int cw, uint32_t sQg) {
-  float inv[2];
+__device__ __forceinline__ void finish_rows(const P& p, const CtaWork& w, const float (&acc_o)[kAccO],
+                                            const float (&l_run)[2], const float (&m_run)[2], int r_lo,
+                                            float (&inv)[2]) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float l;
@@ -454,6 +453,16 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
       glse[row] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
     }
   }
+}
+
+// The epilogue: finish_rows, then O from the warpgroup's first row wg_row0 by store_o_rows
+// (through its Q rows at sQg).
+template <class P>
+__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kAccO],
+                                           const float (&l_run)[2], const float (&m_run)[2], int r_lo, int wg_row0,
+                                           int cw, uint32_t sQg) {
+  float inv[2];
+  finish_rows(p, w, acc_o, l_run, m_run, r_lo, inv);
   store_o_rows<128>(reinterpret_cast<const float (&)[kDv / 2]>(acc_o), inv, sQg,
                     static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o +
                         static_cast<long long>(wg_row0) * p.o_stride_s,
@@ -871,21 +880,54 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   };
   // The epilogue of the tile in slot b (O from acc_o, l_run, m_run; zeros for a tile without
   // keys: acc_o is not zeroed, where the compiler moved the zeros into the products' registers
-  // and ptxas serialised them), then slot and Q buffer b released.
+  // and ptxas serialised them), then slot and Q buffer b released.  O by TMA (store_o_tma) where
+  // its box of 64 rows stays in the sequence (a dense tensor's end clips it; a packed sequence's
+  // last rows are the next one's), else store_o_rows.  The TMA's issuer (the warpgroup's thread
+  // 0) releases the buffer once the copy has read it: `held`, and release() below.
+  bool held = false;   // thread 0 of the warpgroup: buffer held_b still read by its O's copy
+  int held_b = 0;
+  const auto release = [&] {
+    if (held) {
+      tma_store_read();
+      mbar_arrive(shared_addr(&sh.qempty[held_b]));
+      held = false;
+    }
+  };
   const auto write_out = [&](int b, bool no_keys = false) {
+    release();   // (a tile without keys after the last: its buffer before this one's)
     const CtaWork w = sh.work[b];
     const int r_lo = w.row0 + r_off, wg_row0 = w.row0 + cw * kConsumerRows;
+    const bool packed = p.cu_seqlens_q != nullptr, tma = !packed || w.seq.sq - wg_row0 >= kConsumerRows;
+    const auto out = [&](const float (&o)[kAccO]) {
+      float inv[2];
+      finish_rows(p, w, o, l_run, m_run, r_lo, inv);
+      const auto& o_dv = reinterpret_cast<const float (&)[kDv / 2]>(o);
+      if (tma) {
+        store_o_tma(o_dv, inv, q_rows(b), reinterpret_cast<uint64_t>(p.tmap_o), w.h,
+                    packed ? static_cast<int>(w.seq.q_start) + wg_row0 : wg_row0, packed ? 0 : w.b, cw);
+      } else {
+        store_o_rows<128>(o_dv, inv, q_rows(b),
+                          static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o +
+                              static_cast<long long>(wg_row0) * p.o_stride_s,
+                          p.o_stride_s, w.seq.sq - wg_row0, cw);
+        fence_async_smem();   // the epilogue's reads of Q's buffer before the next tile's copy into it
+      }
+    };
     if (no_keys) {
       float zeros[kAccO];
 #pragma unroll
       for (int i = 0; i < kAccO; ++i) zeros[i] = 0.f;
-      write_rows(p, w, zeros, l_run, m_run, r_lo, wg_row0, cw, q_rows(b));
+      out(zeros);
     } else {
-      write_rows(p, w, acc_o, l_run, m_run, r_lo, wg_row0, cw, q_rows(b));
+      out(acc_o);
     }
-    fence_async_smem();   // the epilogue's writes to Q's buffer before the next tile's copy into it
+    held = tma && threadIdx.x % 128 == 0;
+    held_b = b;
     __syncwarp();
-    if (lane == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
+    if (lane == 0 && !held) mbar_arrive(shared_addr(&sh.qempty[b]));
+#ifdef ZYFA_O_RELEASE_NOW
+    release();
+#endif
   };
   // From tile j on: the tiles without keys written out; false at the end.  Else the tile's
   // state, its Q landed, and its S(0) issued in a turn of its own and waited for.
@@ -897,6 +939,8 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
       if (blocks > 0) break;
       if (blocks < 0) {
         if (turned && cw == 0) turns.take();   // consumer 1's last hand-over
+        release();
+        tma_store_done();   // the last O written before the CTA ends
         return false;
       }
       reset();
@@ -913,6 +957,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     wgmma_fence();
     issue_qk(acc_s, q_rows(b), sm.k_at(0));
     turns.hand_over();
+    release();   // the last tile's buffer, its O's copy long past its reads by now
     wgmma_wait<0>();
     if (lane == 0) mbar_arrive(bars.kempty(0));
     return true;

@@ -448,16 +448,16 @@ def _tensor_maps(name: str, entry: dict) -> list[str]:
     manifest), in words and as ZYFA_<NAME>_TENSOR_MAPS(X): X(arg, tensor, row_bytes,
     elem_bytes, box0, box1, box2, box3, swizzle_bytes) per map, nothing for a kernel without."""
     up, var = name.upper(), entry["variant"]
-    elem = 1 if var["dtype"] == "fp8_e4m3" else 2
     maps = sorted(entry.get("tensor_maps", {}).items())
     out, xs = [], []
     for arg, spec in maps:
         a = _ident(arg, f"{name}: argument")
         t = _ident(spec["tensor"], f"{name}: tensor-map tensor")
-        if t not in ("q", "k", "v"):
-            raise HeaderError(f"{name}: a tensor map of {t!r}; the kernels take Q, K and V")
-        d = "d_v" if t == "v" else "d_qk"
-        heads, rows, total = ("hq", "seqlen_q", "total_q") if t == "q" else ("hkv", "keys", "total_k")
+        if t not in ("q", "k", "v", "o"):
+            raise HeaderError(f"{name}: a tensor map of {t!r}; the kernels take Q, K, V and O")
+        elem = 1 if var["dtype"] == "fp8_e4m3" and t != "o" else 2   # O is bf16
+        d = "d_v" if t in ("v", "o") else "d_qk"
+        heads, rows, total = ("hq", "seqlen_q", "total_q") if t in ("q", "o") else ("hkv", "keys", "total_k")
         row = elem * int(var[d])
         box = [int(b) for b in spec["box"]]
         if len(box) != 4:

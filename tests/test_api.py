@@ -172,6 +172,29 @@ def test_sm90a_bf16_reads_q_k_and_v_through_tensor_maps_of_their_own_layouts(fak
     refused_before_any_launch(fake, "v: the sm_90a kernels read V by TMA", q, k, v_shared)
 
 
+def test_persistent_bf16_writes_o_through_a_tensor_map_of_its_layout(fake):
+    """The persistent sm_90a BF16-body kernels (d128) write O by TMA: a map of out's bytes, bf16
+    whatever the inputs -- 2 d_v x heads x rows x sequences at out's strides, boxes of 128 bytes
+    x 1 x 64 rows (a consumer's) x 1 in the 128B swizzle; a packed batch one sequence."""
+    entry = entry_of(Variant("sm_90a", "bf16", 128, 128, True))
+    q, k, v = arrays((2, 100, 4, 128), (2, 300, 2, 128), (2, 300, 2, 128), dtype="bf16")
+    wide = np.empty((2, 100, 6, 128), host_dtype("bf16"))
+    out = wide[:, :, 1:5]                               # strided: rows 6 heads apart
+    flash_attn_func(q, k, v, causal=True, out=out)
+    args = unpack_args(entry, fake.launches[-1].args)
+    tm = unpack_tensor_map(args["tmap_o"])
+    assert tm == {"ptr": out.ctypes.data, "dims": (256, 4, 100, 2), "strides": (256, 1536, 100 * 1536),
+                  "box": (128, 1, 64, 1), "swizzle": 128}
+    assert args["o"] == out.ctypes.data
+    qp, kp, vp = arrays((70, 4, 128), (300, 2, 128), (300, 2, 128), dtype="bf16")
+    op = np.empty((70, 4, 128), host_dtype("bf16"))
+    flash_attn_varlen_func(qp, kp, vp, cu_seqlens_q=np.array([0, 5, 70], np.int32),
+                           cu_seqlens_k=np.array([0, 9, 300], np.int32), max_seqlen_q=65, max_seqlen_k=291,
+                           causal=True, out=op)
+    assert packed_map(unpack_args(entry, fake.launches[-1].args), "tmap_o") == \
+        (op.ctypes.data, (256, 4, 70, 1), (256, 1024, 70 * 1024))
+
+
 def test_fp8_without_descales_reads_ones(fake):
     q, k, v = arrays((1, 64, 2, 64), (1, 64, 2, 64), (1, 64, 2, 64), dtype="fp8_e4m3")
     flash_attn_func(q, k, v)

@@ -349,9 +349,11 @@ def test_header_carries_the_manifest_values():
     # the tensor maps a caller encodes (the C example expands the X-macro): the manifest's
     for e in built:
         var, maps = e["variant"], e.get("tensor_maps", {})
-        elem = 1 if var["dtype"] == "fp8_e4m3" else 2
-        want = " ".join(f"X({arg}, {sp['tensor']}, {elem * var['d_v' if sp['tensor'] == 'v' else 'd_qk']}, {elem}, "
-                        f"{', '.join(map(str, sp['box']))}, {sp['swizzle_bytes']})" for arg, sp in sorted(maps.items()))
+        def elem(t):   # O is bf16 whatever the inputs
+            return 1 if var["dtype"] == "fp8_e4m3" and t != "o" else 2
+        want = " ".join(f"X({arg}, {t}, {elem(t) * var['d_v' if t in 'vo' else 'd_qk']}, {elem(t)}, "
+                        f"{', '.join(map(str, sp['box']))}, {sp['swizzle_bytes']})"
+                        for arg, sp in sorted(maps.items()) for t in [sp["tensor"]])
         line = f"#define ZYFA_{e['name'].upper()}_TENSOR_MAPS(X)" + (f" {want}" if want else "")
         assert re.search(rf"^{re.escape(line)}$", h, re.M), line
         assert bool(maps) == (var["arch"] == "sm_90a")

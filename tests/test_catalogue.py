@@ -9,7 +9,7 @@ from zyfa_runtime.catalogue import (ARG_TYPES, FEATURES_OF, HEAD_DIMS, SERVING_F
                                     dependent_launch, eval_grid, features, gathers_k, grid_rule, has_vt_prepass, iter_select, kernarg_size,
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
-                                    vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES,
+                                    vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES, sm90_body,
                                     SM90_MAX_SMEM, SHORT_KEYS, SHORT_VARIANTS_OF, features, serving_variant,
                                     short_variant, f16_variant, F16_KEYS, F16_VARIANTS_OF)
 
@@ -67,12 +67,17 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     assert ("descale_q" in names) == (v.dtype == "fp8_e4m3")
     assert ("vt" in names) == ("vt_stride_h" in names) == has_vt_prepass(v)
     # sm_90a reads Q and K by TMA, and BF16 V too (FP8's V^T comes from the pre-pass's workspace;
-    # the f16-math FP8 kernels read V as BF16 does, e4m3 rows of 128 bytes a box)
+    # the f16-math FP8 kernels read V as BF16 does, e4m3 rows of 128 bytes a box); the persistent
+    # BF16-body kernels write O by TMA, a consumer's 64 rows of a 128-byte K-block a box
     assert [n for n in names if n.startswith("tmap_")] == list(tensor_maps(v))
+    tma_o = v.vendor == "cuda" and sm90_body(v) == "ws" and v.tile.persistent
     assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else ["tmap_q", "tmap_k"] if has_vt_prepass(v)
-                                    else ["tmap_q", "tmap_k", "tmap_v"])
+                                    else ["tmap_q", "tmap_k", "tmap_v"] + ["tmap_o"] * tma_o)
+    if tma_o:
+        assert tensor_maps(v)["tmap_o"] == {"tensor": "o", "box": [128, 1, 64, 1], "swizzle_bytes": 128}
     if v.f16:
-        assert all(m["box"][0] == 128 == m["swizzle_bytes"] == v.d_qk for m in tensor_maps(v).values())
+        assert all(m["box"][0] == 128 == m["swizzle_bytes"] for m in tensor_maps(v).values())
+        assert all(m["box"][0] == v.d_qk for a, m in tensor_maps(v).items() if a != "tmap_o")
 
 
 def test_the_vt_prepass_is_the_sm90a_fp8_kernels_and_leaves_gfx950_layouts_alone():

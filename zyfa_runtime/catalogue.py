@@ -664,8 +664,12 @@ def tensor_maps(v: Variant) -> dict:
         return {}
     # (f16-math: the BF16 body's Q, K and V, e4m3 in boxes of 128 bytes: a row of d128)
     box, tensors = (64, "qk") if v.dtype == "fp8_e4m3" and not v.f16 else (128, "qkv")
-    return {f"tmap_{t}": {"tensor": t, "box": [box, 1, v.tile.block_m if t == "q" else v.tile.block_n, 1],
+    maps = {f"tmap_{t}": {"tensor": t, "box": [box, 1, v.tile.block_m if t == "q" else v.tile.block_n, 1],
                           "swizzle_bytes": box} for t in tensors}
+    if sm90_body(v) == "ws" and v.tile.persistent:
+        # the persistent BF16 body writes O by TMA: a consumer's 64 rows, a box a 128-byte K-block
+        maps["tmap_o"] = {"tensor": "o", "box": [128, 1, SM90_CONSUMER_ROWS, 1], "swizzle_bytes": 128}
+    return maps
 
 
 def vt_prepass_grid_rule(v: Variant) -> dict:

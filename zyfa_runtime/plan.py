@@ -356,7 +356,7 @@ def _check_paged_strides(k, v, elem: int, row_limit: int | None = None) -> None:
 
 
 def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict, gathered: bool = False) -> tuple:
-    """Where the sm_90a kernels' TMA tensor map of Q, K or V (``spec["tensor"]``) comes from,
+    """Where the sm_90a kernels' TMA tensor map of Q, K, V or O (``spec["tensor"]``) comes from,
     all but its address: (the tensor's argument, dims, strides, box, swizzle bytes); dims in bytes of (head
     dim, heads, rows, sequences), a packed batch as one sequence of all its rows; box and
     swizzle as the manifest's ``spec`` (catalogue.tensor_maps).  A KV cache's K and V whatever
@@ -366,21 +366,21 @@ def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict, ga
     with ``gathered`` (catalogue.gathers_k) a paged K is the pre-pass's contiguous copy, "kg",
     (head dim, heads, seqlen_k rows, sequences) packed.  TMA takes strides in multiples of 16 bytes."""
     t = spec["tensor"]
-    elem = 1 if problem.dtype == "fp8_e4m3" else 2
-    row_bytes = elem * (problem.d_v if t == "v" else problem.d_qk)
-    heads = problem.hq if t == "q" else problem.hkv
+    elem = 1 if problem.dtype == "fp8_e4m3" and t != "o" else 2   # O: bf16
+    row_bytes = elem * (problem.d_v if t in "vo" else problem.d_qk)
+    heads = problem.hq if t in "qo" else problem.hkv
     box = tuple(spec["box"])
     if t == "k" and gathered:
         row = heads * row_bytes
         return "kg", (row_bytes, heads, problem.seqlen_k, problem.batch), (row_bytes, row, problem.seqlen_k * row), \
             box, spec["swizzle_bytes"]
-    if t != "q" and problem.kvcache:
+    if t in "kv" and problem.kvcache:
         paged = problem.kvcache == "paged"
         rows, seqs = (problem.page_size, problem.num_pages) if paged else (problem.seqlen_k, problem.batch)
         if paged:
             box = (box[0], box[1], page_box_rows(problem.page_size, box[2]), box[3])
         return _tensor_map_dims(t, values, elem, row_bytes, heads, rows, seqs, box, spec["swizzle_bytes"])
-    total, seqlen = (problem.total_q, problem.seqlen_q) if t == "q" else (problem.total_k, problem.seqlen_k)
+    total, seqlen = (problem.total_q, problem.seqlen_q) if t in "qo" else (problem.total_k, problem.seqlen_k)
     rows = max(total if problem.varlen else seqlen, 1)
     return _tensor_map_dims(t, values, elem, row_bytes, heads, rows, 1 if problem.varlen else problem.batch, box,
                             spec["swizzle_bytes"])
@@ -404,7 +404,8 @@ def _tensor_map_dims(t: str, values: dict, elem: int, row_bytes: int, heads: int
                rows * row if one_sequence else elem * values[f"{t}_stride_b"])
     bad = [s for s in strides if s <= 0 or s % 16]
     if bad:
-        raise ValueError(f"{t}: the sm_90a kernels read {t.upper()} by TMA, which needs its head, row and batch "
+        name, verb = ("out", "write") if t == "o" else (t, "read")
+        raise ValueError(f"{name}: the sm_90a kernels {verb} {t.upper()} by TMA, which needs its head, row and batch "
                          f"strides to be positive multiples of 16 bytes; got {strides[0]}, {strides[1]}, "
                          f"{strides[2]} bytes")
     return t, (row_bytes, heads, rows, seqs), strides, box, swizzle

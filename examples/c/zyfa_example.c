@@ -418,14 +418,16 @@ int main(int argc, char **argv) {
   a.window_right = -1;
 #endif
 #ifndef ZYFA_HIP
-  /* the sm_90a kernels read Q, K (and BF16's V) by TMA: a tensor map of each (the header's
-     X-macro), over the heads and rows of its tensor */
+  /* the sm_90a kernels read Q, K (and BF16's V) by TMA, and the persistent BF16 ones write O
+     so: a tensor map of each (the header's X-macro), over the heads and rows of its tensor */
 #define MAP_HEADS_q hq
 #define MAP_HEADS_k hkv
 #define MAP_HEADS_v hkv
+#define MAP_HEADS_o hq
 #define MAP_ROWS_q sq
 #define MAP_ROWS_k sk
 #define MAP_ROWS_v sk
+#define MAP_ROWS_o sq
 #define ENCODE_MAP(arg, t, row_bytes, elem_bytes, b0, b1, b2, b3, swizzle)                            \
   {                                                                                                 \
     const cuuint32_t box[4] = {b0, b1, b2, b3};                                                     \
