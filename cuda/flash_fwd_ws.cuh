@@ -925,9 +925,6 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     held_b = b;
     __syncwarp();
     if (lane == 0 && !held) mbar_arrive(shared_addr(&sh.qempty[b]));
-#ifdef ZYFA_O_RELEASE_NOW
-    release();
-#endif
   };
   // From tile j on: the tiles without keys written out; false at the end.  Else the tile's
   // state, its Q landed, and its S(0) issued in a turn of its own and waited for.
