@@ -972,15 +972,16 @@ __device__ __forceinline__ void store_o_rows(const float (&acc_o)[zyfa_cfg::kDv 
   }
 }
 
-// ---- O by TMA (the persistent BF16-body kernels: tmap_o) ----------------------------------------
+// ---- O by TMA (kTmaO, catalogue.Tile.tma_o: tmap_o) ----------------------------------------------
 //
-// The warpgroup's 64 rows of O staged as store_o_rows stages them -- in one pass: Q's 128-byte
-// K-blocks in the 128B swizzle hold O's row, each K-block a TMA box of 64 rows (tmap_o: bytes of
-// (head dim, heads, rows, sequences), boxes of 128 bytes x 1 x 64 x 1) -- then copied out by
-// the warpgroup's thread 0 as one bulk group, which TMA clips at the tensor's ends.  The thread
-// must wait for the group's reads (tma_store_read) before the Q buffer is refilled; the other
-// threads go on at once.  Instead of 64 16-byte stores a warp, each computing its address, and
-// the row checks: one instruction a K-block (docs/sm90a.md, What was tried).
+// The warpgroup's 64 rows of O staged as store_o_rows stages them -- in one pass, two K-blocks of
+// 128-byte rows in the 128B swizzle, kBlockM rows apart (BF16: the tile's Q buffer; FP8: a
+// staging tile of its own), each K-block a TMA box of 64 rows (tmap_o: bytes of (head dim,
+// heads, rows, sequences), boxes of 128 bytes x 1 x 64 x 1) -- fenced for the async proxy and
+// the warpgroup synchronised (stage_o_tma); then one thread copies the boxes out (copy_o_tma)
+// as a bulk group, which TMA clips at the tensor's ends, and must wait for the group's reads
+// (tma_store_read) before the staging rows are written again.  Instead of 64 16-byte stores a
+// warp, each computing its address, and the row checks: one instruction a K-block.
 __device__ __forceinline__ void tma_store_4d(uint64_t tmap, uint32_t src, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                :: "l"(tmap), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
@@ -992,20 +993,34 @@ __device__ __forceinline__ void tma_store_done() {   // this thread's bulk group
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void store_o_tma(const float (&acc_o)[zyfa_cfg::kDv / 2], const float (&inv)[2],
-                                            uint32_t sQg, uint64_t tmap, int h, int row, int seq, int cw) {
-  using O = OPasses<128>;
-  static_assert(O::kPasses == 1, "O's row in one pass through Q's K-blocks");
-  sQg = opaque(sQg);
+template <int kCols = zyfa_cfg::kDv>   // (a template: the assertion only where it is used)
+__device__ __forceinline__ void stage_o_tma(const float (&acc_o)[kCols / 2], const float (&inv)[2],
+                                            uint32_t sOg, int cw) {
+  static_assert(kCols == 128, "O's row: two 128-byte K-blocks, staged in one pass");
+  sOg = opaque(sOg);
   const int tid = opaque(threadIdx.x) % 128;
-  stage_o_pass<128>(acc_o, inv, sQg, 0, tid % 32, tid / 32);
+  stage_o_pass<128>(acc_o, inv, sOg, 0, tid % 32, tid / 32);
   fence_async_smem();                                 // stmatrix's writes, for TMA's reads
   bar_sync(kOutBar + cw, 128);
-  if (tid == 0) {
+}
+
+// O of a warpgroup's rows from wg_row0 of tile w by TMA: its box of 64 rows stays in the
+// sequence (a dense tensor's end clips it; past a packed sequence's end lie the next one's rows).
+template <class P>
+__device__ __forceinline__ bool o_by_tma(const P& p, const CtaWork& w, int wg_row0) {
+  return p.cu_seqlens_q == nullptr || w.seq.sq - wg_row0 >= 64;
+}
+
+// A warpgroup's staged rows (at sOg) to its rows from wg_row0 of tile w in tmap_o (a packed
+// batch one sequence of all its rows, as Q's map), committed as one bulk group.
+template <class P>
+__device__ __forceinline__ void copy_o_tma(const P& p, uint32_t sOg, const CtaWork& w, int wg_row0) {
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const int row = packed ? static_cast<int>(w.seq.q_start) + wg_row0 : wg_row0, seq = packed ? 0 : w.b;
 #pragma unroll
-    for (int kb = 0; kb < O::kPieces; ++kb) tma_store_4d(tmap, sQg + kb * (zyfa_cfg::kBlockM * 128), 128 * kb, h, row, seq);
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-  }
+  for (int kb = 0; kb < 2; ++kb)
+    tma_store_4d(reinterpret_cast<uint64_t>(p.tmap_o), sOg + kb * (zyfa_cfg::kBlockM * 128), 128 * kb, w.h, row, seq);
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
 // The key blocks a consumer's rows (first row wg_row0) see of the CTA's n_blocks: with three

@@ -463,20 +463,17 @@ __device__ __forceinline__ float with_sink(const P& p, int h, float& f, float& l
 // the staging area): four-byte stores straight from the WGMMA accumulators' layout would fill
 // the store queue.
 //
-// O / l * dv as bf16 for the warpgroup's 64 rows (from wg_row0; store_o_rows, through its Q
-// rows at sQg), and LSE = ln 2 (F + log2(l / 256)) for the two rows r_lo, r_lo + 8 a thread
-// holds (acc_l's first column holds the sum: the body broadcast it where only that one does).
-// w: the CTA's work, derived again by the caller (cta_index_again), so that none of it stays in
-// registers through the consumer's loop.
+// The factors O takes to O / l * dv (inv, per row half) and LSE = ln 2 (F + log2(l / 256)) for the
+// two rows r_lo, r_lo + 8 a thread holds (acc_l's first column holds the sum: the body broadcast
+// it where only that one does).  w: the CTA's work, derived again by the caller
+// (cta_index_again), so that none of it stays in registers through the consumer's loop.
 template <class P>
-__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kDv / 2],
-                                           const float (&acc_l)[4], const float (&frame)[2], int r_lo, int wg_row0,
-                                           int cw, uint32_t sQg) {
+__device__ __forceinline__ void finish_rows(const P& p, const CtaWork& w, const float (&acc_l)[4],
+                                            const float (&frame)[2], int r_lo, float (&inv)[2]) {
   // The key/value head derived afresh (opaque: the group size hq / hkv of the prologue is not
   // kept through the consumer's loop for it).
   const int h_kv = w.h / (static_cast<int>(opaque(static_cast<uint32_t>(p.hq))) / p.hkv);
   const float dv_scale = descale_at(p.descale_v, p.descale_v_stride_b, p.descale_v_stride_h, w.b, h_kv);
-  float inv[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float l = acc_l[2 * hr], f = frame[hr], o_factor = 1.f;
@@ -488,6 +485,16 @@ __device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const f
       glse[row] = l > 0.f ? (f + log2f(l) - kLog2Shift) * kLn2 : -INFINITY;
     }
   }
+}
+
+// finish_rows, then O as bf16 for the warpgroup's 64 rows (from wg_row0) by store_o_rows, through
+// its Q rows at sQg.
+template <class P>
+__device__ __forceinline__ void write_rows(const P& p, const CtaWork& w, const float (&acc_o)[kDv / 2],
+                                           const float (&acc_l)[4], const float (&frame)[2], int r_lo, int wg_row0,
+                                           int cw, uint32_t sQg) {
+  float inv[2];
+  finish_rows(p, w, acc_l, frame, r_lo, inv);
   store_o_rows<64>(acc_o, inv, sQg,
                static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o + static_cast<long long>(wg_row0) * p.o_stride_s,
                p.o_stride_s, w.seq.sq - wg_row0, cw);

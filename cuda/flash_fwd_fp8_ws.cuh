@@ -111,7 +111,12 @@ constexpr int kSlack = kBarsInOnes ? 0 : 1024;
 using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(kStages >= 2 && Bars::kBytes + 16 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
               "the mbarriers' bytes (and qfull, qlanded)");
-static_assert(kQBuffers * kTileQ + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
+// kTmaO (the short variants where it fits): O staged for TMA in a tile of its own after the Q
+// buffers, two K-blocks of 128-byte rows (stage_o_tma), reused by the next tile's epilogue once
+// the last copy has read it.
+constexpr int kTileO = kTmaO ? kBlockM * 2 * kDv : 0;
+static_assert(!kTmaO || (kPersistent && kDv == 128), "O by TMA: the persistent d_v = 128 kernels");
+static_assert(kQBuffers * kTileQ + kTileO + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
               "smem layout must match the catalogue");
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
 // registers do not hold the block accumulator and S(n + 1) in flight together.
@@ -129,10 +134,11 @@ static_assert(kPasses == 1 || kConsumers == 2, "PV in passes (d256) with two con
 
 // The shared-memory map: every tile at a constant offset from q.
 struct Smem {
-  static constexpr uint32_t kK = kQBuffers * kTileQ, kVt = kK + kStages * kTileK, kOnes = kDv * kBlockN,
+  static constexpr uint32_t kO = kQBuffers * kTileQ, kK = kO + kTileO, kVt = kK + kStages * kTileK, kOnes = kDv * kBlockN,
                             kBars = kBarsInOnes ? kVt + kOnes + kOnesRows * 128 : kVt + kVtStages * kTileVt;
   uint32_t q;
   __device__ uint32_t q_at(int b) const { return q + b * kTileQ; }
+  __device__ uint32_t o_rows(int cw) const { return q + kO + cw * kConsumerRows * 128; }   // kTmaO
   __device__ uint32_t k_at(int s) const { return q + kK + s * kTileK; }
   __device__ uint32_t vt_at(int s) const { return q + kVt + s * kTileVt; }
   // Word i of the ones in the V^T stages (kTileOnes / 4 words a stage), and whether it is one
@@ -1008,6 +1014,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     const int n_blocks = lane0(sh.work[b].n_blocks);
     if (n_blocks < 0) {
       if (turned && wg == 1) turns.take();    // consumer 1's last hand-over
+      if (kTmaO && threadIdx.x % 128 == 0) tma_store_done();   // the last O written before the CTA ends
       return;
     }
     if (n_blocks > 0 && !turned) {
@@ -1020,8 +1027,23 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     attend<false>(p, sm, sh.work[b], n_blocks, me, sQg, shared_addr(&sh.qfull[b]), (qphase >> b) & 1, 0, ring,
                   acc_o, acc_l, frame);
     if (n_blocks > 0) qphase ^= 1u << b;
-    write_rows(p, sh.work[b], acc_o, acc_l, frame, me.r_lo, me.wg_row0, me.cw, sQg);
-    fence_async_smem();   // the epilogue's writes to Q's buffer before the next tile's copy into it
+    bool by_tma = false;
+    if constexpr (kTmaO) {
+      by_tma = o_by_tma(p, sh.work[b], me.wg_row0);
+      if (by_tma) {   // O by TMA through the staging rows, once the last tile's copy has read them
+        float inv[2];
+        finish_rows(p, sh.work[b], acc_l, frame, me.r_lo, inv);
+        const bool first = threadIdx.x % 128 == 0;
+        if (first) tma_store_read();
+        bar_sync(kOutBar + me.cw, 128);
+        stage_o_tma(acc_o, inv, sm.o_rows(me.cw), me.cw);
+        if (first) copy_o_tma(p, sm.o_rows(me.cw), sh.work[b], me.wg_row0);
+      }
+    }
+    if (!by_tma) {
+      write_rows(p, sh.work[b], acc_o, acc_l, frame, me.r_lo, me.wg_row0, me.cw, sQg);
+      fence_async_smem();   // the epilogue's writes to Q's buffer before the next tile's copy into it
+    }
     __syncwarp();
     if (me.lane == 0) mbar_arrive(shared_addr(&sh.qempty[b]));
     ring.end_tile(n_blocks);

@@ -88,6 +88,7 @@ constexpr bool kKWithV = kConsumers > 2;   // three consumers wait for K(n + 1) 
 using Bars = KvBarriers<kStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(Bars::kBytes + 24 <= kBarBytes, "the mbarriers' bytes (and qfull, vlanded, qlanded)");
 constexpr int kQBuffers = kPersistent ? 2 : 1;   // persistent: the next tile's Q copied during this one
+static_assert(kTmaO == kPersistent, "the persistent kernels write O by TMA, through the tile's Q buffer");
 static_assert(kQBuffers * kTileQ + kStages * (kTileK + kTileV + kTileOnes) + kBarBytes + 1024 == kDynamicSmem,
               "smem layout must match the catalogue");
 static_assert(!kPersistent || kOverlap, "persistent CTAs: the schedule of d_v <= 128 with two consumers");
@@ -880,10 +881,9 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
   };
   // The epilogue of the tile in slot b (O from acc_o, l_run, m_run; zeros for a tile without
   // keys: acc_o is not zeroed, where the compiler moved the zeros into the products' registers
-  // and ptxas serialised them), then slot and Q buffer b released.  O by TMA (store_o_tma) where
-  // its box of 64 rows stays in the sequence (a dense tensor's end clips it; a packed sequence's
-  // last rows are the next one's), else store_o_rows.  The TMA's issuer (the warpgroup's thread
-  // 0) releases the buffer once the copy has read it: `held`, and release() below.
+  // and ptxas serialised them), then slot and Q buffer b released.  O by TMA through the
+  // buffer (stage_o_tma, copy_o_tma) where o_by_tma, else store_o_rows.  The copy's issuer (the
+  // warpgroup's thread 0) releases the buffer once the copy has read it: `held`, and release().
   bool held = false;   // thread 0 of the warpgroup: buffer held_b still read by its O's copy
   int held_b = 0;
   const auto release = [&] {
@@ -897,14 +897,13 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     release();   // (a tile without keys after the last: its buffer before this one's)
     const CtaWork w = sh.work[b];
     const int r_lo = w.row0 + r_off, wg_row0 = w.row0 + cw * kConsumerRows;
-    const bool packed = p.cu_seqlens_q != nullptr, tma = !packed || w.seq.sq - wg_row0 >= kConsumerRows;
+    const bool tma = o_by_tma(p, w, wg_row0);
     const auto out = [&](const float (&o)[kAccO]) {
       float inv[2];
       finish_rows(p, w, o, l_run, m_run, r_lo, inv);
       const auto& o_dv = reinterpret_cast<const float (&)[kDv / 2]>(o);
       if (tma) {
-        store_o_tma(o_dv, inv, q_rows(b), reinterpret_cast<uint64_t>(p.tmap_o), w.h,
-                    packed ? static_cast<int>(w.seq.q_start) + wg_row0 : wg_row0, packed ? 0 : w.b, cw);
+        stage_o_tma(o_dv, inv, q_rows(b), cw);
       } else {
         store_o_rows<128>(o_dv, inv, q_rows(b),
                           static_cast<__nv_bfloat16*>(const_cast<void*>(p.o)) + w.off.o +
@@ -923,6 +922,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     }
     held = tma && threadIdx.x % 128 == 0;
     held_b = b;
+    if (held) copy_o_tma(p, q_rows(b), w, wg_row0);
     __syncwarp();
     if (lane == 0 && !held) mbar_arrive(shared_addr(&sh.qempty[b]));
   };

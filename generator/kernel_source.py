@@ -179,6 +179,8 @@ def config(v: Variant) -> str:
                   "   // one CTA an SM, taking tiles from a counter",
                   f"constexpr bool kSplitTail = {'true' if t.split_tail else 'false'};"
                   "   // the tiles past the last whole wave cut by keys (catalogue.Tile.split_tail)",
+                  f"constexpr bool kTmaO = {'true' if t.tma_o else 'false'};"
+                  "   // O by TMA, tmap_o (catalogue.Tile.tma_o)",
                   f"constexpr bool kOnesSum = {'true' if t.pv_row_sums else 'false'};"
                   "   // BF16: the row sums of the rounded P by PV, over a block of ones",
                   f"constexpr bool kServing = {'true' if v.serving else 'false'};"

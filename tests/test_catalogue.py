@@ -70,9 +70,14 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     # the f16-math FP8 kernels read V as BF16 does, e4m3 rows of 128 bytes a box); the persistent
     # BF16-body kernels write O by TMA, a consumer's 64 rows of a 128-byte K-block a box
     assert [n for n in names if n.startswith("tmap_")] == list(tensor_maps(v))
-    tma_o = v.vendor == "cuda" and sm90_body(v) == "ws" and v.tile.persistent
-    assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else ["tmap_q", "tmap_k"] if has_vt_prepass(v)
-                                    else ["tmap_q", "tmap_k", "tmap_v"] + ["tmap_o"] * tma_o)
+    tma_o = v.tile.tma_o
+    assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else
+                                    (["tmap_q", "tmap_k"] if has_vt_prepass(v) else ["tmap_q", "tmap_k", "tmap_v"])
+                                    + ["tmap_o"] * tma_o)
+    # O by TMA: every persistent BF16-body kernel (through Q's buffer), and the FP8 short kernels
+    # whose staging tile fits beside their deepest ring (two consumers: causal)
+    assert tma_o == (v.vendor == "cuda" and v.tile.persistent and v.d_v == 128
+                     and (sm90_body(v) == "ws" or v.tile.block_m == 128))
     if tma_o:
         assert tensor_maps(v)["tmap_o"] == {"tensor": "o", "box": [128, 1, 64, 1], "swizzle_bytes": 128}
     if v.f16:
@@ -195,14 +200,18 @@ def test_persistent_kernels_take_a_cta_an_sm_over_their_tiles(v):
 def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
     """FP8: four K/V^T stages where they fit at d_qk >= 128 (d128, d192/128), three at d64
     (where a fourth did not gain) and at d256 (where four do not fit); the layout Q (x 2 where
-    persistent: the next tile's) | K x stages | (V^T, ones) x stages | mbarriers (four a stage, two more, in 128-byte units) |
-    1 KiB of alignment within the 227 KiB a CTA may have; at d256, whose three stages with
-    their ones take all of it, the mbarriers inside stage 0's ones and no slack."""
+    persistent: the next tile's) | O's staging tile (tma_o: block_m x d_v bf16, where it fits
+    beside four stages) | K x stages | (V^T, ones) x stages | mbarriers (four a stage, two more,
+    in 128-byte units) | 1 KiB of alignment within the 227 KiB a CTA may have; at d256, whose
+    three stages with their ones take all of it, the mbarriers inside stage 0's ones and no slack."""
     stages = v.tile.stages
     assert stages == (3 if v.d_qk == 64 or v.d_v == 256 else 4)
     ones = 8 * 128 * stages
     barriers, slack = (0, 0) if v.d_v == 256 else (128 if stages <= 3 else 256, 1024)
     smem = (1 + v.tile.persistent) * v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + slack
+    o_tile = v.tile.block_m * 2 * v.d_v
+    assert v.tile.tma_o == (v.tile.persistent and v.d_v == 128 and smem + o_tile <= SM90_MAX_SMEM)
+    smem += o_tile * v.tile.tma_o
     assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
     if v.d_v == 256:     # exactly all of it; a fourth stage would not fit
         assert smem == SM90_MAX_SMEM and smem + 128 * (v.d_qk + v.d_v) > SM90_MAX_SMEM
@@ -297,10 +306,13 @@ def test_a_short_variant_is_its_plain_kernel_with_persistent_ctas(v):
     assert v.tile.persistent and not plain.tile.persistent and not v.tile.split_tail
     same = ("block_m", "block_n", "threads", "stages", "pv_row_sums")
     assert all(getattr(v.tile, f) == getattr(plain.tile, f) for f in same)
-    assert v.tile.dynamic_smem == plain.tile.dynamic_smem + v.tile.block_m * v.d_qk   # Q x 2 (e4m3)
+    # Q x 2 (e4m3), and where O goes by TMA its staging tile (bf16) and tensor map
+    assert v.tile.dynamic_smem == (plain.tile.dynamic_smem + v.tile.block_m * v.d_qk
+                                   + v.tile.tma_o * v.tile.block_m * 2 * v.d_v)
+    assert v.tile.tma_o == v.causal and not plain.tile.tma_o   # (two consumers: room beside four stages)
     names, plain_names = [a.name for a in kernargs(v)], [a.name for a in kernargs(plain)]
-    assert [n for n in names if n not in plain_names] == ["tile_counter", "tiles_x", "tiles_y", "tiles_z",
-                                                          "tile_count"]
+    assert [n for n in names if n not in plain_names] == ["tmap_o"] * v.tile.tma_o + [
+        "tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count"]
     assert grid_rule(v) == {"x": {"min": ["tile_count", "sm_count"]}, "y": 1, "z": 1}
     assert grid_rule(plain) == tiles_rule(plain)
     assert Variant.from_json(v.to_json()) == v and v.to_json()["short"] is True

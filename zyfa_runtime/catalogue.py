@@ -231,6 +231,10 @@ class Tile:
     #: which may end one tile and start the next; each piece of a cut tile writes its O / l, l
     #: and frame to a workspace and the tile's last piece to finish merges them (plan.tail_plan)
     split_tail: bool = False
+    #: sm_90a: O written by TMA (tmap_o: boxes of a consumer's 64 rows) from shared memory --
+    #: the persistent BF16 body through the tile's Q buffer, the FP8 short variants through a
+    #: staging tile of their own (block_m x d_v bf16) where it fits beside their ring
+    tma_o: bool = False
 
 
 def sm90_body(v: Variant) -> str:
@@ -274,7 +278,7 @@ def tile_for(v: Variant) -> Tile:
         smem = ((1 + persistent) * block_m * 2 * v.d_qk + 2 * block_n * 2 * (v.d_qk + v.d_v)
                 + pv_row_sums * 2 * block_n * 128 + 128 + 1024)
         return Tile(block_m=block_m, block_n=block_n, threads=128 * (1 + consumers), dynamic_smem=smem, stages=2,
-                    persistent=persistent, pv_row_sums=pv_row_sums)
+                    persistent=persistent, pv_row_sums=pv_row_sums, tma_o=persistent)
     if v.vendor == "cuda":
         # fp8-ws: a producer warpgroup and consumer warpgroups of 64 query rows, 128-key
         # blocks (the sm_90a recipe's): three consumers where their registers fit in 160
@@ -289,22 +293,27 @@ def tile_for(v: Variant) -> Tile:
         # slack (the kernel's smem_base_exact: the dynamic shared memory starts aligned).
         # Persistent in the short-prompt variants (Variant.short: at short prompts a tile is a
         # few blocks, and a CTA a tile idles through its epilogue and the next one's first
-        # copies): Q x 2, the next tile's copied during this one.
+        # copies): Q x 2, the next tile's copied during this one; and where it fits beside the
+        # deepest ring (two consumers: the causal ones), a staging tile of O for TMA (tma_o)
+        # after the Q buffers, which the next tile's epilogue reuses once the copy has read it.
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         persistent = v.short
-        def smem(stages):
+        o_bytes = SM90_CONSUMER_ROWS * consumers * 2 * v.d_v
+        def smem(stages, tma_o=False):
             inside = v.d_v > 128
             barriers = 0 if inside else -(-(32 * stages + 16) // 128) * 128   # four a stage, qfull and qlanded
-            return ((1 + persistent) * SM90_CONSUMER_ROWS * consumers * v.d_qk + 128 * stages * (v.d_qk + v.d_v)
-                    + stages * 8 * 128 + barriers + (0 if inside else 1024))
+            return ((1 + persistent) * SM90_CONSUMER_ROWS * consumers * v.d_qk + tma_o * o_bytes
+                    + 128 * stages * (v.d_qk + v.d_v) + stages * 8 * 128 + barriers + (0 if inside else 1024))
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
+        tma_o = persistent and v.d_v == 128 and stages == deepest and smem(stages, True) <= SM90_MAX_SMEM
         # The balanced tail at d_v = 256 non-causal, where a partial last wave of its long tiles
         # costs most (docs/sm90a.md, "the balanced tail"); not in the serving variants, whose
         # tiles' key ranges follow from the window (a CTA a tile, as BF16's).
         split_tail = v.d_v == 256 and not v.causal and not v.serving
         return Tile(block_m=SM90_CONSUMER_ROWS * consumers, block_n=128, threads=128 * (1 + consumers),
-                    dynamic_smem=smem(stages), stages=stages, persistent=persistent, split_tail=split_tail)
+                    dynamic_smem=smem(stages, tma_o), stages=stages, persistent=persistent, split_tail=split_tail,
+                    tma_o=tma_o)
     if v.built_from == "asm-generator":
         # gfx950 FP8 (generator/gfx950_fp8.py): 8 waves x 32 query rows, two waves per SIMD
         # in ping-pong; 64-key blocks (the gfx950 recipe's block); LDS is static.
@@ -666,8 +675,8 @@ def tensor_maps(v: Variant) -> dict:
     box, tensors = (64, "qk") if v.dtype == "fp8_e4m3" and not v.f16 else (128, "qkv")
     maps = {f"tmap_{t}": {"tensor": t, "box": [box, 1, v.tile.block_m if t == "q" else v.tile.block_n, 1],
                           "swizzle_bytes": box} for t in tensors}
-    if sm90_body(v) == "ws" and v.tile.persistent:
-        # the persistent BF16 body writes O by TMA: a consumer's 64 rows, a box a 128-byte K-block
+    if v.tile.tma_o:
+        # O by TMA (Tile.tma_o): a consumer's 64 rows, a box a 128-byte K-block
         maps["tmap_o"] = {"tensor": "o", "box": [128, 1, SM90_CONSUMER_ROWS, 1], "swizzle_bytes": 128}
     return maps
 
