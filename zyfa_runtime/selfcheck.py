@@ -206,7 +206,14 @@ CASES = {
 
 def check_variant(driver, device: int, v: Variant, seed: int | None = None,
                   cases: tuple[str, ...] | None = None) -> list[CaseResult]:
-    """``v`` on every case of ``CASES`` (or the ones named in ``cases``), fresh inputs each."""
+    """``v`` on every case of ``CASES`` (or the ones named in ``cases``), fresh inputs each.
+    Plain calls only: a serving variant (window, softcap, sinks, KV cache) is refused, as no
+    plain call runs its kernel (tests/test_gpu_serving_features.py checks those through the
+    calls that take them)."""
+    if v.serving:
+        raise ValueError(f"{v.name} is a serving variant: a plain call runs the plain kernel, so check_variant "
+                         "cannot reach it; its kernels are checked through calls with a window, softcap, sinks "
+                         "or a KV cache (tests/test_gpu_serving_features.py)")
     rng = np.random.default_rng(seed)
     results = []
     o_bound, lse_bound = bounds(v)
