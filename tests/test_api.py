@@ -193,6 +193,14 @@ def test_persistent_bf16_writes_o_through_a_tensor_map_of_its_layout(fake):
                            causal=True, out=op)
     assert packed_map(unpack_args(entry, fake.launches[-1].args), "tmap_o") == \
         (op.ctypes.data, (256, 4, 70, 1), (256, 1024, 70 * 1024))
+    # heads 129 elements apart (258 bytes), a layout TMA cannot write: validation already refuses
+    # it (every stride of out a multiple of 16 bytes), before any launch
+    buf = np.empty(2 * 100 * 520 + 8, host_dtype("bf16"))
+    odd = np.lib.stride_tricks.as_strided(buf, shape=(2, 100, 4, 128), strides=(100 * 1040, 1040, 258, 2))
+    n = len(fake.launches)
+    with pytest.raises(ValueError, match="out stride of dim 2 is 258 bytes, not a multiple of 16"):
+        flash_attn_func(q, k, v, causal=True, out=odd)
+    assert len(fake.launches) == n
 
 
 def test_fp8_without_descales_reads_ones(fake):
