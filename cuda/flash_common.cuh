@@ -1008,17 +1008,17 @@ __device__ __forceinline__ void stage_o_tma(const float (&acc_o)[kCols / 2], con
 // sequence (a dense tensor's end clips it; past a packed sequence's end lie the next one's rows).
 template <class P>
 __device__ __forceinline__ bool o_by_tma(const P& p, const CtaWork& w, int wg_row0) {
-  return p.cu_seqlens_q == nullptr || w.seq.sq - wg_row0 >= 64;
+  return p.cu_seqlens_q == nullptr || w.seq.sq - wg_row0 >= zyfa_cfg::kConsumerRows;
 }
 
 // A warpgroup's staged rows (at sOg) to its rows from wg_row0 of tile w in tmap_o (a packed
-// batch one sequence of all its rows, as Q's map), committed as one bulk group.
+// batch one sequence of all its rows, as Q's map: copy_tile_q), committed as one bulk group.
 template <class P>
 __device__ __forceinline__ void copy_o_tma(const P& p, uint32_t sOg, const CtaWork& w, int wg_row0) {
   const bool packed = p.cu_seqlens_q != nullptr;
   const int row = packed ? static_cast<int>(w.seq.q_start) + wg_row0 : wg_row0, seq = packed ? 0 : w.b;
 #pragma unroll
-  for (int kb = 0; kb < 2; ++kb)
+  for (int kb = 0; kb < OPasses<128>::kPieces; ++kb)
     tma_store_4d(reinterpret_cast<uint64_t>(p.tmap_o), sOg + kb * (zyfa_cfg::kBlockM * 128), 128 * kb, w.h, row, seq);
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

@@ -367,20 +367,20 @@ def _tensor_map_geometry(problem: validate.Problem, values: dict, spec: dict, ga
     (head dim, heads, seqlen_k rows, sequences) packed.  TMA takes strides in multiples of 16 bytes."""
     t = spec["tensor"]
     elem = 1 if problem.dtype == "fp8_e4m3" and t != "o" else 2   # O: bf16
-    row_bytes = elem * (problem.d_v if t in "vo" else problem.d_qk)
-    heads = problem.hq if t in "qo" else problem.hkv
+    row_bytes = elem * (problem.d_v if t in ("v", "o") else problem.d_qk)
+    heads = problem.hq if t in ("q", "o") else problem.hkv
     box = tuple(spec["box"])
     if t == "k" and gathered:
         row = heads * row_bytes
         return "kg", (row_bytes, heads, problem.seqlen_k, problem.batch), (row_bytes, row, problem.seqlen_k * row), \
             box, spec["swizzle_bytes"]
-    if t in "kv" and problem.kvcache:
+    if t in ("k", "v") and problem.kvcache:
         paged = problem.kvcache == "paged"
         rows, seqs = (problem.page_size, problem.num_pages) if paged else (problem.seqlen_k, problem.batch)
         if paged:
             box = (box[0], box[1], page_box_rows(problem.page_size, box[2]), box[3])
         return _tensor_map_dims(t, values, elem, row_bytes, heads, rows, seqs, box, spec["swizzle_bytes"])
-    total, seqlen = (problem.total_q, problem.seqlen_q) if t in "qo" else (problem.total_k, problem.seqlen_k)
+    total, seqlen = (problem.total_q, problem.seqlen_q) if t in ("q", "o") else (problem.total_k, problem.seqlen_k)
     rows = max(total if problem.varlen else seqlen, 1)
     return _tensor_map_dims(t, values, elem, row_bytes, heads, rows, 1 if problem.varlen else problem.batch, box,
                             spec["swizzle_bytes"])
