@@ -115,7 +115,7 @@ static_assert(kStages >= 2 && Bars::kBytes + 16 <= (kBarsInOnes ? (8 - kOnesRows
 // buffers, two K-blocks of 128-byte rows (stage_o_tma), reused by the next tile's epilogue once
 // the last copy has read it.
 constexpr int kTileO = kTmaO ? kBlockM * 2 * kDv : 0;
-static_assert(!kTmaO || (kPersistent && kDv == 128), "O by TMA: the persistent d_v = 128 kernels");
+static_assert(!kTmaO || kDv == 128, "O by TMA: the d_v = 128 kernels");
 static_assert(kQBuffers * kTileQ + kTileO + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
               "smem layout must match the catalogue");
 // Three consumers at d_v = 128: S(n + 1) is issued after PV(n)'s wait and merge, as their 160
@@ -856,6 +856,18 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
   if constexpr (kTail) {
     if (g.slot >= 0) {   // a piece of a cut tile: stored, or the tile's last, which merges them all
       if (!finish_piece(p, g, acc_o, acc_l, frame, cw, sQg)) return;
+    }
+  }
+  if constexpr (kTmaO && !kTail) {
+    if (o_by_tma(p, wo, wg_row0)) {   // O by TMA through the staging rows, read before the CTA ends
+      float inv[2];
+      finish_rows(p, wo, acc_l, frame, r_lo, inv);
+      stage_o_tma(acc_o, inv, sm.o_rows(cw), cw);
+      if (threadIdx.x % 128 == 0) {
+        copy_o_tma(p, sm.o_rows(cw), wo, wg_row0);
+        tma_store_read();
+      }
+      return;
     }
   }
   write_rows(p, wo, acc_o, acc_l, frame, r_lo, wg_row0, cw, sQg);

@@ -74,10 +74,13 @@ def test_kernarg_layout_is_naturally_aligned_and_dense(v):
     assert list(tensor_maps(v)) == ([] if v.vendor != "cuda" else
                                     (["tmap_q", "tmap_k"] if has_vt_prepass(v) else ["tmap_q", "tmap_k", "tmap_v"])
                                     + ["tmap_o"] * tma_o)
-    # O by TMA: every persistent BF16-body kernel (through Q's buffer), and the FP8 short kernels
-    # whose staging tile fits beside their deepest ring (two consumers: causal)
-    assert tma_o == (v.vendor == "cuda" and v.tile.persistent and v.d_v == 128
-                     and (sm90_body(v) == "ws" or v.tile.block_m == 128))
+    # O by TMA: every persistent BF16-body kernel (through Q's buffer); the FP8 short kernels whose
+    # staging tile fits beside their deepest ring (two consumers: causal) and the FP8 serving
+    # kernels at d_v = 128 (a CTA a tile: one Q buffer, room for the staging tile)
+    # (where the staging tile fits: test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows)
+    ws_persistent = v.vendor == "cuda" and sm90_body(v) == "ws" and v.tile.persistent
+    assert tma_o == ws_persistent or (tma_o and sm90_body(v) == "fp8-ws" and v.d_v == 128
+                                      and ((v.tile.persistent and v.tile.block_m == 128) or v.serving))
     if tma_o:
         assert tensor_maps(v)["tmap_o"] == {"tensor": "o", "box": [128, 1, 64, 1], "swizzle_bytes": 128}
     if v.f16:
@@ -210,7 +213,7 @@ def test_fp8_k_v_rings_are_as_deep_as_shared_memory_allows(v):
     barriers, slack = (0, 0) if v.d_v == 256 else (128 if stages <= 3 else 256, 1024)
     smem = (1 + v.tile.persistent) * v.tile.block_m * v.d_qk + stages * 128 * (v.d_qk + v.d_v) + ones + barriers + slack
     o_tile = v.tile.block_m * 2 * v.d_v
-    assert v.tile.tma_o == (v.tile.persistent and v.d_v == 128 and smem + o_tile <= SM90_MAX_SMEM)
+    assert v.tile.tma_o == ((v.tile.persistent or v.serving) and v.d_v == 128 and smem + o_tile <= SM90_MAX_SMEM)
     smem += o_tile * v.tile.tma_o
     assert v.tile.dynamic_smem == smem <= SM90_MAX_SMEM
     if v.d_v == 256:     # exactly all of it; a fourth stage would not fit
@@ -331,9 +334,14 @@ def test_a_serving_variant_is_its_plain_kernel_with_the_features_arguments(v):
     assert features(plain) == FEATURES_OF.get((v.arch, v.dtype), ()) == ()
     assert v.tile.persistent == plain.tile.persistent and not v.tile.split_tail
     assert grid_rule(v) == grid_rule(plain) if v.tile.persistent else grid_rule(v) == tiles_rule(v)
-    same = ("block_m", "block_n", "threads", "stages", "pv_row_sums", "dynamic_smem")
+    same = ("block_m", "block_n", "threads", "stages", "pv_row_sums")
     assert all(getattr(v.tile, f) == getattr(plain.tile, f) for f in same)
+    # FP8 at d_v = 128: O by TMA through a staging tile (block_m x d_v bf16) the plain kernel lacks
+    staged = v.tile.tma_o and not plain.tile.tma_o
+    assert not staged or (v.dtype == "fp8_e4m3" and v.d_v == 128)
+    assert v.tile.dynamic_smem == plain.tile.dynamic_smem + staged * v.tile.block_m * 2 * v.d_v
     names, plain_names = [a.name for a in kernargs(v)], [a.name for a in kernargs(plain)]
+    names = [n for n in names if not (staged and n == "tmap_o")]
     tail = ("partials", "tail_counter", "tail_first", "tail_ctas", "tail_gap", "tail_ramp")
     tiles = ("tile_counter", "tiles_x", "tiles_y", "tiles_z", "tile_count")
     assert [n for n in names if n not in plain_names] == [

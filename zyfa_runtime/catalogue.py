@@ -306,7 +306,8 @@ def tile_for(v: Variant) -> Tile:
                     + 128 * stages * (v.d_qk + v.d_v) + stages * 8 * 128 + barriers + (0 if inside else 1024))
         deepest = 4 if v.d_qk >= 128 else 3
         stages = next(n for n in range(deepest, 1, -1) if n == 2 or smem(n) <= SM90_MAX_SMEM)
-        tma_o = persistent and v.d_v == 128 and stages == deepest and smem(stages, True) <= SM90_MAX_SMEM
+        tma_o = ((persistent or v.serving) and v.d_v == 128 and stages == deepest
+                 and smem(stages, True) <= SM90_MAX_SMEM)
         # The balanced tail at d_v = 256 non-causal, where a partial last wave of its long tiles
         # costs most (docs/sm90a.md, "the balanced tail"); not in the serving variants, whose
         # tiles' key ranges follow from the window (a CTA a tile, as BF16's).
