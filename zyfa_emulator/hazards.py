@@ -282,6 +282,7 @@ class _WaveState:
         # LDS bookkeeping: barrier generation and shadows of the emulator's queues
         self.gen = 0
         self.shadow = {"vm": [], "lgkm": []}      # (pc, issue seq, issue gen) per queued op
+        self.facts: dict = {}                     # inst -> _Facts at this wave's accum_offset
 
 
 class _LdsState:
@@ -301,11 +302,58 @@ class _LdsState:
         self.r_rseq = np.full((nwaves, size), -1, np.int32)
 
 
-def _rows(wave, reg) -> range:
+class _Facts:
+    """What the checks need of one instruction in a wave of one ``accum_offset``, derived once
+    (the trace runs each instruction many times): its kinds, counters and register rows."""
+    __slots__ = ("inst", "name", "ops", "mfma", "valu", "vmem", "ds", "load", "queues", "trans",
+                 "read_rows", "write_rows", "accesses", "load_rows", "load_srows", "inorder",
+                 "mfma_rows", "mfma_p", "explicit_s", "vmem_srows", "partial", "write_srows",
+                 "writes_exec", "salu", "store_rows", "m0_reader")
+
+    def __init__(self, inst, accum_offset: int):
+        self.inst, self.name = inst, inst.name
+        ops = self.ops = operands(inst)
+        self.mfma, self.valu, self.vmem = is_mfma(inst), _is_valu(inst), _is_vmem(inst)
+        self.ds, self.load, self.queues = inst.fmt == "DS", _is_load(inst), _queues(inst)
+        self.trans = inst.name in TRANS_OPS
+        self.read_rows = tuple(r for reg in ops.reads for r in _rows_at(accum_offset, reg))
+        self.write_rows = tuple(r for reg in ops.writes for r in _rows_at(accum_offset, reg))
+        # counters: (code, is_write) of each register read, then written, in operand order; a
+        # VGPR/AGPR row as itself, SGPR g as -1 - g
+        self.accesses = tuple((code, w) for regs, w in ((ops.reads, False), (ops.writes, True))
+                              for reg in regs
+                              for code in (*_rows_at(accum_offset, reg), *(-1 - g for g in _srows(reg))))
+        self.load_rows = list(self.write_rows)
+        self.load_srows = [g for reg in ops.writes for g in _srows(reg)]
+        self.inorder = None
+        if self.load:
+            self.inorder = "vm" if self.queues == ("vm",) else ("lds" if self.ds else None)
+        self.mfma_rows = mfma_rows(accum_offset, inst) if self.mfma else None
+        self.mfma_p = mfma_passes(inst.name, inst.cbsz, inst.blgp) if self.mfma else 0
+        self.explicit_s = _explicit_sgpr_reads(inst) if self.valu else []
+        self.vmem_srows = [g for reg in ops.reads for g in _srows(reg)] if self.vmem else []
+        self.partial = self.valu and _writes_partial(inst)
+        self.write_srows = [g for reg in ops.writes for g in _srows(reg)]
+        self.writes_exec = self.valu and any(
+            reg.kind == "s" and reg.index <= EXEC + 1 and reg.index + reg.count > EXEC for reg in ops.writes)
+        self.salu = inst.fmt in ("SOP1", "SOP2", "SOPK", "SOPC")
+        self.store_rows = ()
+        if self.vmem and "store" in inst.name:
+            nd = _store_dwords(inst)
+            if nd > 2 and not (inst.fmt == "MUBUF" and inst.soffset is not None and inst.soffset < 128):
+                base = inst.data0 - 256
+                row0 = accum_offset + base if inst.acc else base
+                self.store_rows = tuple(range(row0, row0 + nd))
+        self.m0_reader = (_is_lds_dma(inst) or inst.name in ("s_sendmsg", "s_sendmsghalt")
+                          or inst.name in ("ds_write_addtid_b32", "ds_read_addtid_b32"))
+
+
+def _rows_at(accum_offset: int, reg) -> range:
+    """A register's rows of the unified file (v<i> = i, a<i> = accum_offset + i)."""
     if reg.kind == "v":
         return range(reg.index, reg.index + reg.count)
     if reg.kind == "a":
-        base = wave.accum_offset + reg.index
+        base = accum_offset + reg.index
         return range(base, base + reg.count)
     return range(0)
 
@@ -355,6 +403,7 @@ class HazardChecker:
         self.instructions = 0
         self._waves: dict = {}
         self._wgs: dict = {}
+        self._facts: dict = {}       # accum_offset -> {inst: _Facts}
         self.machine = None
 
     # -- wiring --------------------------------------------------------------------------
@@ -379,6 +428,7 @@ class HazardChecker:
         st = self._waves.get(wave)
         if st is None:
             st = self._waves[wave] = _WaveState()
+            st.facts = self._facts.setdefault(wave.accum_offset, {})
         return st
 
     def _report(self, rule, inst, wave, detail, source):
@@ -390,15 +440,17 @@ class HazardChecker:
     # -- the observer ----------------------------------------------------------------------
     def __call__(self, wave, inst) -> None:
         self.instructions += 1
-        st = self._state(wave)
-        ops = operands(inst)
+        st = self._waves.get(wave) or self._state(wave)
+        fx = st.facts.get(inst)
+        if fx is None:
+            fx = st.facts[inst] = _Facts(inst, wave.accum_offset)
         if self.lds:
-            self._track_queues(wave, st, inst)
+            self._track_queues(wave, st, inst, fx)
         if self.counters:
-            self._check_counters(wave, st, inst, ops)
+            self._check_counters(wave, st, inst, fx)
         if self.waitstates:
-            self._check_waitstates(wave, st, inst, ops)
-            self._record_waitstates(wave, st, inst, ops)
+            self._check_waitstates(wave, st, inst, fx)
+            self._record_waitstates(wave, st, inst, fx)
         if inst.name == "s_barrier":
             st.gen += 1
         elif inst.name == "s_endpgm":
@@ -438,8 +490,8 @@ class HazardChecker:
                         del st.owed_s[r]
         st.pending = [op for op in st.pending if not op.done]
 
-    def _check_counters(self, wave, st: _WaveState, inst, ops) -> None:
-        name = inst.name
+    def _check_counters(self, wave, st: _WaveState, inst, fx: _Facts) -> None:
+        name = fx.name
         if name == "s_waitcnt":
             s = inst.simm16
             self._retire(st, (s & 0xF) | ((s >> 14) & 3) << 4, (s >> 8) & 0xF)
@@ -447,28 +499,25 @@ class HazardChecker:
         if name == "s_endpgm":
             self._retire(st, 0, 0)
             return
-        if not st.owed_v and not st.owed_s and not _queues(inst):
+        queues = fx.queues
+        if not st.owed_v and not st.owed_s and not queues:
             return
-        load = _is_load(inst)
-        queues = _queues(inst)
-        inorder_class = None
-        if load:
-            inorder_class = "vm" if queues == ("vm",) else ("lds" if inst.fmt == "DS" else None)
+        inorder_class = fx.inorder
         bad = []
-        for reg, is_write in [(r, False) for r in ops.reads] + [(r, True) for r in ops.writes]:
-            for row in _rows(wave, reg):
-                op = st.owed_v.get(row)
+        for code, is_write in fx.accesses:
+            if code >= 0:
+                op = st.owed_v.get(code)
                 if op is None:
                     continue
                 if is_write and inorder_class is not None and \
                         inorder_class == ("vm" if op.queues == {"vm"} else
                                           ("lds" if op.inst.fmt == "DS" else None)):
                     continue              # same in-order counter: the later write wins
-                bad.append((row, op, is_write))
-            for sg in _srows(reg):
-                op = st.owed_s.get(sg)
-                if op is not None:
-                    bad.append((-1 - sg, op, is_write))
+            else:
+                op = st.owed_s.get(-1 - code)
+                if op is None:
+                    continue
+            bad.append((code, op, is_write))
         if bad:
             row, op, is_write = bad[0]
             names = [(_sname(-1 - r) if r < 0 else _regname(wave, r)) for r, o, _ in bad if o is op]
@@ -483,19 +532,17 @@ class HazardChecker:
                     st.owed_s.pop(-1 - r, None)
                 else:
                     st.owed_v.pop(r, None)
-        if load and queues:
-            rows, srows = [], []
-            for reg in ops.writes:
-                rows += list(_rows(wave, reg))
-                srows += list(_srows(reg))
-            op = _Op(inst, queues, inst.fmt in ("SMEM", "FLAT"), rows, srows)
+        if fx.load and queues:
+            op = _Op(inst, queues, inst.fmt in ("SMEM", "FLAT"), fx.load_rows, fx.load_srows)
             st.pending.append(op)
-            for r in rows:
+            for r in fx.load_rows:
                 st.owed_v[r] = op
-            for r in srows:
+            for r in fx.load_srows:
                 st.owed_s[r] = op
         elif queues:
             st.pending.append(_Op(inst, queues, inst.fmt in ("SMEM", "FLAT"), [], []))
+        else:
+            return
         # counter capacity (VM_CNT 6 bits, LGKM_CNT 4 bits): issue stalls until the oldest
         # completes, which the model takes as a retirement
         for q, cap in (("vm", 63), ("lgkm", 15)):
@@ -507,31 +554,32 @@ class HazardChecker:
                     self._retire(st, None, cap)
 
     # -- 2. wait states --------------------------------------------------------------------
-    def _check_waitstates(self, wave, st: _WaveState, inst, ops) -> None:
+    def _check_waitstates(self, wave, st: _WaveState, inst, fx: _Facts) -> None:
         cum = st.cum
-        name = inst.name
-        mfma = is_mfma(inst)
-        valu = _is_valu(inst)
-        vmem = _is_vmem(inst)
-        ds = inst.fmt == "DS"
-        found = []       # (needed, since, rule, regs text, source)
+        name = fx.name
+        mfma, valu, vmem = fx.mfma, fx.valu, fx.vmem
+        found = []       # (needed, since, rule, register: a row or a name, source)
+        tight = self.tight if self.record_tight else None
 
         def need(rule, have_stamp, needed, what, source=SRC_TABLE11):
             since = cum - have_stamp
             if since < needed:
                 found.append((needed, since, rule, what, source))
-            elif since == needed and needed and self.record_tight:
-                self.tight.add((inst.pc, rule))
+            elif since == needed and needed and tight is not None:
+                tight.add((inst.pc, rule))
 
-        read_rows = []
-        for reg in ops.reads:
-            read_rows += list(_rows(wave, reg))
-        write_rows = []
-        for reg in ops.writes:
-            write_rows += list(_rows(wave, reg))
+        def need_rows(rule, stamps, rows, needed, source=SRC_TABLE11):
+            # need() for each row's stamp in ``stamps`` (the common case, inlined)
+            for row in rows:
+                since = cum - stamps[row]
+                if since < needed:
+                    found.append((needed, since, rule, row, source))
+                elif since == needed and needed and tight is not None:
+                    tight.add((inst.pc, rule))
 
+        read_rows, write_rows = fx.read_rows, fx.write_rows
         if mfma:
-            a_rows, b_rows, c_rows, _ = mfma_rows(wave.accum_offset, inst)
+            a_rows, b_rows, c_rows, _ = fx.mfma_rows
             for row in c_rows:
                 info = st.v_mfma_info[row]
                 stamp = st.v_mfma[row]
@@ -539,47 +587,36 @@ class HazardChecker:
                     continue
                 p, start, cnt, _src = info
                 if c_rows and start == c_rows[0] and cnt == len(c_rows):
-                    need("mfma-srcc-same", stamp, 2 if p == 2 else 0,
-                         _regname(wave, row), SRC_TABLE38)
+                    need("mfma-srcc-same", stamp, 2 if p == 2 else 0, row, SRC_TABLE38)
                 else:
-                    need("mfma-srcc", stamp, _mfma_srcc_overlap_ws(p), _regname(wave, row),
-                         SRC_TABLE38)
+                    need("mfma-srcc", stamp, _mfma_srcc_overlap_ws(p), row, SRC_TABLE38)
             for row in a_rows + b_rows:
                 info = st.v_mfma_info[row]
                 if info is not None:
-                    need("mfma-srcab", st.v_mfma[row], _mfma_raw_ws(info[0]),
-                         _regname(wave, row), SRC_TABLE38)
-            for row in a_rows + b_rows + c_rows:
-                need("valu-mfma", st.v_valu[row], 2, _regname(wave, row), SRC_TABLE38)
+                    need("mfma-srcab", st.v_mfma[row], _mfma_raw_ws(info[0]), row, SRC_TABLE38)
+            need_rows("valu-mfma", st.v_valu, a_rows + b_rows + c_rows, 2, SRC_TABLE38)
             need("exec-mfma", st.exec_valu, 4, "exec", SRC_TABLE38)
-        elif valu or vmem or ds:
+        elif valu or vmem or fx.ds:
             # MFMA results: reads (RAW) and overwrites (WAW); SrcC reads (WAR)
             for row in read_rows:
                 info = st.v_mfma_info[row]
                 if info is not None:
-                    need("mfma-raw", st.v_mfma[row], _mfma_raw_ws(info[0]),
-                         _regname(wave, row), SRC_TABLE38)
-            if valu or _is_load(inst):
+                    need("mfma-raw", st.v_mfma[row], _mfma_raw_ws(info[0]), row, SRC_TABLE38)
+            if valu or fx.load:
                 for row in write_rows:
                     info = st.v_mfma_info[row]
                     if info is not None:
-                        need("mfma-waw", st.v_mfma[row], _mfma_raw_ws(info[0]),
-                             _regname(wave, row), SRC_TABLE38)
+                        need("mfma-waw", st.v_mfma[row], _mfma_raw_ws(info[0]), row, SRC_TABLE38)
                     if st.v_srcc[row] > _NEG:
-                        need("mfma-war", st.v_srcc[row], _mfma_war_ws(st.v_srcc_p[row]),
-                             _regname(wave, row), SRC_TABLE38)
+                        need("mfma-war", st.v_srcc[row], _mfma_war_ws(st.v_srcc_p[row]), row, SRC_TABLE38)
         if valu:
-            trans = name in TRANS_OPS
-            explicit_s = _explicit_sgpr_reads(inst)
-            for row in read_rows:
-                if not trans:
-                    need("trans-forward", st.v_trans[row], 1, _regname(wave, row))
-                need("dst-sel-forward", st.v_partial[row], 1, _regname(wave, row))
-            for sg in explicit_s:
+            if not fx.trans:
+                need_rows("trans-forward", st.v_trans, read_rows, 1)
+            need_rows("dst-sel-forward", st.v_partial, read_rows, 1)
+            for sg in fx.explicit_s:
                 need("valu-sgpr-valu", st.s_valu[sg], 2, _sname(sg))
             if name.startswith("v_permlane"):
-                for row in read_rows:
-                    need("valu-permlane", st.v_valu[row], 2, _regname(wave, row))
+                need_rows("valu-permlane", st.v_valu, read_rows, 2)
                 need("exec-permlane", st.exec_valu, 4, "exec")
             if name in ("v_readlane_b32", "v_writelane_b32") and inst.src1 is not None \
                     and inst.src1 < 128:
@@ -588,22 +625,17 @@ class HazardChecker:
                 need("exec-lanesel", st.exec_valu, 4, "exec")
             if name in ("v_readlane_b32", "v_readfirstlane_b32") and inst.src0 >= 256:
                 row = inst.src0 - 256
-                need("valu-vgpr-readlane", st.v_valu[row], 1, _regname(wave, row))
+                need("valu-vgpr-readlane", st.v_valu[row], 1, row)
             if inst.dpp is not None:
-                for row in read_rows:
-                    need("valu-dpp", st.v_valu[row], 2, _regname(wave, row))
+                need_rows("valu-dpp", st.v_valu, read_rows, 2)
                 need("exec-dpp", st.exec_valu, 5, "exec")
             if name == "v_div_fmas_f32" or name == "v_div_fmas_f64":
                 need("vcc-div-fmas", max(st.s_valu[VCC], st.s_valu[VCC + 1]), 4, "vcc")
         if valu or mfma:
-            for row in write_rows:
-                need("store-data", st.v_store[row], 2, _regname(wave, row))
-        if vmem:
-            for reg in ops.reads:
-                for sg in _srows(reg):
-                    need("valu-sgpr-vmem", st.s_valu[sg], 5, _sname(sg))
-        if _is_lds_dma(inst) or name in ("s_sendmsg", "s_sendmsghalt") or \
-                name in ("ds_write_addtid_b32", "ds_read_addtid_b32"):
+            need_rows("store-data", st.v_store, write_rows, 2)
+        for sg in fx.vmem_srows:
+            need("valu-sgpr-vmem", st.s_valu[sg], 5, _sname(sg))
+        if fx.m0_reader:
             need("m0-lds-dma", st.s_salu[M0], 1, "m0")
         if name in ("s_getreg_b32", "s_setreg_b32", "s_setreg_imm32_b32"):
             hw = inst.simm16 & 0x3F
@@ -611,22 +643,22 @@ class HazardChecker:
         if found:
             found.sort(key=lambda f: f[1] - f[0])
             needed, since, rule, _, source = found[0]
-            regs = [f[3] for f in found if f[2] == rule]
+            regs = [_regname(wave, f[3]) if isinstance(f[3], int) else f[3] for f in found if f[2] == rule]
             self._report(rule, inst, wave,
                          f"{_ranges_text(regs)}: {since} wait state(s) since the producer, "
                          f"{needed} required (insert s_nop {needed - since - 1} or independent "
                          "instructions)", source)
 
-    def _record_waitstates(self, wave, st: _WaveState, inst, ops) -> None:
-        name = inst.name
+    def _record_waitstates(self, wave, st: _WaveState, inst, fx: _Facts) -> None:
+        name = fx.name
         if name == "s_nop":
             st.cum += (inst.simm16 & 0xF) + 1
             return
         st.cum += 1
         after = st.cum
-        if is_mfma(inst):
-            p = mfma_passes(name, inst.cbsz, inst.blgp)
-            _, _, c_rows, d = mfma_rows(wave.accum_offset, inst)
+        if fx.mfma:
+            p = fx.mfma_p
+            _, _, c_rows, d = fx.mfma_rows
             for row in c_rows:
                 st.v_srcc[row] = after
                 st.v_srcc_p[row] = p
@@ -636,49 +668,41 @@ class HazardChecker:
                 st.v_mfma_info[row] = info
                 st.v_valu[row] = _NEG
             return
-        valu = _is_valu(inst)
-        for reg in ops.writes:
-            rows = _rows(wave, reg)
-            for row in rows:
-                # a later plain write supersedes the MFMA result as the producer
+        valu = fx.valu
+        if fx.write_rows:
+            # a later plain write supersedes the MFMA result as the producer
+            t = after if valu else _NEG
+            trans = after if valu and fx.trans else _NEG
+            partial = after if fx.partial else _NEG
+            for row in fx.write_rows:
                 st.v_mfma_info[row] = None
                 st.v_srcc[row] = _NEG
-                if valu:
-                    st.v_valu[row] = after
-                    st.v_trans[row] = after if name in TRANS_OPS else _NEG
-                    st.v_partial[row] = after if _writes_partial(inst) else _NEG
-                else:
-                    st.v_valu[row] = st.v_trans[row] = st.v_partial[row] = _NEG
-            for sg in _srows(reg):
-                if valu:
-                    st.s_valu[sg] = after
-                elif inst.fmt in ("SOP1", "SOP2", "SOPK", "SOPC"):
-                    st.s_salu[sg] = after
-            if valu and reg.kind == "s" and reg.index <= EXEC + 1 and \
-                    reg.index + reg.count > EXEC:
-                st.exec_valu = after
-        if _is_vmem(inst) and "store" in name:
-            nd = _store_dwords(inst)
-            if nd > 2 and not (inst.fmt == "MUBUF" and inst.soffset is not None
-                               and inst.soffset < 128):
-                acc = inst.acc
-                base = inst.data0 - 256
-                row0 = wave.accum_offset + base if acc else base
-                for row in range(row0, row0 + nd):
-                    st.v_store[row] = after
+                st.v_valu[row] = t
+                st.v_trans[row] = trans
+                st.v_partial[row] = partial
+        if valu:
+            for sg in fx.write_srows:
+                st.s_valu[sg] = after
+        elif fx.salu:
+            for sg in fx.write_srows:
+                st.s_salu[sg] = after
+        if fx.writes_exec:
+            st.exec_valu = after
+        for row in fx.store_rows:
+            st.v_store[row] = after
         if name in ("s_setreg_b32", "s_setreg_imm32_b32"):
             st.setreg[inst.simm16 & 0x3F] = after
 
     # -- 3. LDS ----------------------------------------------------------------------------
-    def _track_queues(self, wave, st: _WaveState, inst) -> None:
+    def _track_queues(self, wave, st: _WaveState, inst, fx: _Facts) -> None:
         # keep the shadows aligned with the emulator's queues (completions leave from the
         # front), then add this instruction's entries
+        shadow = st.shadow
         for q, real in (("vm", wave.vmq), ("lgkm", wave.lgkmq)):
-            sh = st.shadow[q]
-            extra = len(sh) - len(real)
-            if extra > 0:
-                del sh[:extra]
-        for q in _queues(inst):
+            sh = shadow[q]
+            if len(sh) > len(real):
+                del sh[:len(sh) - len(real)]
+        for q in fx.queues:
             st.shadow[q].append((inst.pc, wave.executed, st.gen))
 
     def lds_access(self, wave, inst, addr: np.ndarray, nbytes: int, write: bool) -> None:
