@@ -308,7 +308,7 @@ class _Facts:
     __slots__ = ("inst", "name", "ops", "mfma", "valu", "vmem", "ds", "load", "queues", "trans",
                  "read_rows", "write_rows", "accesses", "load_rows", "load_srows", "inorder",
                  "mfma_rows", "mfma_p", "explicit_s", "vmem_srows", "partial", "write_srows",
-                 "writes_exec", "salu", "store_rows", "m0_reader")
+                 "writes_exec", "salu", "store_rows", "m0_reader", "waited")
 
     def __init__(self, inst, accum_offset: int):
         self.inst, self.name = inst, inst.name
@@ -346,6 +346,9 @@ class _Facts:
                 self.store_rows = tuple(range(row0, row0 + nd))
         self.m0_reader = (_is_lds_dma(inst) or inst.name in ("s_sendmsg", "s_sendmsghalt")
                           or inst.name in ("ds_write_addtid_b32", "ds_read_addtid_b32"))
+        # whether any wait-state rule has this instruction as its consumer (_check_waitstates)
+        self.waited = (self.mfma or self.valu or self.vmem or self.ds or self.m0_reader
+                       or inst.name in ("s_getreg_b32", "s_setreg_b32", "s_setreg_imm32_b32"))
 
 
 def _rows_at(accum_offset: int, reg) -> range:
@@ -370,6 +373,17 @@ def _regname(wave, row: int) -> str:
 
 def _sname(i: int) -> str:
     return {106: "vcc_lo", 107: "vcc_hi", 124: "m0", 126: "exec_lo", 127: "exec_hi"}.get(i, f"s{i}")
+
+
+def _lowest(b: np.ndarray, where: np.ndarray) -> int:
+    """The index in ``b`` of the lowest byte address among those ``where`` marks."""
+    idx = np.flatnonzero(where)
+    return int(idx[np.argmin(b[idx])])
+
+
+def _code_name(wave, code: int) -> str:
+    """A register by its code in the checks: a VGPR/AGPR row as itself, SGPR g as -1 - g."""
+    return _sname(-1 - code) if code < 0 else _regname(wave, code)
 
 
 def _ranges_text(names: list) -> str:
@@ -449,7 +463,8 @@ class HazardChecker:
         if self.counters:
             self._check_counters(wave, st, inst, fx)
         if self.waitstates:
-            self._check_waitstates(wave, st, inst, fx)
+            if fx.waited:
+                self._check_waitstates(wave, st, inst, fx)
             self._record_waitstates(wave, st, inst, fx)
         if inst.name == "s_barrier":
             st.gen += 1
@@ -520,7 +535,7 @@ class HazardChecker:
             bad.append((code, op, is_write))
         if bad:
             row, op, is_write = bad[0]
-            names = [(_sname(-1 - r) if r < 0 else _regname(wave, r)) for r, o, _ in bad if o is op]
+            names = [_code_name(wave, r) for r, o, _ in bad if o is op]
             counter = "/".join(sorted(op.queues)) + "cnt"
             verb = "overwrites" if is_write else "reads"
             self._report("counter", inst, wave,
@@ -558,7 +573,7 @@ class HazardChecker:
         cum = st.cum
         name = fx.name
         mfma, valu, vmem = fx.mfma, fx.valu, fx.vmem
-        found = []       # (needed, since, rule, register: a row or a name, source)
+        found = []       # (needed, since, rule, register: a code (_code_name) or a name, source)
         tight = self.tight if self.record_tight else None
 
         def need(rule, have_stamp, needed, what, source=SRC_TABLE11):
@@ -614,13 +629,13 @@ class HazardChecker:
                 need_rows("trans-forward", st.v_trans, read_rows, 1)
             need_rows("dst-sel-forward", st.v_partial, read_rows, 1)
             for sg in fx.explicit_s:
-                need("valu-sgpr-valu", st.s_valu[sg], 2, _sname(sg))
+                need("valu-sgpr-valu", st.s_valu[sg], 2, -1 - sg)
             if name.startswith("v_permlane"):
                 need_rows("valu-permlane", st.v_valu, read_rows, 2)
                 need("exec-permlane", st.exec_valu, 4, "exec")
             if name in ("v_readlane_b32", "v_writelane_b32") and inst.src1 is not None \
                     and inst.src1 < 128:
-                need("valu-sgpr-lanesel", st.s_valu[inst.src1], 4, _sname(inst.src1))
+                need("valu-sgpr-lanesel", st.s_valu[inst.src1], 4, -1 - inst.src1)
             if name in ("v_readlane_b32", "v_readfirstlane_b32", "v_writelane_b32"):
                 need("exec-lanesel", st.exec_valu, 4, "exec")
             if name in ("v_readlane_b32", "v_readfirstlane_b32") and inst.src0 >= 256:
@@ -634,7 +649,7 @@ class HazardChecker:
         if valu or mfma:
             need_rows("store-data", st.v_store, write_rows, 2)
         for sg in fx.vmem_srows:
-            need("valu-sgpr-vmem", st.s_valu[sg], 5, _sname(sg))
+            need("valu-sgpr-vmem", st.s_valu[sg], 5, -1 - sg)
         if fx.m0_reader:
             need("m0-lds-dma", st.s_salu[M0], 1, "m0")
         if name in ("s_getreg_b32", "s_setreg_b32", "s_setreg_imm32_b32"):
@@ -643,7 +658,7 @@ class HazardChecker:
         if found:
             found.sort(key=lambda f: f[1] - f[0])
             needed, since, rule, _, source = found[0]
-            regs = [_regname(wave, f[3]) if isinstance(f[3], int) else f[3] for f in found if f[2] == rule]
+            regs = [_code_name(wave, f[3]) if isinstance(f[3], int) else f[3] for f in found if f[2] == rule]
             self._report(rule, inst, wave,
                          f"{_ranges_text(regs)}: {since} wait state(s) since the producer, "
                          f"{needed} required (insert s_nop {needed - since - 1} or independent "
@@ -723,7 +738,9 @@ class HazardChecker:
         ls = self._wgs.get(wg)
         if ls is None or ls.size != wg.lds_size:
             ls = self._wgs[wg] = _LdsState(wg.lds_size, len(wg.waves))
-        b = np.unique((np.asarray(addr, np.int64)[:, None] + np.arange(nbytes)).ravel())
+        # the bytes touched, a lane's as often as lanes share them (every check and update below
+        # holds per byte, so repeats change nothing; a report names each byte once)
+        b = (np.asarray(addr, np.int64)[:, None] + np.arange(nbytes)).ravel()
         b = b[(b >= 0) & (b < ls.size)]
         if len(b) == 0:
             return
@@ -747,12 +764,12 @@ class HazardChecker:
                 war = bad & (ls.w_queue[b] == 1) & (ls.w_igen[b] > igen)
             race = bad & ~war
             if race.any():
-                i = int(np.nonzero(race)[0][0])
+                i = _lowest(b, race)
                 problems.append(("lds-race", b[race], f"written by wave {int(ww[i])} of the "
                                  "workgroup without an s_barrier (after its s_waitcnt) in "
                                  "between"))
             if war.any():
-                i = int(np.nonzero(war)[0][0])
+                i = _lowest(b, war)
                 if write:
                     why = (f"written by an LDS DMA of wave {int(ww[i])} not waited for before "
                            "an s_barrier this LDS DMA was issued after")
@@ -825,6 +842,7 @@ class HazardChecker:
                 ls.r_iseq[me, b] = iseq
                 ls.r_rseq[me, b] = rseq
         for rule, bytes_, why in problems:
+            bytes_ = np.unique(bytes_)
             lo, hi = int(bytes_.min()), int(bytes_.max())
             self._report(rule, inst, wave,
                          f"LDS bytes 0x{lo:x}..0x{hi:x} ({len(bytes_)} bytes) "
