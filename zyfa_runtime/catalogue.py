@@ -232,8 +232,9 @@ class Tile:
     #: and frame to a workspace and the tile's last piece to finish merges them (plan.tail_plan)
     split_tail: bool = False
     #: sm_90a: O written by TMA (tmap_o: boxes of a consumer's 64 rows) from shared memory --
-    #: the persistent BF16 body through the tile's Q buffer, the FP8 short variants through a
-    #: staging tile of their own (block_m x d_v bf16) where it fits beside their ring
+    #: the persistent BF16 body through the tile's Q buffer; the FP8 short and serving variants
+    #: at d_v = 128 through a staging tile of their own (block_m x d_v bf16) where it fits
+    #: beside their deepest ring
     tma_o: bool = False
 
 
@@ -295,7 +296,9 @@ def tile_for(v: Variant) -> Tile:
         # few blocks, and a CTA a tile idles through its epilogue and the next one's first
         # copies): Q x 2, the next tile's copied during this one; and where it fits beside the
         # deepest ring (two consumers: the causal ones), a staging tile of O for TMA (tma_o)
-        # after the Q buffers, which the next tile's epilogue reuses once the copy has read it.
+        # after the Q buffers, which the next tile's epilogue reuses once the copy has read it;
+        # the serving variants at d_v = 128 (a CTA a tile) likewise, their issuing thread
+        # waiting for the copy's reads before the CTA ends.
         consumers = 3 if max(v.d_qk, v.d_v) <= 64 or (v.d_v <= 128 and not v.causal) else 2
         persistent = v.short
         o_bytes = SM90_CONSUMER_ROWS * consumers * 2 * v.d_v
