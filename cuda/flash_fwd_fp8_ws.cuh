@@ -111,9 +111,9 @@ constexpr int kSlack = kBarsInOnes ? 0 : 1024;
 using Bars = KvBarriers<kStages, kVtStages>;   // kfull, vfull: one arrival, and the copies' bytes
 static_assert(kStages >= 2 && Bars::kBytes + 16 <= (kBarsInOnes ? (8 - kOnesRows) * 128 : kBarBytes),
               "the mbarriers' bytes (and qfull, qlanded)");
-// kTmaO (the short variants where it fits): O staged for TMA in a tile of its own after the Q
-// buffers, two K-blocks of 128-byte rows (stage_o_tma), reused by the next tile's epilogue once
-// the last copy has read it.
+// kTmaO (the short and serving variants at d_v = 128, where it fits): O staged for TMA in a tile
+// of its own after the Q buffers, two K-blocks of 128-byte rows (stage_o_tma), reused by the next
+// tile's epilogue once the last copy has read it (a CTA of one tile: read before the CTA ends).
 constexpr int kTileO = kTmaO ? kBlockM * 2 * kDv : 0;
 static_assert(!kTmaO || kDv == 128, "O by TMA: the d_v = 128 kernels");
 static_assert(kQBuffers * kTileQ + kTileO + kStages * kTileK + kVtStages * kTileVt + kBarBytes + kSlack == kDynamicSmem,
