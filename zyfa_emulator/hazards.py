@@ -305,14 +305,14 @@ class _LdsState:
 class _Facts:
     """What the checks need of one instruction in a wave of one ``accum_offset``, derived once
     (the trace runs each instruction many times): its kinds, counters and register rows."""
-    __slots__ = ("inst", "name", "ops", "mfma", "valu", "vmem", "ds", "load", "queues", "trans",
-                 "read_rows", "write_rows", "accesses", "load_rows", "load_srows", "inorder",
+    __slots__ = ("inst", "name", "mfma", "valu", "vmem", "ds", "load", "queues", "trans",
+                 "read_rows", "write_rows", "accesses", "inorder",
                  "mfma_rows", "mfma_p", "explicit_s", "vmem_srows", "partial", "write_srows",
                  "writes_exec", "salu", "store_rows", "m0_reader", "waited")
 
     def __init__(self, inst, accum_offset: int):
         self.inst, self.name = inst, inst.name
-        ops = self.ops = operands(inst)
+        ops = operands(inst)
         self.mfma, self.valu, self.vmem = is_mfma(inst), _is_valu(inst), _is_vmem(inst)
         self.ds, self.load, self.queues = inst.fmt == "DS", _is_load(inst), _queues(inst)
         self.trans = inst.name in TRANS_OPS
@@ -323,8 +323,6 @@ class _Facts:
         self.accesses = tuple((code, w) for regs, w in ((ops.reads, False), (ops.writes, True))
                               for reg in regs
                               for code in (*_rows_at(accum_offset, reg), *(-1 - g for g in _srows(reg))))
-        self.load_rows = list(self.write_rows)
-        self.load_srows = [g for reg in ops.writes for g in _srows(reg)]
         self.inorder = None
         if self.load:
             self.inorder = "vm" if self.queues == ("vm",) else ("lds" if self.ds else None)
@@ -454,7 +452,7 @@ class HazardChecker:
     # -- the observer ----------------------------------------------------------------------
     def __call__(self, wave, inst) -> None:
         self.instructions += 1
-        st = self._waves.get(wave) or self._state(wave)
+        st = self._state(wave)
         fx = st.facts.get(inst)
         if fx is None:
             fx = st.facts[inst] = _Facts(inst, wave.accum_offset)
@@ -548,11 +546,12 @@ class HazardChecker:
                 else:
                     st.owed_v.pop(r, None)
         if fx.load and queues:
-            op = _Op(inst, queues, inst.fmt in ("SMEM", "FLAT"), fx.load_rows, fx.load_srows)
+            # a load owes what it writes
+            op = _Op(inst, queues, inst.fmt in ("SMEM", "FLAT"), fx.write_rows, fx.write_srows)
             st.pending.append(op)
-            for r in fx.load_rows:
+            for r in fx.write_rows:
                 st.owed_v[r] = op
-            for r in fx.load_srows:
+            for r in fx.write_srows:
                 st.owed_s[r] = op
         elif queues:
             st.pending.append(_Op(inst, queues, inst.fmt in ("SMEM", "FLAT"), [], []))
