@@ -2,7 +2,13 @@
 rather than in every skipped test's reason); the fake driver's tests share one build of the
 sm_90a kernels they launch."""
 
+import os
+
 import pytest
+
+# The README's test command runs two workers (pytest-xdist) on a machine of two cores: one BLAS
+# thread each, not two apiece (set here, before the workers start and load numpy).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from tests.backends import build_sm90a
 

@@ -6,7 +6,7 @@ descriptor and metadata, so one assembler run serves a whole test module.  ``run
 executes one snippet with registers set up by the test (ignoring the descriptor);
 ``dispatch`` goes through the full dispatch path (descriptor, kernarg segment, grid).
 The tests of whole kernels take the ``emulator`` fixture (the runtime on the emulator backend
-over PREBUILT, hazard checker on) and ``bf16`` from here.
+over PREBUILT, the hazard checker as ``hazards`` says) and ``bf16`` from here.
 Expected values in the tests are worked out by hand from the ISA guide's definitions;
 the assembler only provides the encodings.
 """
@@ -32,10 +32,30 @@ from zyfa_runtime.selfcheck import LSE_BOUND, O_BOUND
 PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or Path(__file__).resolve().parents[2] / "prebuilt")
 
 
+def full_run(config) -> bool:
+    """Whether the run selects the ``slow`` tests too (CI's ``-m "slow or not slow"``, or
+    ``-m slow``)."""
+    from _pytest.mark.expression import Expression
+    expr = config.getoption("markexpr") or ""
+    try:
+        return not expr or Expression.compile(expr).evaluate(lambda name, **kw: name == "slow")
+    except Exception:   # an expression this cannot read: check everything
+        return True
+
+
+def hazards(request) -> str:
+    """``ZYFA_EMULATOR_HAZARDS`` for a module's emulator: the checker follows every kernel run
+    in the full run and in the checker's own tests (``test_emu_hazards``: every kernel
+    hazard-clean); the default run's other specifications run without it, which takes a third
+    of their time."""
+    return "1" if full_run(request.config) or request.module.__name__.endswith("test_emu_hazards") else "0"
+
+
 @pytest.fixture(scope="module")
-def emulator():
-    """The runtime's driver on the emulator backend over PREBUILT, the hazard checker on."""
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS="1") as driver:
+def emulator(request):
+    """The runtime's driver on the emulator backend over PREBUILT, the hazard checker as
+    ``hazards`` says."""
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
         yield driver
 
 

@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from emukit import hazards
 from tests.backends import using_backend
 from tests.sweeps import sweep
 
@@ -44,9 +45,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def emulator():
+def emulator(request):
     with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT),
-                       ZYFA_EMULATOR_HAZARDS="1", ZYFA_EMULATOR_STRICT_HOST="1") as driver:
+                       ZYFA_EMULATOR_HAZARDS=hazards(request), ZYFA_EMULATOR_STRICT_HOST="1") as driver:
         yield driver
 
 

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from emukit import hazards
 from tests.backends import using_backend
 
 from zyfa_runtime import flash_attn_varlen_func, reference
@@ -36,10 +37,10 @@ def prebuilt(tmp_path_factory):
 
 
 @pytest.fixture
-def emulator(prebuilt):
+def emulator(prebuilt, request):
     # strict: only allocations and the call's own tensors are memory a kernel may touch
     with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt), ZYFA_EMULATOR_STRICT_HOST="1",
-                       ZYFA_EMULATOR_HAZARDS="1") as driver:
+                       ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
         yield driver
 
 

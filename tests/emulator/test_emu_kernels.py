@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from emukit import hazards
 from tests.backends import using_backend
 
 from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, reference
@@ -30,10 +31,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    # every kernel run is also hazard-checked
+def emulator(request):
+    # every kernel run is also hazard-checked in the full run (emukit.hazards)
     with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
-                       ZYFA_EMULATOR_HAZARDS="1") as driver:
+                       ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
         yield driver
 
 

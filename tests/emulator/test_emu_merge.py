@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from emukit import hazards
 from tests.backends import using_backend
 
 from zyfa_runtime import reference
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.skipif(not (PREBUILT / KERNEL.filename).exists(),
 
 
 @pytest.fixture(scope="module")
-def emulator():
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS="1") as driver:
+def emulator(request):
+    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
         yield driver
 
 
