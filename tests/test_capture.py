@@ -5,6 +5,7 @@ and the LSE into the caller's tensor: the plumbing, on the fake backend with mem
 mode) and records every stream operation in order (``ops``): what a captured call leaves in
 its graph."""
 
+import ctypes
 import json
 
 import numpy as np
@@ -101,20 +102,51 @@ def test_after_a_warm_up_on_another_stream_the_capture_uses_none_of_its_memory(g
     finally:
         del os.environ["ZYFA_SPLIT_TAIL"]
     names = [op[0] if op[0] != "launch" else op[1] for op in gpu.ops]
-    assert names == ["alloc_async", "memset_async", vt_prepass_symbol(FP8_TAIL), FP8_TAIL.symbol,
+    assert names == ["alloc_async", vt_prepass_symbol(FP8_TAIL), FP8_TAIL.symbol,
                      entry_of(FP8_TAIL)["split_tail"]["symbol"], "free_async"]
     alloc = gpu.ops[0][1:3]
     args = unpack_args(entry_of(FP8_TAIL), gpu.launches[-1].args)
     layout = next(iter(plan_mod._layouts.values()))
     assert args["tail_ctas"] > 0 and layout.partial_bytes > 0
-    parts = [(args["tail_counter"], layout.counter[1]), (args["vt"], layout.vt_bytes),
-             (args["partials"], layout.partial_bytes)]
+    parts = [(args["vt"], layout.vt_bytes), (args["partials"], layout.partial_bytes)]
     assert all(inside(p, n, alloc) for p, n in parts)
-    spans = sorted((p, p + n) for p, n in parts)
-    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))          # apart
+    assert args["vt"] + layout.vt_bytes <= args["partials"]                 # apart
+    # the counter: zeros of the pool the warm-up made, no memset in the graph
+    counter = (args["tail_counter"], layout.counter[1])
+    assert not inside(*counter, alloc) and ctypes.string_at(*counter) == bytes(counter[1])
     assert {args[n] for n in ("tail_counter", "vt", "partials")}.isdisjoint(
         {eager[n] for n in ("tail_counter", "vt", "partials")})
-    assert gpu.ops[1] == ("memset_async", args["tail_counter"], 0, layout.counter[1], 5)
+
+
+def test_captured_calls_after_a_call_ran_take_counters_of_their_own_from_a_pool_and_no_node(gpu, monkeypatch):
+    """Once a call has run on the device, a captured persistent call's counter is zeros no
+    other call was given, from a pool made outside captures: its graph is its kernel alone.
+    Where the pool has no room the captured call zeroes a counter of its graph's own, and the
+    next call that runs makes a new pool, the old one kept."""
+    q, k, v, out = dense(gpu, BF16_PERSISTENT)
+    flash_attn_func(q, k, v, out=out, stream=3)
+    eager = unpack_args(entry_of(BF16_PERSISTENT), gpu.launches[-1].args)["tile_counter"]
+    gpu.capturing.add(7)
+    counters = []
+    for _ in range(3):
+        gpu.ops.clear()
+        flash_attn_func(q, k, v, out=out, stream=7)
+        assert gpu.ops == [("launch", BF16_PERSISTENT.symbol, 7)]
+        counters.append(unpack_args(entry_of(BF16_PERSISTENT), gpu.launches[-1].args)["tile_counter"])
+    n = entry_of(BF16_PERSISTENT)["persistent"]["counter_bytes"]
+    assert len({eager, *counters}) == 4 and all(ctypes.string_at(c, n) == bytes(n) for c in counters)
+    pool = workspace._pools[(gpu.name, 0)]
+    pool[1] = pool[0].nbytes                                             # no room left
+    gpu.ops.clear()
+    flash_attn_func(q, k, v, out=out, stream=7)
+    assert [op[0] for op in gpu.ops] == ["alloc_async", "memset_async", "launch", "free_async"]
+    gpu.capturing.discard(7)
+    flash_attn_func(q, k, v, out=out, stream=3)             # runs: a new pool
+    assert workspace._pools[(gpu.name, 0)][0] is not pool[0] and pool[0] in workspace._full_pools
+    gpu.capturing.add(7)
+    gpu.ops.clear()
+    flash_attn_func(q, k, v, out=out, stream=7)
+    assert gpu.ops == [("launch", BF16_PERSISTENT.symbol, 7)]
 
 
 def test_a_captured_fp8_call_without_descales_reads_a_one_of_its_scratch_until_the_constant_exists(gpu):

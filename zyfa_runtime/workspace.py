@@ -21,6 +21,14 @@ Two ways to get it, by whether the call's stream is being captured into a graph:
   stream replays it and whatever else runs.  CUDA's rules for graphs holding memory nodes
   apply to the graph: one executable instance at a time, no cloning, a child graph only by
   moving it into its parent.
+  A captured call's counter needs no node where a call ran on the device before it
+  (``graph_counter``): it gets zeros of its own in a pool made outside captures, which no
+  other call is ever given -- the kernel leaves them zero, and the launches of one graph
+  executable run in turn (cuGraphLaunch, hipGraphLaunch) -- so that its graph holds no
+  allocation, memset and free beside the kernel where the call needs no other scratch (1.5-2.5
+  us a call at 128-256 keys on an H100).  The same rules hold for such a graph, though CUDA no
+  longer enforces them: instantiated twice and replayed side by side, two executables would
+  share the counter.
 """
 
 from __future__ import annotations
@@ -36,6 +44,15 @@ _buffers: dict[tuple[str, int, int], DeviceArray] = {}
 _retired: list[DeviceArray] = []
 _holds: dict[tuple[str, int, int], threading.Lock] = {}
 _counters: dict[tuple[str, int, int], DeviceArray] = {}
+#: Per (backend, device): the pool captured calls' counters come from and the bytes of it handed
+#: out; earlier pools, full, stay allocated (graphs use them) until the process ends.
+_pools: dict[tuple[str, int], list] = {}
+_full_pools: list[DeviceArray] = []
+
+#: Bytes of a pool of captured calls' counters (8 bytes a persistent kernel's call: 8,192 calls).
+POOL_BYTES = 1 << 16
+#: A call that runs makes a new pool where the current one has fewer bytes left than this.
+POOL_REFILL_BYTES = POOL_BYTES // 4
 
 #: Alignment of each part of a captured call's scratch (the driver's allocation alignment).
 SCRATCH_ALIGN = 256
@@ -79,6 +96,40 @@ def counter(driver, device: int, stream: int, nbytes: int) -> int:
         return buf.ptr
 
 
+def prepare_graph_counters(driver, device: int) -> None:
+    """Make sure later captures on ``device`` find room for their counters (graph_counter): a
+    pool of POOL_BYTES zeros where there is none or little room is left.  Called by every call
+    that runs with a counter, never during a capture (it allocates and copies)."""
+    key = (driver.name, int(device))
+    pool = _pools.get(key)
+    if pool is not None and pool[0].nbytes - pool[1] >= POOL_REFILL_BYTES:
+        return   # (the common case, read without the lock: a pool only ever fills up)
+    with _lock:
+        pool = _pools.get(key)
+        if pool is not None and pool[0].nbytes - pool[1] >= POOL_REFILL_BYTES:
+            return
+        new = DeviceArray(driver, device, (POOL_BYTES,), "uint8")
+        driver.copy_htod(new.ptr, memoryview(bytes(POOL_BYTES)))
+        if pool is not None:
+            _full_pools.append(pool[0])
+        _pools[key] = [new, 0]
+
+
+def graph_counter(driver, device: int, nbytes: int) -> int | None:
+    """The address of ``nbytes`` of zeros no call was given before, for a captured call's
+    counter: its graph's own for as long as the process runs.  None where no call ran on the
+    device before (no pool) or the pool has no room left: the call then takes zeroed bytes in
+    its graph's own allocation (``captured``)."""
+    n = -(-int(nbytes) // 8) * 8
+    with _lock:
+        pool = _pools.get((driver.name, int(device)))
+        if pool is None or pool[1] + n > pool[0].nbytes:
+            return None
+        at = pool[0].ptr + pool[1]
+        pool[1] += n
+        return at
+
+
 def _aligned(n: int) -> int:
     return -(-n // SCRATCH_ALIGN) * SCRATCH_ALIGN
 
@@ -88,13 +139,15 @@ def captured(driver, device: int, stream: int, counter_bytes: int, workspace_byt
              one: bool) -> Iterator[tuple[int | None, int | None, int | None]]:
     """Scratch of a call on a stream being captured: (counter, workspace, one) addresses, each
     None where not asked for -- ``counter_bytes`` of zeros, ``workspace_bytes`` and, with
-    ``one``, an fp32 1.0 -- in one stream-ordered allocation on ``stream``, zeroed and filled by
-    memsets queued there; queue the launches inside the ``with``, after which it is freed on
-    ``stream`` (a failure in between frees it too).  Nothing where nothing is asked for."""
-    parts = [counter_bytes, workspace_bytes, 4 if one else 0]
+    ``one``, an fp32 1.0.  The counter comes from the pool where it has room (graph_counter);
+    the rest in one stream-ordered allocation on ``stream``, zeroed and filled by memsets queued
+    there; queue the launches inside the ``with``, after which it is freed on ``stream`` (a
+    failure in between frees it too).  Nothing where nothing is asked for."""
+    pooled = graph_counter(driver, device, counter_bytes) if counter_bytes else None
+    parts = [0 if pooled is not None else counter_bytes, workspace_bytes, 4 if one else 0]
     total = sum(_aligned(n) for n in parts)
     if total == 0:
-        yield None, None, None
+        yield pooled, None, None
         return
     base = driver.alloc_async(device, total, stream)
     try:
@@ -102,11 +155,11 @@ def captured(driver, device: int, stream: int, counter_bytes: int, workspace_byt
         for n in parts:
             where.append(at if n else None)
             at += _aligned(n)
-        if counter_bytes:
+        if parts[0]:
             driver.memset_d8_async(where[0], 0, counter_bytes, stream)
         if one:
             driver.memset_d32_async(where[2], ONE_F32_BITS, 1, stream)
-        yield tuple(where)
+        yield (pooled if pooled is not None else where[0], where[1], where[2])
     finally:
         driver.free_async(base, stream)
 
