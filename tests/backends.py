@@ -7,9 +7,11 @@ import os
 
 
 def forget_runtime_state() -> None:
-    from zyfa_runtime import api, plan, staging
+    from zyfa_runtime import api, plan, staging, workspace
     from zyfa_runtime import driver as drivers
     drivers._reset()
+    workspace._pools.clear()    # captured calls' counters: pools of the previous drivers' memory
+    workspace._full_pools.clear()
     api._tables.clear()
     plan._ones.clear()
     plan._plans.clear()

@@ -409,3 +409,31 @@ def test_real_kernel_with_one_nop_or_wait_removed_is_caught(emulator):
     with pytest.raises(HazardError, match="counter") as e:
         patched_run({w0.pc: word + (1 << 8)})
     assert "<zyfa_fwd_gfx950_bf16_d64x64_full+0x" in str(e.value)
+
+
+def test_whole_kernel_tests_run_the_checker_in_the_full_run_and_here_always(request):
+    """emukit.hazards: on wherever the run selects the slow tests (CI's ``-m "slow or not
+    slow"``, ``-m slow``, no expression), off in the default run's other modules, and on in
+    this module whatever the run."""
+    import types
+
+    import emukit
+
+    class Config:
+        def __init__(self, expr):
+            self.expr = expr
+
+        def getoption(self, name):
+            assert name == "markexpr"
+            return self.expr
+
+    class Request:
+        def __init__(self, expr, module):
+            self.config, self.module = Config(expr), types.SimpleNamespace(__name__=module)
+
+    for expr, full in (("slow or not slow", True), ("slow", True), ("", True), ("not slow", False),
+                       ("gpu and not slow", False)):
+        assert emukit.full_run(Config(expr)) is full, expr
+        assert emukit.hazards(Request(expr, "tests.emulator.test_emu_fp8")) == ("1" if full else "0")
+        assert emukit.hazards(Request(expr, "tests.emulator.test_emu_hazards")) == "1"
+    assert emukit.hazards(request) == "1"
