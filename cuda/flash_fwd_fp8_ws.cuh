@@ -842,6 +842,28 @@ __device__ __forceinline__ void attend(const P& p, const Smem& sm, const CtaWork
 }
 
 // The consumers' work on one segment (s) of the CTA: w, its tile's; nb0, its first key block.
+// A warpgroup's O by TMA through its staging rows (kTmaO): finish_rows' 1 / l, the rows staged
+// (stage_o_tma) and copied out by the warpgroup's first thread (copy_o_tma).  kOwnCta: the rows
+// are this CTA's one tile's, and the copy's reads are waited for before the CTA ends; otherwise
+// (a persistent CTA) the last tile's copy is waited for before the rows are staged again.
+template <bool kOwnCta, class P>
+__device__ __forceinline__ void o_by_staging(const P& p, const Smem& sm, const CtaWork& w, const float (&acc_o)[kDv / 2],
+                                             const float (&acc_l)[4], const float (&frame)[2], int r_lo, int cw,
+                                             int wg_row0) {
+  float inv[2];
+  finish_rows(p, w, acc_l, frame, r_lo, inv);
+  const bool first = threadIdx.x % 128 == 0;
+  if constexpr (!kOwnCta) {
+    if (first) tma_store_read();
+    bar_sync(kOutBar + cw, 128);
+  }
+  stage_o_tma(acc_o, inv, sm.o_rows(cw), cw);
+  if (first) {
+    copy_o_tma(p, sm.o_rows(cw), w, wg_row0);
+    if constexpr (kOwnCta) tma_store_read();
+  }
+}
+
 template <bool kTail, class P>
 __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWork& w, int wg, int nb0, int s) {
   const ConsumerLane me(wg, w.row0);
@@ -859,14 +881,8 @@ __device__ __forceinline__ void consume(const P& p, const Smem& sm, const CtaWor
     }
   }
   if constexpr (kTmaO && !kTail) {
-    if (o_by_tma(p, wo, wg_row0)) {   // O by TMA through the staging rows, read before the CTA ends
-      float inv[2];
-      finish_rows(p, wo, acc_l, frame, r_lo, inv);
-      stage_o_tma(acc_o, inv, sm.o_rows(cw), cw);
-      if (threadIdx.x % 128 == 0) {
-        copy_o_tma(p, sm.o_rows(cw), wo, wg_row0);
-        tma_store_read();
-      }
+    if (o_by_tma(p, wo, wg_row0)) {
+      o_by_staging<true>(p, sm, wo, acc_o, acc_l, frame, r_lo, cw, wg_row0);
       return;
     }
   }
@@ -1042,15 +1058,7 @@ __device__ void consume_tiles(const P& p, const Smem& sm, Sched& sh) {
     bool by_tma = false;
     if constexpr (kTmaO) {
       by_tma = o_by_tma(p, sh.work[b], me.wg_row0);
-      if (by_tma) {   // O by TMA through the staging rows, once the last tile's copy has read them
-        float inv[2];
-        finish_rows(p, sh.work[b], acc_l, frame, me.r_lo, inv);
-        const bool first = threadIdx.x % 128 == 0;
-        if (first) tma_store_read();
-        bar_sync(kOutBar + me.cw, 128);
-        stage_o_tma(acc_o, inv, sm.o_rows(me.cw), me.cw);
-        if (first) copy_o_tma(p, sm.o_rows(me.cw), sh.work[b], me.wg_row0);
-      }
+      if (by_tma) o_by_staging<false>(p, sm, sh.work[b], acc_o, acc_l, frame, me.r_lo, me.cw, me.wg_row0);
     }
     if (!by_tma) {
       write_rows(p, sh.work[b], acc_o, acc_l, frame, me.r_lo, me.wg_row0, me.cw, sQg);
