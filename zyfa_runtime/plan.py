@@ -65,7 +65,6 @@ class Plan:
         if self.counter is not None:
             if workspace.counter(driver, self.device, stream, self.counter[0]) != self.counter[1]:
                 return False
-            workspace.prepare_graph_counters(driver, self.device)
         driver.make_current(self.device)
         hold = (workspace.hold(driver, self.device, stream, self.workspace[0]) if self.workspace
                 else contextlib.nullcontext())
@@ -611,8 +610,6 @@ def _scratch(driver, device: int, stream: int, counter_bytes: int, ws_bytes: int
     """A running call's (counter, workspace, None): the stream's own (workspace.counter and
     workspace.hold, the workspace held until the launches are queued)."""
     counter = workspace.counter(driver, device, stream, counter_bytes) if counter_bytes else None
-    if counter_bytes:
-        workspace.prepare_graph_counters(driver, device)   # for later captures' counters
     hold = workspace.hold(driver, device, stream, ws_bytes) if ws_bytes else contextlib.nullcontext()
     with hold as ws:
         yield counter, ws, None

@@ -83,7 +83,8 @@ def counter(driver, device: int, stream: int, nbytes: int) -> int:
     """The address of ``nbytes`` of zeros for a persistent kernel's tile counter on ``stream``.
     The kernel leaves them zero when it ends (its last CTA zeroes them), so launches on one
     stream, which run in order, share them; they are zeroed once, by a memset queued on
-    ``stream`` before the first launch that uses them."""
+    ``stream`` before the first launch that uses them.  A call that runs asks for it, so it also
+    makes sure later captures on ``device`` find a pool for theirs (prepare_graph_counters)."""
     key = (driver.name, int(device), int(stream))
     with _lock:
         buf = _counters.get(key)
@@ -93,13 +94,14 @@ def counter(driver, device: int, stream: int, nbytes: int) -> int:
             if buf is not None:
                 _retired.append(buf)
             _counters[key] = buf = new
-        return buf.ptr
+    prepare_graph_counters(driver, device)
+    return buf.ptr
 
 
 def prepare_graph_counters(driver, device: int) -> None:
     """Make sure later captures on ``device`` find room for their counters (graph_counter): a
     pool of POOL_BYTES zeros where there is none or little room is left.  Called by every call
-    that runs with a counter, never during a capture (it allocates and copies)."""
+    that runs with a counter (``counter``), never during a capture (it allocates and copies)."""
     key = (driver.name, int(device))
     pool = _pools.get(key)
     if pool is not None and pool[0].nbytes - pool[1] >= POOL_REFILL_BYTES:

@@ -51,11 +51,18 @@ def hazards(request) -> str:
     return "1" if full_run(request.config) or request.module.__name__.endswith("test_emu_hazards") else "0"
 
 
+def emulated(request, prebuilt=PREBUILT, **env):
+    """``with emulated(request) as driver``: the runtime on the emulator backend over
+    ``prebuilt``, the hazard checker as ``hazards`` says, ``env`` beside (a test module's
+    emulator fixture)."""
+    return using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt), ZYFA_EMULATOR_HAZARDS=hazards(request), **env)
+
+
 @pytest.fixture(scope="module")
 def emulator(request):
     """The runtime's driver on the emulator backend over PREBUILT, the hazard checker as
     ``hazards`` says."""
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
+    with emulated(request) as driver:
         yield driver
 
 

@@ -25,8 +25,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import hazards
-from tests.backends import using_backend
+from emukit import emulated
 from tests.sweeps import sweep
 
 from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, fp8_models, reference
@@ -46,8 +45,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def emulator(request):
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT),
-                       ZYFA_EMULATOR_HAZARDS=hazards(request), ZYFA_EMULATOR_STRICT_HOST="1") as driver:
+    with emulated(request, PREBUILT, ZYFA_EMULATOR_STRICT_HOST="1") as driver:
         yield driver
 
 

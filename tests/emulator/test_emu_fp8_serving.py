@@ -16,8 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import hazards
-from tests.backends import using_backend
+from emukit import emulated
 
 from zyfa_runtime import flash_attn_varlen_func, reference
 from zyfa_runtime.memory import DeviceArray, to_device
@@ -39,8 +38,7 @@ def prebuilt(tmp_path_factory):
 @pytest.fixture
 def emulator(prebuilt, request):
     # strict: only allocations and the call's own tensors are memory a kernel may touch
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(prebuilt), ZYFA_EMULATOR_STRICT_HOST="1",
-                       ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
+    with emulated(request, prebuilt, ZYFA_EMULATOR_STRICT_HOST="1") as driver:
         yield driver
 
 

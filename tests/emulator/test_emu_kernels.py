@@ -13,8 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import hazards
-from tests.backends import using_backend
+from emukit import emulated
 
 from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, reference
 from zyfa_runtime.catalogue import Variant
@@ -33,8 +32,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def emulator(request):
     # every kernel run is also hazard-checked in the full run (emukit.hazards)
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(ROOT / "prebuilt"),
-                       ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
+    with emulated(request, ROOT / "prebuilt") as driver:
         yield driver
 
 

@@ -11,8 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import hazards
-from tests.backends import using_backend
+from emukit import emulated
 
 from zyfa_runtime import reference
 from zyfa_runtime.catalogue import AuxKernel
@@ -27,7 +26,7 @@ pytestmark = pytest.mark.skipif(not (PREBUILT / KERNEL.filename).exists(),
 
 @pytest.fixture(scope="module")
 def emulator(request):
-    with using_backend("emulator", ZYFA_PREBUILT_DIR=str(PREBUILT), ZYFA_EMULATOR_HAZARDS=hazards(request)) as driver:
+    with emulated(request, PREBUILT) as driver:
         yield driver
 
 
