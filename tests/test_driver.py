@@ -224,6 +224,23 @@ def test_page_locked_memory_queued_copies_and_capture_status(monkeypatch, module
     assert driver.stream_capturing(7) and not driver.stream_capturing(8)
 
 
+@pytest.mark.parametrize("module, cls, copy, sync", [
+    (cuda, "CudaDriver", "cuMemcpyHtoD_v2", "cuStreamSynchronize"),
+    (hip, "HipDriver", "hipMemcpyHtoD", "hipStreamSynchronize"),
+])
+def test_a_plain_copy_to_the_device_has_landed_when_it_returns(monkeypatch, module, cls, copy, sync):
+    """From pageable memory a plain copy returns once its bytes are staged, its DMA on the legacy
+    stream, which work on a non-blocking stream does not wait for: the one-off constants (the
+    default descale, the captured counters' pool) would race the first kernel reading them.  The
+    driver waits for the legacy stream before returning."""
+    ffi = module.ffi
+    streams = []
+    lib = use_stub(monkeypatch, module, StubLib(**{
+        sync: lambda stream: streams.append(int(ffi.cast("uintptr_t", stream))) or 0}))
+    getattr(module, cls)().copy_htod(0x5000, memoryview(bytes(16)))
+    assert lib.calls[-2:] == [copy, sync] and streams == [0]
+
+
 def test_cuda_param_info(monkeypatch):
     def info(f, i, off, size):
         if i >= 3:

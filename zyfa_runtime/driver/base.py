@@ -127,7 +127,8 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def copy_htod(self, ptr: int, host) -> None:
-        """Copy the whole of the bytes-like ``host`` to device address ``ptr``."""
+        """Copy the whole of the bytes-like ``host`` to device address ``ptr``, landed on return:
+        work queued afterwards on any stream (a non-blocking one, a graph's replay) reads it."""
 
     @abc.abstractmethod
     def copy_dtoh(self, host, ptr: int) -> None:

@@ -78,6 +78,7 @@ CUresult cuTensorMapEncodeTiled(void *tensorMap, int tensorDataType, unsigned in
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
@@ -347,6 +348,9 @@ class CudaDriver(Driver):
         src = ffi.from_buffer(host)
         self.make_current(self._device_of(ptr))
         self._check("cuMemcpyHtoD_v2", self.lib.cuMemcpyHtoD_v2(ptr, src, len(src)))
+        # From pageable memory the copy returns once its bytes are staged, its DMA queued on the
+        # legacy stream, which a non-blocking stream's later work does not wait for: wait here.
+        self._check("cuStreamSynchronize", self.lib.cuStreamSynchronize(ffi.NULL))
 
     def copy_dtoh(self, host, ptr: int) -> None:
         dst = ffi.from_buffer(host, require_writable=True)

@@ -57,6 +57,7 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f,
 hipError_t hipMalloc(void **ptr, size_t size);
 hipError_t hipFree(void *ptr);
 hipError_t hipMemcpyHtoD(void *dst, const void *src, size_t sizeBytes);
+hipError_t hipStreamSynchronize(hipStream_t stream);
 hipError_t hipMemcpyDtoH(void *dst, void *src, size_t sizeBytes);
 hipError_t hipMemset(void *dst, int value, size_t sizeBytes);
 hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags);
@@ -281,6 +282,8 @@ class HipDriver(Driver):
         self.make_current(self._device_of(ptr))
         self._check("hipMemcpyHtoD",
                     self.lib.hipMemcpyHtoD(ffi.cast("void *", ptr), src, len(src)))
+        # As CUDA's: a copy from pageable memory may return before its DMA lands.
+        self._check("hipStreamSynchronize", self.lib.hipStreamSynchronize(ffi.NULL))
 
     def copy_dtoh(self, host, ptr: int) -> None:
         dst = ffi.from_buffer(host, require_writable=True)
