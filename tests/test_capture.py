@@ -136,13 +136,13 @@ def test_captured_calls_after_a_call_ran_take_counters_of_their_own_from_a_pool_
     n = entry_of(BF16_PERSISTENT)["persistent"]["counter_bytes"]
     assert len({eager, *counters}) == 4 and all(ctypes.string_at(c, n) == bytes(n) for c in counters)
     pool = workspace._pools[(gpu.name, 0)]
-    pool[1] = pool[0].nbytes                                             # no room left
+    pool.used = pool.array.nbytes                                        # no room left
     gpu.ops.clear()
     flash_attn_func(q, k, v, out=out, stream=7)
     assert [op[0] for op in gpu.ops] == ["alloc_async", "memset_async", "launch", "free_async"]
     gpu.capturing.discard(7)
     flash_attn_func(q, k, v, out=out, stream=3)             # runs: a new pool
-    assert workspace._pools[(gpu.name, 0)][0] is not pool[0] and pool[0] in workspace._full_pools
+    assert workspace._pools[(gpu.name, 0)].array is not pool.array and pool.array in workspace._full_pools
     gpu.capturing.add(7)
     gpu.ops.clear()
     flash_attn_func(q, k, v, out=out, stream=7)

@@ -34,6 +34,7 @@ Two ways to get it, by whether the call's stream is being captured into a graph:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Iterator
 
@@ -46,7 +47,7 @@ _holds: dict[tuple[str, int, int], threading.Lock] = {}
 _counters: dict[tuple[str, int, int], DeviceArray] = {}
 #: Per (backend, device): the pool captured calls' counters come from and the bytes of it handed
 #: out; earlier pools, full, stay allocated (graphs use them) until the process ends.
-_pools: dict[tuple[str, int], list] = {}
+_pools: dict[tuple[str, int], "_Pool"] = {}
 _full_pools: list[DeviceArray] = []
 
 #: Bytes of a pool of captured calls' counters (8 bytes a persistent kernel's call: 8,192 calls).
@@ -98,23 +99,34 @@ def counter(driver, device: int, stream: int, nbytes: int) -> int:
     return buf.ptr
 
 
+@dataclasses.dataclass
+class _Pool:
+    """Zeros for captured calls' counters: ``array``, of which the first ``used`` bytes are
+    handed out (each to one captured call, for good)."""
+    array: DeviceArray
+    used: int = 0
+
+    def room(self) -> int:
+        return self.array.nbytes - self.used
+
+
 def prepare_graph_counters(driver, device: int) -> None:
     """Make sure later captures on ``device`` find room for their counters (graph_counter): a
     pool of POOL_BYTES zeros where there is none or little room is left.  Called by every call
     that runs with a counter (``counter``), never during a capture (it allocates and copies)."""
     key = (driver.name, int(device))
     pool = _pools.get(key)
-    if pool is not None and pool[0].nbytes - pool[1] >= POOL_REFILL_BYTES:
+    if pool is not None and pool.room() >= POOL_REFILL_BYTES:
         return   # (the common case, read without the lock: a pool only ever fills up)
     with _lock:
         pool = _pools.get(key)
-        if pool is not None and pool[0].nbytes - pool[1] >= POOL_REFILL_BYTES:
+        if pool is not None and pool.room() >= POOL_REFILL_BYTES:
             return
         new = DeviceArray(driver, device, (POOL_BYTES,), "uint8")
         driver.copy_htod(new.ptr, memoryview(bytes(POOL_BYTES)))
         if pool is not None:
-            _full_pools.append(pool[0])
-        _pools[key] = [new, 0]
+            _full_pools.append(pool.array)
+        _pools[key] = _Pool(new)
 
 
 def graph_counter(driver, device: int, nbytes: int) -> int | None:
@@ -125,10 +137,10 @@ def graph_counter(driver, device: int, nbytes: int) -> int | None:
     n = -(-int(nbytes) // 8) * 8
     with _lock:
         pool = _pools.get((driver.name, int(device)))
-        if pool is None or pool[1] + n > pool[0].nbytes:
+        if pool is None or n > pool.room():
             return None
-        at = pool[0].ptr + pool[1]
-        pool[1] += n
+        at = pool.array.ptr + pool.used
+        pool.used += n
         return at
 
 
