@@ -80,7 +80,12 @@ def operand_text(code: int, n: int = 1, literal: int | None = None, acc: bool = 
     if code in FLOAT_CONSTS:
         return FLOAT_CONSTS[code][2]
     if code == SRC_LITERAL:
-        return f"0x{literal:x}" if literal is not None else "lit"
+        if literal is None:
+            return "lit"
+        # A literal an integer inline constant could have encoded is marked as one (LLVM's lit()),
+        # so the text reassembles to the same bytes.
+        inline = not fp and (literal <= 64 or literal >= 0xFFFFFFF0)
+        return f"lit(0x{literal:x})" if inline else f"0x{literal:x}"
     return f"?{code}"
 
 

@@ -170,14 +170,11 @@ def _render_sopp(inst: Inst) -> str:
         vm = (s & 0xF) | ((s >> 14) & 3) << 4
         exp = (s >> 4) & 7
         lgkm = (s >> 8) & 0xF
-        parts = []
-        if vm != 63:
-            parts.append(f"vmcnt({vm})")
-        if exp != 7:
-            parts.append(f"expcnt({exp})")
-        if lgkm != 15:
-            parts.append(f"lgkmcnt({lgkm})")
-        return f"{n} " + " ".join(parts) if parts else f"{n} 0"
+        # The counters left at their maximum (no wait on them) are omitted, unless all are: then
+        # all are printed (a wait on nothing, which "s_waitcnt 0", a wait on everything, is not).
+        counters = ((f"vmcnt({vm})", vm != 63), (f"expcnt({exp})", exp != 7), (f"lgkmcnt({lgkm})", lgkm != 15))
+        parts = [text for text, waits in counters if waits] or [text for text, _ in counters]
+        return f"{n} " + " ".join(parts)
     return f"{n} {s}"
 
 

@@ -2,7 +2,7 @@
 
 Encodings below are decoded by hand from the CDNA4 ISA guide's microcode format tables
 (chapter 13); where LLVM 22's disassembler is installed (``llvm-objdump-22``), every
-instruction of the eight gfx950 BF16 kernels is also rendered and compared with it.
+instruction of the sixteen gfx950 kernels (BF16 and FP8) is also rendered and compared with it.
 """
 
 import json
@@ -20,6 +20,7 @@ from zyfa_emulator.isa import decode, decode_all
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = sorted((ROOT / "prebuilt").glob("fwd_gfx950_bf16_*.hsaco"))
+GFX950_KERNELS = sorted((ROOT / "prebuilt").glob("fwd_gfx950_*.hsaco"))   # BF16 and FP8
 needs_kernels = pytest.mark.skipif(not KERNELS, reason="gfx950 code objects not built "
                                    "(python build.py --arch gfx950)")
 
@@ -41,6 +42,21 @@ def test_sopp_waitcnt_and_branch():
     assert i.name == "s_waitcnt" and i.text() == "s_waitcnt lgkmcnt(0)"
     b = decode(words(0xBF88FE9D), 0, 0x2904)          # s_cbranch_execz -355
     assert b.name == "s_cbranch_execz" and b.simm16 == 0xFE9D
+
+
+def test_a_wait_on_nothing_reads_as_one():
+    """Every counter at its maximum (vmcnt 63: bits 3:0 and 15:14, expcnt 7, lgkmcnt 15) waits
+    for nothing; written "s_waitcnt 0" it would read as a wait for everything."""
+    assert decode(words(0xBF8CCF7F), 0, 0).text() == "s_waitcnt vmcnt(63) expcnt(7) lgkmcnt(15)"
+    assert decode(words(0xBF8C0000), 0, 0).text() == "s_waitcnt vmcnt(0) expcnt(0) lgkmcnt(0)"
+
+
+def test_a_literal_an_inline_constant_could_hold_is_marked():
+    """SOP2 s_addc_u32 (op 4) s77, s77 and ssrc1 255, a literal of 0, which the inline constant
+    128 could have encoded: LLVM writes lit(0x0), so that the text reassembles to these bytes."""
+    i = decode(words(0x824DFF4D, 0x00000000), 0, 0)
+    assert (i.size, i.text()) == (8, "s_addc_u32 s77, s77, lit(0x0)")
+    assert decode(words(0x824DFF4D, 0x00000041), 0, 0).text() == "s_addc_u32 s77, s77, 0x41"
 
 
 def test_vop2_with_literal_and_sdwa():
@@ -128,7 +144,7 @@ def _objdump():
 
 @needs_kernels
 @pytest.mark.skipif(_objdump() is None, reason="llvm-objdump (LLVM >= 20) not installed")
-@pytest.mark.parametrize("path", KERNELS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", GFX950_KERNELS, ids=lambda p: p.stem)
 def test_decoder_agrees_with_llvm_objdump(path):
     co = CodeObject(path.read_bytes())
     mine = {i.pc: " ".join(i.text().split()) for i in decode_all(co.text, co.text_addr)}
