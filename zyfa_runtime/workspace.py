@@ -45,9 +45,22 @@ _buffers: dict[tuple[str, int, int], DeviceArray] = {}
 _retired: list[DeviceArray] = []
 _holds: dict[tuple[str, int, int], threading.Lock] = {}
 _counters: dict[tuple[str, int, int], DeviceArray] = {}
-#: Per (backend, device): the pool captured calls' counters come from and the bytes of it handed
-#: out; earlier pools, full, stay allocated (graphs use them) until the process ends.
-_pools: dict[tuple[str, int], "_Pool"] = {}
+
+
+@dataclasses.dataclass
+class _Pool:
+    """Zeros for captured calls' counters: ``array``, of which the first ``used`` bytes are
+    handed out (each to one captured call, for good)."""
+    array: DeviceArray
+    used: int = 0
+
+    def room(self) -> int:
+        return self.array.nbytes - self.used
+
+
+#: Per (backend, device): the pool captured calls' counters come from; earlier pools, full, stay
+#: allocated (graphs use them) until the process ends.
+_pools: dict[tuple[str, int], _Pool] = {}
 _full_pools: list[DeviceArray] = []
 
 #: Bytes of a pool of captured calls' counters (8 bytes a persistent kernel's call: 8,192 calls).
@@ -97,17 +110,6 @@ def counter(driver, device: int, stream: int, nbytes: int) -> int:
             _counters[key] = buf = new
     prepare_graph_counters(driver, device)
     return buf.ptr
-
-
-@dataclasses.dataclass
-class _Pool:
-    """Zeros for captured calls' counters: ``array``, of which the first ``used`` bytes are
-    handed out (each to one captured call, for good)."""
-    array: DeviceArray
-    used: int = 0
-
-    def room(self) -> int:
-        return self.array.nbytes - self.used
 
 
 def prepare_graph_counters(driver, device: int) -> None:

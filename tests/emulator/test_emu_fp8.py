@@ -17,24 +17,19 @@ and varlen batches with empty and single-token sequences.  Descales one value ea
 strides, each (sequence, head) through the recipe with its own.
 """
 
-import os
 import zlib
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import emulated
+from emukit import PREBUILT, emulated
 from tests.sweeps import sweep
 
 from zyfa_runtime import flash_attn_func, flash_attn_varlen_func, fp8_models, reference
 from zyfa_runtime.catalogue import Variant
 from zyfa_runtime.selfcheck import MODEL_LSE_BOUND, MODEL_O_BOUND, RECIPE_FP64_BOUND
 
-ROOT = Path(__file__).resolve().parents[2]
-# the code objects under test: ZYFA_PREBUILT_DIR where set (a build elsewhere), else prebuilt/
-PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or ROOT / "prebuilt")
 VARIANTS = [Variant("gfx950", "fp8_e4m3", dq, dv, causal)
             for dq, dv in ((64, 64), (128, 128), (192, 128), (256, 256)) for causal in (False, True)]
 F8 = ml_dtypes.float8_e4m3fn
@@ -45,7 +40,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def emulator(request):
-    with emulated(request, PREBUILT, ZYFA_EMULATOR_STRICT_HOST="1") as driver:
+    with emulated(request, ZYFA_EMULATOR_STRICT_HOST="1") as driver:
         yield driver
 
 

@@ -4,21 +4,17 @@ the bounds of its arithmetic (merge.bounds): O within 2^-8 plus the fp32 terms i
 within a few fp32 ulps.  Rows with no keys on one side are the other side bit for bit; on both,
 zeros and -inf.  Outputs are poisoned with NaN first; a NaN never passes."""
 
-import os
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from emukit import emulated
+from emukit import PREBUILT, emulated
 
 from zyfa_runtime import reference
 from zyfa_runtime.catalogue import AuxKernel
 from zyfa_runtime.merge import bounds, merge_attention_states
 
-ROOT = Path(__file__).resolve().parents[2]
-PREBUILT = Path(os.environ.get("ZYFA_PREBUILT_DIR") or ROOT / "prebuilt")
 KERNEL = AuxKernel("merge_attention_states", "gfx950")
 pytestmark = pytest.mark.skipif(not (PREBUILT / KERNEL.filename).exists(),
                                 reason=f"{KERNEL.filename} not built (python build.py --arch gfx950)")
@@ -26,7 +22,7 @@ pytestmark = pytest.mark.skipif(not (PREBUILT / KERNEL.filename).exists(),
 
 @pytest.fixture(scope="module")
 def emulator(request):
-    with emulated(request, PREBUILT) as driver:
+    with emulated(request) as driver:
         yield driver
 
 
