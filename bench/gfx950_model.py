@@ -36,7 +36,7 @@ os.environ.setdefault("ZYFA_BACKEND", "emulator")
 
 from zyfa_emulator import cycles  # noqa: E402
 from zyfa_runtime import window as windows  # noqa: E402
-from zyfa_runtime.catalogue import HEAD_DIMS, Variant, work_of  # noqa: E402
+from zyfa_runtime.catalogue import HEAD_DIMS, Variant, dispatch_order, work_of  # noqa: E402
 from zyfa_runtime.catalogue import features as features_of  # noqa: E402
 
 #: FP8 shapes of the figures page: name, Hq, Hkv, d_qk, d_v (B = 1).
@@ -158,12 +158,11 @@ def paged_cache(k, v, page_size: int, rng) -> tuple:
 
 def traced_tiles(variant: Variant, keys: list, seqlen_q: int, seqlen_k: int,
                  window_size=windows.NONE) -> list:
-    """KV tiles of each workgroup of one of our launches (grid x: a query block,
-    ``catalogue.work_of``) under the call's ``window_size``."""
+    """KV tiles of each workgroup of one of our launches (``keys``: the traced workgroups' grid
+    coordinates, ``catalogue.work_of``) under the call's ``window_size``."""
     blocks = -(-seqlen_q // variant.tile.block_m)
-    heads, batch = max(k[1] for k in keys) + 1, max(k[2] for k in keys) + 1   # the whole grid
     per_block = [n for _, n in visited_tiles(variant, seqlen_q, seqlen_k, window_size)]
-    return [per_block[work_of(variant, *key, blocks, heads, batch)[0]] for key in keys]
+    return [per_block[work_of(variant, *key, blocks)[0]] for key in keys]
 
 
 # --------------------------------------------------------------------------------------
@@ -320,13 +319,11 @@ def _trace_cached(variant: Variant, features: Features = PLAIN) -> Traced:
 
 def grid_tiles(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
                window_size=windows.NONE) -> list:
-    """KV tiles per workgroup of one of our launches, in dispatch order (x: a query block,
-    ``catalogue.work_of``; y: query head; z: sequence), under the call's ``window_size``
-    (``visited_tiles``)."""
+    """KV tiles per workgroup of one of our launches, in dispatch order
+    (``catalogue.dispatch_order``: causal launches take their longest query blocks first),
+    under the call's ``window_size`` (``visited_tiles``)."""
     per_block = [n for _, n in visited_tiles(variant, seqlen_q, seqlen_k, window_size)]
-    blocks = len(per_block)
-    return [per_block[work_of(variant, x, y, z, blocks, heads_q, batch)[0]]
-            for z in range(batch) for y in range(heads_q) for x in range(blocks)]
+    return [per_block[block] for block, _, _ in dispatch_order(variant, seqlen_q, heads_q, batch)]
 
 
 def predict(variant: Variant, batch: int, heads_q: int, seqlen_q: int, seqlen_k: int,
@@ -457,9 +454,10 @@ def fp8_figures() -> int:
                      f"{e['ds_ops']} |")
     lines += ["", f"## Modelled MI355X TFLOP/s (B = 1, FP8 in, BF16 out, {ghz * 1000:,.0f} MHz)",
               "", "The whole-device model (`cycles.device_run`): one 256-row workgroup per CU, "
-              "256 CUs, the grid in dispatch order (query block fastest, then head), each "
-              "workgroup its fixed cycles plus its 64-key blocks (causal: up to its diagonal) "
-              "at the period above; the band's mean (its range in parentheses).", "",
+              "256 CUs, the grid in dispatch order (non-causal: query block fastest, then head; "
+              "causal: every head of the last query block first, longest first, "
+              "`catalogue.dispatch_order`), each workgroup its fixed cycles plus its 64-key "
+              "blocks (causal: up to its diagonal) at the period above; the band's mean (its range in parentheses).", "",
               "| shape | tokens | non-causal | causal | published (same design, measured) |",
               "|---|---|---|---|---|"]
     for name, hq, hkv, dq, dv in SHAPES:

@@ -1,7 +1,9 @@
 """gfx950 (MI355X) FP8 attention forward: a generator of hand-scheduled assembly.
 
-One workgroup is 8 waves x 32 query rows (256 rows) of one query head of one sequence; the
-keys go by in blocks of N = 64 (the ``gfx950`` recipe's block, ``fp8_models.RECIPES``).
+One workgroup is 8 waves x 32 query rows (256 rows) of one query head of one sequence (the
+grid (query blocks, heads, sequences); causal (heads, sequences, query blocks), the blocks
+taken longest first: ``stage_work``); the keys go by in blocks of N = 64 (the ``gfx950``
+recipe's block, ``fp8_models.RECIPES``).
 Per block a wave computes, for its 32 queries::
 
     QK   S^T = K . Q^T        2 x (d_qk / 64) v_mfma_scale_f32_32x32x64_f8f6f4 (K from LDS, Q in
@@ -80,7 +82,7 @@ import math
 import numpy as np
 
 from zyfa_runtime import e4m3
-from zyfa_runtime.catalogue import Variant, kernarg_size, kernargs
+from zyfa_runtime.catalogue import Variant, kernarg_size, kernargs, longest_first
 from zyfa_runtime.fp8_models import ASHR_EXP, RECIPES
 
 RECIPE = RECIPES["gfx950"]
@@ -458,6 +460,24 @@ def stage_arguments(a: Asm) -> None:
         a(f"s_load_dword{'x' + str(n) if n > 1 else ''} {regs}, s[0:1], 0x{4 * d:x}")
         i += n
     a("s_waitcnt lgkmcnt(0)")
+
+
+def stage_work(a: Asm) -> None:
+    """Causal: the grid is (hq, batch, query blocks) and z counts the blocks from the last
+    (``catalogue.work_of``), so the device hands out the longest workgroups first and the short
+    ones fill in behind them.  The IDs are moved to where the grid order leaves them (s2 the
+    query block, s3 the head, s4 the sequence): seven SALU, once."""
+    if not longest_first(a.p.v):
+        return
+    blk = a.s("t4")
+    a.note("longest first: block = ceil(seqlen_q / 256) - 1 - z, head = x, sequence = y")
+    a(f"s_add_u32 {blk}, {a.arg('seqlen_q')}, {BLOCK_M - 1}")
+    a(f"s_lshr_b32 {blk}, {blk}, {int(math.log2(BLOCK_M))}")
+    a(f"s_sub_u32 {blk}, {blk}, 1")
+    a(f"s_sub_u32 {blk}, {blk}, s4")
+    a("s_mov_b32 s4, s3")
+    a("s_mov_b32 s3, s2")
+    a(f"s_mov_b32 s2, {blk}")
 
 
 def stage_sequence(a: Asm) -> None:
@@ -2271,6 +2291,7 @@ def emit(v: Variant) -> str:
             ".text", f".globl {v.symbol}", ".p2align 8", f".type {v.symbol},@function",
             f"{v.symbol}:"]
     stage_arguments(a)
+    stage_work(a)
     stage_sequence(a)
     stage_descales(a)
     stage_constants(a)

@@ -10,7 +10,8 @@
 // hardware is reached through clang's amdgcn builtins and one inline instruction.
 //
 // Work decomposition (one workgroup = 256 query rows of one head of one sequence):
-//   grid (query blocks, query heads, sequences), causal blocks taken longest first
+//   grid (query blocks, query heads, sequences); causal (query heads, sequences, query
+//   blocks), the blocks taken longest first
 //   block 512 threads = 8 waves of 64 lanes, two on each SIMD; wave w owns query
 //   rows 32w..32w+31 of the block.
 // Per KV tile of kBlockN keys, K and V are copied into LDS by buffer loads that write
@@ -105,17 +106,19 @@ __device__ __attribute__((always_inline)) inline void attend(P& p, LdsTiles& lds
   const int i = lane & 31;  // MFMA row/col index: this lane's query column
   const int g = lane >> 5;  // 32-lane half: selects k items and accumulator rows
 
-  // The workgroup's (query block, head, sequence): the grid's (x, y, z), or causal, longest
-  // first (catalogue.work_of; the grid is (ceil(seqlen_q / kBlockM), hq, batch)).
+  // The workgroup's (query block, head, sequence): the grid's (x, y, z); causal, longest
+  // first: the grid is (hq, batch, ceil(seqlen_q / kBlockM)) and z counts the blocks from the
+  // last (catalogue.work_of), so the device hands out every head and sequence of the last
+  // block before any of the one before it.
   int mblock = __builtin_amdgcn_workgroup_id_x();
   int h = __builtin_amdgcn_workgroup_id_y();
   int b = __builtin_amdgcn_workgroup_id_z();
   if constexpr (zyfa_cfg::kLongestFirst) {
-    const int blocks = (p.seqlen_q + kBlockM - 1) / kBlockM, per_block = p.hq * p.batch;
-    const int i = mblock + blocks * (h + p.hq * b), r = i % per_block;
-    mblock = blocks - 1 - i / per_block;
-    h = r % p.hq;
-    b = r / p.hq;
+    const int blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int z = b;
+    b = h;
+    h = mblock;
+    mblock = blocks - 1 - z;
   }
 
   // ---- this sequence's rows -------------------------------------------------------

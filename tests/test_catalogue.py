@@ -6,7 +6,7 @@ import pytest
 import numpy as np
 
 from zyfa_runtime.catalogue import (ARG_TYPES, FEATURES_OF, HEAD_DIMS, SERVING_FEATURES_OF, SM90_PARAM_BASE, TMAP_ALIGN, VT_BLOCK, Variant, all_variants,
-                                    dependent_launch, eval_grid, features, gathers_k, grid_rule, has_vt_prepass, iter_select, kernarg_size,
+                                    dependent_launch, dispatch_order, eval_grid, features, gathers_k, grid_rule, has_vt_prepass, iter_select, kernarg_size, longest_first,
                                     kernargs, kv_bytes_per_key, split_tail_counter_bytes, split_tail_grid_rule,
                                     split_tail_slot_bytes, split_tail_symbol, tensor_maps, tiles_rule, vt_column0,
                                     vt_columns, vt_prepass_grid_rule, vt_prepass_symbol, SM90_HEADS_FIRST_BYTES, sm90_body,
@@ -138,15 +138,21 @@ def test_vt_workspace_holds_every_sequence_s_blocks_apart(seed):
 
 
 @pytest.mark.parametrize("v", [Variant("sm_90a", "bf16", 128, 128, False), Variant("gfx950", "bf16", 128, 128, True),
-                               Variant("gfx950", "fp8_e4m3", 128, 128, False)], ids=lambda v: v.name)
+                               Variant("gfx950", "fp8_e4m3", 128, 128, False),
+                               Variant("gfx950", "fp8_e4m3", 128, 128, True)], ids=lambda v: v.name)
 def test_grid_rule_covers_every_query_row(v):
     """The tiles (a CTA's each, or a persistent CTA's in turn) cover every query row."""
     rule = tiles_rule(v)
     assert (grid_rule(v) == rule) == (not v.tile.persistent)
     bm = v.tile.block_m
     for sq in (1, bm - 1, bm, bm + 1, 1000):
-        x, y, z = eval_grid(rule, {"seqlen_q": sq, "seqlen_k": 1 << 20, "hq": 7, "hkv": 7, "batch": 3})
+        grid = eval_grid(rule, {"seqlen_q": sq, "seqlen_k": 1 << 20, "hq": 7, "hkv": 7, "batch": 3})
+        # gfx950 causal: (heads, sequences, blocks), the blocks longest first (work_of)
+        x, y, z = (grid[2], *grid[:2]) if longest_first(v) else grid
         assert (x - 1) * bm < sq <= x * bm and (y, z) == (7, 3)
+        if v.arch == "gfx950":
+            work = dispatch_order(v, sq, 7, 3)
+            assert sorted(work) == [(b, h, s) for b in range(x) for h in range(7) for s in range(3)]
     for bad in ({"pow": [1, 2]}, {"mul": []}, {"if_le": [1, 2, 3]}, True, 1.5):
         with pytest.raises(ValueError):
             eval_grid({"x": bad, "y": 1, "z": 1}, {})

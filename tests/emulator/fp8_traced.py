@@ -109,7 +109,7 @@ def traced_head(rec, v, window, x, y, z, sq, sk):
     kb0 = first_block(v, window, sq, sk, x)
     counts = {}
     for (wg, wave, b), sc in rec.scores.items():
-        if wg != (x, y, z):
+        if rec.work(wg, sq) != (x, y, z):
             continue
         counts[wave] = max(counts.get(wave, 0), b + 1)
         r0, k0 = 256 * x + 32 * wave, 64 * (kb0 + b)

@@ -83,15 +83,18 @@ def test_keys_past_the_sequence_are_never_read_even_where_memory_holds_nan(emula
     check(q, k, vv, v.causal)
 
 
-def test_causal_work_order_visits_every_block_head_and_sequence_once_longest_first():
-    v = Variant("gfx950", "bf16", 128, 128, True)
-    blocks, heads, batch = 5, 3, 2
-    grid = [(x, y, z) for z in range(batch) for y in range(heads) for x in range(blocks)]
-    work = [catalogue.work_of(v, *xyz, blocks, heads, batch) for xyz in grid]
-    assert sorted(work) == sorted(grid)
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e4m3"])
+def test_causal_work_order_visits_every_block_head_and_sequence_once_longest_first(dtype):
+    v = Variant("gfx950", dtype, 128, 128, True)
+    seqlen_q, heads, batch = 5 * 256 - 3, 3, 2
+    work = catalogue.dispatch_order(v, seqlen_q, heads, batch)
+    every = [(x, y, z) for z in range(batch) for y in range(heads) for x in range(5)]
+    assert sorted(work) == sorted(every)
     assert [w[0] for w in work] == sorted((w[0] for w in work), reverse=True)
-    plain = Variant("gfx950", "bf16", 128, 128, False)
-    assert [catalogue.work_of(plain, *xyz, blocks, heads, batch) for xyz in grid] == grid
+    # every head, then every sequence, of a block before the next block
+    assert work[:heads * batch] == [(4, h, b) for b in range(batch) for h in range(heads)]
+    plain = Variant("gfx950", dtype, 128, 128, False)
+    assert catalogue.dispatch_order(plain, seqlen_q, heads, batch) == every
 
 
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)

@@ -68,6 +68,7 @@ class _Raw:
     def __init__(self, rec: CapBytes):
         self.scores = {k: s for k, s in rec.raw.items() if k in rec.codes}
         self.codes = rec.codes
+        self.work = rec.work
 
 
 def inputs(rng, v, b, sq, sk, hq, hkv, per_head):
@@ -229,7 +230,7 @@ def test_a_softcap_over_a_paged_cache_with_a_window_and_sinks_is_the_models_bit_
         sq, keys = q.shape[1], slice(int(cu_k[b]), int(cu_k[b + 1]))
         for h in range(paged.HQ):
             if not sk:       # no key: no block, zeros (check); nothing capped
-                assert not any(wg == (0, h, b) for wg, _, _ in rec.codes)
+                assert not any(rec.work(wg, sq) == (0, h, b) for wg, _, _ in rec.codes)
                 continue
             g = paged.HQ // paged.HKV
             check_query_blocks(       # one query block (40 queries)
