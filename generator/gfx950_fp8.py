@@ -511,8 +511,8 @@ def stage_sequence(a: Asm) -> None:
     a(f"s_lshl_b32 {a.s('m0row')}, s2, {int(math.log2(BLOCK_M))}")
     a(f"s_cmp_ge_i32 {a.s('m0row')}, {a.s('sq')}")
     a("s_cbranch_scc1 .Lend")
-    a.note("GQA: ratio = hq / hkv by subtraction, kv head = head / ratio")
-    ratio, acc = a.s("t4"), a.s("t5")
+    a.note("GQA: ratio = hq / hkv by subtraction (ratio steps: a few)")
+    ratio, acc, hk = a.s("t4"), a.s("t5"), a.s("hk")
     a(f"s_mov_b32 {ratio}, 0")
     a(f"s_mov_b32 {acc}, 0")
     a.label(".Lratio")
@@ -520,15 +520,23 @@ def stage_sequence(a: Asm) -> None:
     a(f"s_add_u32 {ratio}, {ratio}, 1")
     a(f"s_cmp_lt_u32 {acc}, {a.arg('hq')}")
     a("s_cbranch_scc1 .Lratio")
-    a(f"s_mov_b32 {a.s('hk')}, 0")
-    a(f"s_mov_b32 {acc}, {ratio}")
-    a.label(".Lkvhead")
-    a(f"s_cmp_gt_u32 {acc}, s3")
-    a("s_cbranch_scc1 .Lkvhead_done")
-    a(f"s_add_u32 {a.s('hk')}, {a.s('hk')}, 1")
-    a(f"s_add_u32 {acc}, {acc}, {ratio}")
-    a("s_branch .Lkvhead")
-    a.label(".Lkvhead_done")
+    # head / ratio in fp32: both exact, the reciprocal and the product within 2^-22 of the
+    # quotient, which for head < 2^22 stays below the next integer, so the truncation is the
+    # floor or one short of it (an exact quotient's rounding down): one step up corrects it.
+    # Eleven instructions whatever the head (a loop of head / ratio steps took five SALU a step)
+    a.note("kv head = head / ratio: fp32 quotient, truncated, one step up where it fell short")
+    t = a.p.vgpr["o"]                # O is free until stage_lanes zeroes it
+    a(f"v_cvt_f32_u32 v{t + 1}, {ratio}")
+    a(f"v_rcp_f32 v{t + 1}, v{t + 1}")
+    a(f"v_cvt_f32_u32 v{t}, s3")      # the wait state a transcendental's result needs
+    a(f"v_mul_f32 v{t}, v{t}, v{t + 1}")
+    a(f"v_cvt_u32_f32 v{t}, v{t}")
+    a("s_nop 0")
+    a(f"v_readfirstlane_b32 {hk}, v{t}")
+    a(f"s_add_u32 {acc}, {hk}, 1")
+    a(f"s_mul_i32 {acc}, {acc}, {ratio}")
+    a(f"s_cmp_le_u32 {acc}, s3")
+    a(f"s_addc_u32 {hk}, {hk}, 0")
     a(f"s_sub_i32 {a.s('diag')}, {a.s('sk')}, {a.s('sq')}")
 
 

@@ -379,3 +379,19 @@ def test_d64s_paged_loads_fill_the_four_mfma_shadows_instruction_by_instruction(
     assert loads == [1, 3]
     entries = [n for n, s in enumerate(shadows) for line in s if line.split()[0] == "s_load_dword"]
     assert entries == [3]
+
+
+@pytest.mark.parametrize("ulps", [0, -1, 1])
+def test_the_kv_head_quotient_is_the_floor_for_every_head_and_group_size(ulps):
+    """stage_sequence's kv head: fp32 head x rcp(ratio), truncated, one step up where
+    (t + 1) ratio <= head.  Exact for every head below 2^16 and every GQA ratio up to 256, with
+    the reciprocal correctly rounded (the emulator's) or one ulp off either way (the ISA's
+    bound for v_rcp_f32)."""
+    head = np.arange(1 << 16, dtype=np.int64)
+    for ratio in range(1, 257):
+        r = np.float32(1) / np.float32(ratio)
+        if ulps:
+            r = np.nextafter(r, np.float32(np.inf if ulps > 0 else 0), dtype=np.float32)
+        t = (head.astype(np.float32) * r).astype(np.float32).astype(np.int64)   # v_cvt_u32_f32
+        hk = t + ((t + 1) * ratio <= head)
+        assert np.array_equal(hk, head // ratio), ratio
