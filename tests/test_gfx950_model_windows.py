@@ -6,14 +6,19 @@ emulator."""
 import numpy as np
 import pytest
 
+from tests.backends import using_backend
 from zyfa_runtime import window as windows
 from zyfa_runtime.catalogue import Variant
 
 
 @pytest.fixture(scope="module")
 def model():
+    # the emulator named, not left to the environment: the model sets ZYFA_BACKEND only where
+    # nothing had (at its first import), and a test of another file may have imported it
+    # inside a backend of its own, since restored
     from bench import gfx950_model
-    return gfx950_model
+    with using_backend("emulator"):
+        yield gfx950_model
 
 
 VARIANTS = [Variant("gfx950", "bf16", 64, 64, c) for c in (False, True)] + \
