@@ -90,7 +90,7 @@ class PBytes:
         """(query block, head, sequence) of the workgroup whose grid coordinates are ``wg`` in
         a launch of ``sq`` query rows (``catalogue.work_of``: causal launches run longest
         first)."""
-        return catalogue.work_of(self.v, *wg, -(-sq // 256))
+        return catalogue.work_of(self.v, *wg, -(-sq // self.v.tile.block_m))
 
     def head(self, x: int, y: int, z: int, sq: int, sk: int):
         """(scores, codes) of query head y of sequence z, rows of query block x, as (sq, sk)
