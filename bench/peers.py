@@ -31,7 +31,11 @@ H200 run (``ANCHORS``, ``bar``); the report gives zyfa against it, and zyfa's FP
 the most accurate FP8 peer with bf16 output.
 
 Timing: CUDA events around each call, warm-up >= 50 ms, then enough calls for >= 200 ms
-(``--sustained``: >= 10 s); the median per call.  Every implementation is built and checked
+(``--sustained``: >= 10 s); the median per call.  Where some implementation of a point calls in
+under ``--graph-below-ms`` (1 ms: the short prompts), the events would time the host's launch
+gaps beside the kernels, so every implementation of that point is timed in CUDA graphs instead
+(about 2 ms of calls captured into one graph, events around each replay, divided by its calls;
+the tables mark such points "(graph)").  Every implementation is built and checked
 first, then timed in ``--rounds`` rounds (3; 1 with ``--sustained``), each round taking every
 implementation in turn, and the median of its rounds is reported (each round's figure kept):
 a card at its power cap moves by a few percent over a run, and this way every implementation
@@ -94,6 +98,9 @@ E4M3_MAX = 448.0
 REF_ROWS = 128          # first and last REF_ROWS query rows
 POWER_MIN_WINDOW_S = 2.0   # shortest timed window whose W and TFLOP/J are reported
 REF_HEADS = 2           # query heads of the reference slice (--ref-heads)
+GRAPH_BELOW_MS = 1.0    # a point any of whose calls is shorter is timed in CUDA graphs (--graph-below-ms)
+GRAPH_REPLAY_S = 2e-3   # calls captured into one graph: about this much eager time of them
+GRAPH_MAX_CALLS = 200
 
 #: The bar: the fastest peers of this shape, measured in this run or carried into it.  A peer
 #: this harness cannot run is an ``Anchor``: its figure from a measured run on an H200 like ours
@@ -450,7 +457,8 @@ class Sampler:
 # --------------------------------------------------------------------------------------
 # Timing and accuracy.
 
-def time_call(fn, min_s: float, warm_s: float, sampler: Sampler) -> dict:
+def warm_up(fn, warm_s: float) -> float:
+    """Seconds a call, eagerly, after calling ``fn`` for at least ``warm_s`` s (and 3 times)."""
     import torch
     t0 = time.perf_counter()
     n_warm = 0
@@ -462,22 +470,56 @@ def time_call(fn, min_s: float, warm_s: float, sampler: Sampler) -> dict:
             if time.perf_counter() - t0 >= warm_s and n_warm >= 3:
                 break
     torch.cuda.synchronize()
-    est = (time.perf_counter() - t0) / n_warm
-    n = int(min(max(10, math.ceil(min_s / max(est, 1e-6))), 500000))
+    return (time.perf_counter() - t0) / n_warm
+
+
+def graph_timed(call_s: list, below_ms: float) -> bool:
+    """Whether a point is timed in CUDA graphs: where any of its calls (eager seconds a call,
+    ``call_s``) takes under ``below_ms`` (0: never), events around each eager call would time
+    the host's launch gaps beside the kernels, and the implementations would be compared on
+    them.  A point's implementations are all timed one way."""
+    return below_ms > 0 and bool(call_s) and min(call_s) * 1e3 < below_ms
+
+
+def time_call(fn, min_s: float, warm_s: float, sampler: Sampler, graph: bool = False) -> dict:
+    """One timed window of ``fn`` (>= ``min_s`` s after a warm-up): the median per-call ms.
+
+    Eager (``graph`` False): events around each call, host launch gaps included where the call
+    is shorter than its launch.  ``graph``: GRAPH_REPLAY_S worth of calls captured into one CUDA
+    graph on the current stream (which must not be the legacy default stream), events around
+    each replay, each replay's time divided by its calls: the GPU's time alone."""
+    import torch
+    est = warm_up(fn, warm_s)
+    per = 1
+    if graph:
+        per = int(min(max(1, round(GRAPH_REPLAY_S / max(est, 1e-6))), GRAPH_MAX_CALLS))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=torch.cuda.current_stream()):
+            for _ in range(per):
+                fn()
+        run = g.replay
+        for _ in range(3):
+            run()
+    else:
+        run = fn
+    torch.cuda.synchronize()
+    n = int(min(max(10, math.ceil(min_s / max(est * per, 1e-6))), 500000))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     sampler.start()
     w0 = time.perf_counter()
     for i in range(n):
         starts[i].record()
-        fn()
+        run()
         ends[i].record()
     torch.cuda.synchronize()
     wall = time.perf_counter() - w0
     nv = sampler.stop()
-    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    res = {"calls": n, "median_ms": ms[n // 2], "min_ms": ms[0], "max_ms": ms[-1],
-           "window_s": wall}
+    ms = sorted(s.elapsed_time(e) / per for s, e in zip(starts, ends))
+    res = {"calls": n * per, "median_ms": ms[n // 2], "min_ms": ms[0], "max_ms": ms[-1],
+           "window_s": wall, "timing": "graph" if graph else "eager"}
+    if graph:
+        res["calls_per_graph"] = per
     res.update(nv)
     return res
 
@@ -713,12 +755,16 @@ def run_point(shape, causal, impls, args, sampler, tri):
         except Exception as e:   # noqa: BLE001
             missing(name, e)
     # ... then timed in rounds, each round every implementation in turn, so that each sees the
-    # card's clocks and temperature of every phase of the point alike.
+    # card's clocks and temperature of every phase of the point alike.  Where one of them
+    # calls in under --graph-below-ms, eager events would time host launch gaps beside the
+    # kernels (short prompts), so every implementation of the point is timed in CUDA graphs.
+    graph = graph_timed([warm_up(c, args.warm_s) for c in calls.values()], args.graph_below_ms)
     timings = {name: [] for name in calls}
     for _ in range(args.rounds):
         for name in list(timings):
             try:
-                timings[name].append(time_call(calls[name], args.min_s, args.warm_s, sampler))
+                timings[name].append(time_call(calls[name], args.min_s, args.warm_s, sampler,
+                                               graph=graph))
             except Exception as e:   # noqa: BLE001
                 missing(name, e)
                 del timings[name]
@@ -739,7 +785,8 @@ def run_point(shape, causal, impls, args, sampler, tri):
     del ctx, q, k, v, q8, k8, v8
     torch.cuda.empty_cache()
     return {"shape": dict(zip(("B", "Hq", "Hkv", "S", "d_qk", "d_v"), shape)),
-            "label": shape_label(shape), "causal": causal, "flop": fl, "impls": results}
+            "label": shape_label(shape), "causal": causal, "flop": fl,
+            "timing": "graph" if graph else "eager", "impls": results}
 
 
 def code_objects(arch: str = "sm_90a") -> dict:
@@ -787,7 +834,10 @@ def markdown(data) -> str:
              f"mode {data['mode']}, {data.get('rounds', 1)} round(s) a point, inputs {data.get('inputs', 'gaussian')}", "",
              "Each cell: TFLOP/s / rel. error / mean W / mean SM MHz "
              "(FP8 errors against the dequantised-input fp64 reference; W only for timed windows "
-             f"of {POWER_MIN_WINDOW_S:g} s or more, see --sustained).", ""]
+             f"of {POWER_MIN_WINDOW_S:g} s or more, see --sustained). Points marked (graph): "
+             f"some call took under {data.get('graph_below_ms', GRAPH_BELOW_MS):g} ms, so every "
+             "implementation there was timed in CUDA graphs (events around each replay, divided "
+             "by its calls); the others eagerly, events around each call.", ""]
     lines.append("| shape | causal | " + " | ".join(impls) + " |")
     lines.append("|---|---|" + "---|" * len(impls))
     for p in data["points"]:
@@ -800,7 +850,8 @@ def markdown(data) -> str:
                              f"{_fmt(r.get('watts'), '.0f')} / {_fmt(r.get('sm_clock_mhz'), '.0f')}")
             else:
                 cells.append("missing")
-        lines.append(f"| {p['label']} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
+        graph = " (graph)" if p.get("timing") == "graph" else ""
+        lines.append(f"| {p['label']}{graph} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
     missing = [(p["label"], p["causal"], n, r["reason"]) for p in data["points"]
                for n, r in p["impls"].items() if r["status"] != "ok"]
     if missing:
@@ -990,6 +1041,9 @@ def main(argv=None):
                     help="timed rounds per point, the implementations in turn in each, the median "
                          "reported (default 3; 1 with --sustained)")
     ap.add_argument("--warm-s", type=float, default=0.05)
+    ap.add_argument("--graph-below-ms", type=float, default=GRAPH_BELOW_MS,
+                    help="time a point in CUDA graphs where any implementation calls in less "
+                         "(eager events would count host launch gaps); 0: always eager")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--inputs", choices=["gaussian", "real"], default="gaussian")
     ap.add_argument("--real-npz", type=Path, default=ROOT / "build" / "smollm2_qkv.npz",
@@ -1060,6 +1114,7 @@ def main(argv=None):
         versions.update(cudnn_frontend.versions())
     data = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "commit": args.commit,
             "mode": mode, "min_s": args.min_s, "warm_s": args.warm_s, "rounds": args.rounds, "seed": args.seed,
+            "graph_below_ms": args.graph_below_ms,
             "inputs": args.inputs, "softmax_scale": "0.125 (SmolLM2's)" if args.real is not None
             else "1/sqrt(d_qk)",
             "gpu": gpu, "versions": versions, "impls": impls,
@@ -1073,6 +1128,10 @@ def main(argv=None):
         (out_dir / "results.md").write_text(markdown(data))
 
     t_start = time.perf_counter()
+    # Everything on one side stream: a CUDA graph is captured on the stream each call was
+    # built for (zyfa's calls and the cuDNN frontend's handle keep it), never the legacy one.
+    side = torch.cuda.Stream()
+    torch.cuda.set_stream(side)
     for shape, causal in points:
         print(f"{shape_label(shape)} {'causal' if causal else 'non-causal'}", flush=True)
         try:

@@ -227,3 +227,26 @@ def test_a_run_names_the_card_it_ran_on(peers):
     assert peers.card({"gpu": {"serial": "1652123456789", "uuid": "GPU-ab"}}) == "1652123456789"
     assert peers.card({"gpu": {"serial": "error: not supported", "uuid": "GPU-ab"}}) == "GPU-ab"
     assert peers.card({"gpu": {"name": "NVIDIA H200"}}) == "unknown"
+
+
+def test_a_point_with_a_call_under_the_threshold_is_timed_in_graphs(peers):
+    assert peers.graph_timed([5e-3, 0.4e-3], 1.0)          # one short call: the whole point
+    assert not peers.graph_timed([5e-3, 1.2e-3], 1.0)
+    assert not peers.graph_timed([0.1e-3], 0.0)            # --graph-below-ms 0: always eager
+    assert not peers.graph_timed([], 1.0)
+
+
+def test_graph_timed_points_are_marked_in_both_tables(peers):
+    impl = {"status": "ok", "tflops": 500.0, "rel_err": 1e-3}
+    point = lambda timing: {"label": "B16 H32/8 S512 d128", "causal": False, "timing": timing,
+                            "shape": dict(B=16, Hq=32, Hkv=8, S=512, d_qk=128, d_v=128),
+                            "impls": {"zyfa_fp8": dict(impl), "cudnn_fe_fp8": dict(impl)}}
+    data = {"gpu": {"name": "GPU"}, "versions": {}, "date": "d", "mode": "full",
+            "impls": ["zyfa_fp8", "cudnn_fe_fp8"], "points": [point("graph"), point("eager")]}
+    rows = [r for r in peers.markdown(data).splitlines() if r.startswith("| B16")]
+    assert "(graph)" in rows[0] and "(graph)" not in rows[1]
+    spec = importlib.util.spec_from_file_location("readme_table", ROOT / "bench" / "readme_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    lines = table.rows(data, peers)[2:]
+    assert lines[0].startswith("| B16 H32/8 S512 d128 (graph) |") and "(graph)" not in lines[1]
