@@ -459,6 +459,7 @@ def stage_arguments(a: Asm) -> None:
         regs = f"s[{reg}:{reg + n - 1}]" if n > 1 else f"s{reg}"
         a(f"s_load_dword{'x' + str(n) if n > 1 else ''} {regs}, s[0:1], 0x{4 * d:x}")
         i += n
+    stage_lane_constants(a)
     a("s_waitcnt lgkmcnt(0)")
 
 
@@ -639,18 +640,50 @@ def _resource(a: Asm, rsrc: str, tensor: str, head: str, first: str, cu: str,
     a(f"s_mov_b32 s{base + 3}, {RSRC_WORD3}")
 
 
-def stage_constants(a: Asm) -> None:
-    """Buffer resources, the log2-domain score scale c (float64 like the model's), block
-    counts of the workgroup and of this wave."""
+def stage_resources(a: Asm) -> None:
+    """Buffer resources, block counts of the workgroup and of this wave."""
     p, v = a.p, a.p.v
+    t = a.p.vgpr["o"]               # O is free until the loop's prologue zeroes it
     _resource(a, "rq", "q", "s3", "qf", "cu_seqlens_q", a.s("sq"), v.d_qk, 1, a.s("m0row"))
     _resource(a, "rk", "k", a.s("hk"), "kf", "cu_seqlens_k", a.s("sk"), v.d_qk, 1)
     _resource(a, "rv", "v", a.s("hk"), "kf", "cu_seqlens_k", a.s("sk"), v.d_v, 1)
     a(f"s_mul_i32 {a.s('kstr64')}, {a.arg('k_stride_s')}, {BLOCK_N}")
     a(f"s_mul_i32 {a.s('vstr64')}, {a.arg('v_stride_s')}, {BLOCK_N}")
+    a.note("blocks: workgroup (nb), this wave's (wnb) and the unmasked ones (wfull)")
+    a(f"v_lshrrev_b32 v{t + 6}, 6, v0")
+    a("s_nop 0")
+    a(f"v_readfirstlane_b32 {a.s('wave')}, v{t + 6}")
+    a(f"s_lshl_b32 {a.s('t4')}, {a.s('wave')}, 5")
+    a(f"s_add_u32 {a.s('wrow0')}, {a.s('m0row')}, {a.s('t4')}")
+    for out, extra, base, shift_round in (("nb", BLOCK_M, "m0row", True),
+                                          ("wnb", ROWS, "wrow0", True),
+                                          ("wfull", 1, "wrow0", False)):
+        e = a.s(out)
+        if v.causal:
+            a(f"s_add_i32 {e}, {a.s(base)}, {a.s('diag')}")
+            a(f"s_add_i32 {e}, {e}, {extra}")
+            a(f"s_min_i32 {e}, {e}, {a.s('sk')}")
+        else:
+            a(f"s_mov_b32 {e}, {a.s('sk')}")
+        a(f"s_max_i32 {e}, {e}, 0")
+        if shift_round:
+            a(f"s_add_u32 {e}, {e}, {BLOCK_N - 1}")
+        a(f"s_lshr_b32 {e}, {e}, {int(math.log2(BLOCK_N))}")
+    a.note("the loop's window values without a window (stage_window): blocks relative to no "
+           "left edge, none cut by it (wlo_p = lcut_p = the group's lag), wnbv = wnb")
+    a(f"s_lshr_b32 {a.s('wlo_p')}, {a.s('wave')}, 2")
+    a(f"s_mov_b32 {a.s('lcut_p')}, {a.s('wlo_p')}")
+    a(f"s_mov_b32 {a.s('wnbv')}, {a.s('wnb')}")
+
+
+def stage_scale(a: Asm) -> None:
+    """The log2-domain score scale c (float64 like the model's) and what follows from it,
+    made while the loop's first loads are in flight (stage_first_loads): ~25 VALU, a chain
+    of float64 products, that the loads' latency hides."""
+    v = a.p.v
     a.note("c = fp32(softmax_scale * log2(e) * dq * dk), products in float64 (fp8_models.log2_scale)")
     l2e = np.float64(1.4426950408889634).view(np.uint64)
-    t = a.p.vgpr["o"]               # O is free until it is zeroed below
+    t = a.p.vgpr["o"]               # O is free until the loop's prologue zeroes it
     a(f"s_mov_b32 {a.s('t2')}, 0x{int(l2e) & 0xffffffff:08x}")
     a(f"s_mov_b32 {a.s('t2', 1)}, 0x{int(l2e) >> 32:08x}")
     capped = any(k.name == "softcap" for k in kernargs(v))
@@ -680,31 +713,6 @@ def stage_constants(a: Asm) -> None:
     a(f"v_readfirstlane_b32 {a.s('c')}, v{t + 4}")
     a(f"v_readfirstlane_b32 {a.s('a8')}, v{t + 5}")
     a(f"s_mov_b32 {a.s('a8', 1)}, {_hex(2.0 ** -23)}")
-    a.note("blocks: workgroup (nb), this wave's (wnb) and the unmasked ones (wfull)")
-    a(f"v_lshrrev_b32 v{t + 6}, 6, v0")
-    a("s_nop 0")
-    a(f"v_readfirstlane_b32 {a.s('wave')}, v{t + 6}")
-    a(f"s_lshl_b32 {a.s('t4')}, {a.s('wave')}, 5")
-    a(f"s_add_u32 {a.s('wrow0')}, {a.s('m0row')}, {a.s('t4')}")
-    for out, extra, base, shift_round in (("nb", BLOCK_M, "m0row", True),
-                                          ("wnb", ROWS, "wrow0", True),
-                                          ("wfull", 1, "wrow0", False)):
-        e = a.s(out)
-        if v.causal:
-            a(f"s_add_i32 {e}, {a.s(base)}, {a.s('diag')}")
-            a(f"s_add_i32 {e}, {e}, {extra}")
-            a(f"s_min_i32 {e}, {e}, {a.s('sk')}")
-        else:
-            a(f"s_mov_b32 {e}, {a.s('sk')}")
-        a(f"s_max_i32 {e}, {e}, 0")
-        if shift_round:
-            a(f"s_add_u32 {e}, {e}, {BLOCK_N - 1}")
-        a(f"s_lshr_b32 {e}, {e}, {int(math.log2(BLOCK_N))}")
-    a.note("the loop's window values without a window (stage_window): blocks relative to no "
-           "left edge, none cut by it (wlo_p = lcut_p = the group's lag), wnbv = wnb")
-    a(f"s_lshr_b32 {a.s('wlo_p')}, {a.s('wave')}, 2")
-    a(f"s_mov_b32 {a.s('lcut_p')}, {a.s('wlo_p')}")
-    a(f"s_mov_b32 {a.s('wnbv')}, {a.s('wnb')}")
 
 
 def _prescale(a: Asm, t: int) -> None:
@@ -762,30 +770,17 @@ def _cap_constants(a: Asm, t: int) -> None:
     a("s_branch .Lcap_constants_done")
 
 
-def stage_lanes(a: Asm) -> None:
-    """Per-lane addresses and constants (register map in ``plan``).
-
-    lane l: query column j = l % 32 of S^T, g = l / 32 picks k items and accumulator rows.
-    """
+def stage_lane_constants(a: Asm) -> None:
+    """What each lane holds that follows from its lane and wave alone (no argument): the
+    row-sum selector, the K and V^T read addresses, the row state's constants.  Issued while
+    the kernel arguments load (stage_arguments), in the scalar loads' shadow: ~45 VALU that
+    stage_lanes issued after them, where the prologue is bound by the two waves a SIMD
+    issuing."""
     p, v = a.p, a.p.v
-    tv = p.vgpr["o"]                  # scratch: O is zeroed at the end
-    lane, j, g, row, t1, t2, t3, lrow, lane_key = (f"v{tv + i}" for i in range(9))
-    a(f"v_and_b32 {lane}, 63, v0")
+    tv = p.vgpr["o"]                  # scratch: O is zeroed at the end of stage_lanes
+    j, g, t1, t2, t3, lane_key = (f"v{tv + i}" for i in (2, 3, 5, 6, 7, 9))
     a(f"v_and_b32 {j}, 31, v0")
     a(f"v_bfe_u32 {g}, v0, 5, 1")
-    a(f"v_add_u32 {row}, {a.s('wrow0')}, {j}")
-    a(f"v_subrev_u32 {lrow}, {a.s('m0row')}, {row}")    # row within the workgroup (Q, O)
-    a.note("Q^T -> AGPRs: B of S^T, lane holds query row, d = 64s + 16g + t (t < 16), 64s + 32 + 16g + t")
-    a(f"v_mul_lo_u32 {t1}, {lrow}, {a.arg('q_stride_s')}")
-    a(f"v_lshl_add_u32 {t1}, {g}, 4, {t1}")
-    qs = p.vgpr["s"]
-    for s in range(p.qk_steps):
-        for h in range(2):
-            r = qs + 8 * s + 4 * h
-            a(f"buffer_load_dwordx4 v[{r}:{r + 3}], {t1}, {a.sr('rq', 4)}, 0 offen offset:{64 * s + 32 * h}")
-    a("s_waitcnt vmcnt(0)")
-    for i in range(8 * p.qk_steps):
-        a(f"v_accvgpr_write_b32 a{p.agpr['q'] + i}, v{qs + i}")
     a.note("selector of the row-sum MFMA: lane l holds row l%16 and the k group l/16 (see stage_softmax)")
     a(f"v_bfe_u32 {t1}, v0, 4, 1")
     a(f"v_bfe_u32 {t2}, v0, 2, 1")
@@ -819,6 +814,40 @@ def stage_lanes(a: Asm) -> None:
     a(f"v_add_u32 {a.v('vaddr')}, {p.lds_v[0]}, {a.v('vaddr')}")   # the V region (bits above the XORs)
     for key, reg in a.fixed.items():
         a(f"v_xor_b32 {reg}, {key[1]}, {key[0]}")
+    a.note("constants and row state: (K + 1/2) 2^-141, the code of a score equal to the block "
+           "max (less the centring) plus the byte's 1/2, held to 1/256 code")
+    a(f"v_mov_b32 {a.v('kconst')}, {_hex(RECIPE.ashr_constant)}")
+    a(f"v_mov_b32 {a.v('ninf')}, {NEG_INF}")
+    a(f"v_mov_b32 {a.v('m')}, {NEG_INF}")
+    a(f"v_mov_b32 {a.v('r')}, {NEG_INF}")
+    a(f"v_mov_b32 {a.v('l')}, 0")
+    a(f"v_mov_b32 {a.v('x')}, 1.0")
+    a(f"v_mov_b32 {a.v('sb')}, 0x7f")
+    for i in range(4):
+        a(f"v_mov_b32 {a.v('ls', i)}, 0")
+
+
+def stage_lanes(a: Asm) -> None:
+    """Per-lane addresses and constants (register map in ``plan``).
+
+    lane l: query column j = l % 32 of S^T, g = l / 32 picks k items and accumulator rows.
+    """
+    p, v = a.p, a.p.v
+    tv = p.vgpr["o"]                  # scratch: O is zeroed at the end
+    lane, j, g, row, t1, t2, t3, lrow, lane_key = (f"v{tv + i}" for i in range(9))
+    a(f"v_and_b32 {lane}, 63, v0")
+    a(f"v_and_b32 {j}, 31, v0")
+    a(f"v_bfe_u32 {g}, v0, 5, 1")
+    a(f"v_add_u32 {row}, {a.s('wrow0')}, {j}")
+    a(f"v_subrev_u32 {lrow}, {a.s('m0row')}, {row}")    # row within the workgroup (Q, O)
+    a.note("Q^T -> AGPRs: B of S^T, lane holds query row, d = 64s + 16g + t (t < 16), 64s + 32 + 16g + t")
+    a(f"v_mul_lo_u32 {t1}, {lrow}, {a.arg('q_stride_s')}")
+    a(f"v_lshl_add_u32 {t1}, {g}, 4, {t1}")
+    qs = p.vgpr["s"]
+    for s in range(p.qk_steps):
+        for h in range(2):
+            r = qs + 8 * s + 4 * h
+            a(f"buffer_load_dwordx4 v[{r}:{r + 3}], {t1}, {a.sr('rq', 4)}, 0 offen offset:{64 * s + 32 * h}")
     a.note("mask limit: key < min(sk, row + diag + 1) (causal) or sk; minus this lane's 4g")
     if v.causal:
         a(f"v_add3_u32 {t1}, {row}, {a.s('diag')}, 1")
@@ -851,19 +880,20 @@ def stage_lanes(a: Asm) -> None:
             a(f"v_cndmask_b32 {t1}, {t1}, {t3}, vcc")
         a(f"v_mul_lo_u32 {t2}, {t2}, {a.arg(sbase)}")
         a(f"v_add_u32 {a.v('dma' + kind)}, {t1}, {t2}")
-    a.note("constants and row state: (K + 1/2) 2^-141, the code of a score equal to the block "
-           "max (less the centring) plus the byte's 1/2, held to 1/256 code")
-    a(f"v_mov_b32 {a.v('kconst')}, {_hex(RECIPE.ashr_constant)}")
-    a(f"v_mov_b32 {a.v('ninf')}, {NEG_INF}")
-    a(f"v_mov_b32 {a.v('m')}, {NEG_INF}")
-    a(f"v_mov_b32 {a.v('r')}, {NEG_INF}")
-    a(f"v_mov_b32 {a.v('l')}, 0")
-    a(f"v_mov_b32 {a.v('x')}, 1.0")
-    a(f"v_mov_b32 {a.v('sb')}, 0x7f")
-    for i in range(4):
-        a(f"v_mov_b32 {a.v('ls', i)}, 0")
-    for i in range(16 * p.pv_chunks):
-        a(f"v_mov_b32 {a.v('o', i)}, 0")
+
+
+def _zero_o(a: Asm) -> None:
+    """O = 0, by pairs, while the loop's first loads are in flight (O is the prologue's
+    scratch until here)."""
+    for i in range(0, 16 * a.p.pv_chunks, 2):
+        a(f"v_mov_b64 {a.vr('o', i, 2)}, 0")
+
+
+def _q_to_agprs(a: Asm) -> None:
+    """Q^T, landed in S's registers (stage_lanes' loads), into its AGPRs."""
+    p = a.p
+    for i in range(8 * p.qk_steps):
+        a(f"v_accvgpr_write_b32 a{p.agpr['q'] + i}, v{p.vgpr['s'] + i}")
 
 
 def _key_bound(a: Asm, dst: str, row: str, extra: int, off: str, up: bool) -> None:
@@ -1815,6 +1845,26 @@ def stage_softmax(a: Asm, block: str, masked: bool, left: bool = False, cap: boo
     _rescale(a)
 
 
+#: The blocks the loop's prologue loads: K(0..2), V(0..1).
+FIRST_LOADS = (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2))
+
+
+def stage_first_loads(a: Asm) -> None:
+    """The loop's first loads, K(0..2) and V(0..1), for a call without a page table (a paged
+    call's body makes its own after its set-up: stage_loops), as soon as the resources and
+    the window allow: stage_scale's chain and the zeroing of O then run under them.  The
+    blocks are counted from the literal 0 (the loop's p, whose register holds dq until
+    stage_scale has read it)."""
+    done = ".Lfirst_loads_done"
+    if "page_table" in {k.name for k in kernargs(a.p.v)}:
+        a(f"s_cmp_lg_u64 {a.sr('ptab', 2)}, 0")
+        a(f"s_cbranch_scc1 {done}")
+    for kind, block in FIRST_LOADS:
+        for emit in dma_chunks(a, kind, "0", block):
+            emit()
+    a.label(done)
+
+
 def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
     """The ping-pong pipeline (module docstring), one of its four bodies (stage_loops: the plain
     one in line, the others after the kernel's end, each with labels of its own, LOOP_SUFFIX):
@@ -1848,26 +1898,25 @@ def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
     if early_entries:
         _fetch_entries(a, [("k", 0, b) for b in range(4)], into=[a.s("t0"), a.s("t0", 1), a.s("t2"), a.s("t2", 1)])
         a("s_waitcnt lgkmcnt(0)")
-    for kind, block in (("k", 0), ("v", 0), ("k", 1), ("v", 1), ("k", 2)):
-        if paged:          # each block's entries, then its loads (once a workgroup)
-            chunks = [(kind, i, block) for i in range(a.p.k_slots if kind == "k" else a.p.v_slots)]
-            if early_entries and kind == "k":
-                a(f"s_mov_b32 {a.s('ent')}, {a.s('t0' if block < 2 else 't2', block % 2)}")
-            elif kind == "k" or not _carried(a.p):
-                _fetch_entries(a, chunks)
-                a("s_waitcnt lgkmcnt(0)")
-            for _, i, _ in chunks:
-                for _, emit in paged_chunks(a, kind, i, block, block):
-                    emit()
-            continue
-        for emit in dma_chunks(a, kind, sp, block):
-            emit()
+    for kind, block in FIRST_LOADS if paged else ():   # each block's entries, then its loads
+        # (once a workgroup); without a page table stage_first_loads made them
+        chunks = [(kind, i, block) for i in range(a.p.k_slots if kind == "k" else a.p.v_slots)]
+        if early_entries and kind == "k":
+            a(f"s_mov_b32 {a.s('ent')}, {a.s('t0' if block < 2 else 't2', block % 2)}")
+        elif kind == "k" or not _carried(a.p):
+            _fetch_entries(a, chunks)
+            a("s_waitcnt lgkmcnt(0)")
+        for _, i, _ in chunks:
+            for _, emit in paged_chunks(a, kind, i, block, block):
+                emit()
     if early_entries:
         a(f"s_mov_b32 {a.s('ent')}, {a.s('t2', 1)}")      # M(0)'s: K(3)
     elif paged:
         _fetch_entries(a, _paged_fetches(a.p))           # M(0)'s: K(3) (and V(2))
+    _zero_o(a)
     _biases_in_the_shadow(a)
     a("s_waitcnt vmcnt(0) lgkmcnt(0)" if paged else "s_waitcnt vmcnt(0)")
+    _q_to_agprs(a)
     a("s_barrier")
     a(f"s_mov_b32 {sp}, 0")
     a(f"s_mov_b32 {pb}, -1")
@@ -2302,9 +2351,11 @@ def emit(v: Variant) -> str:
     stage_work(a)
     stage_sequence(a)
     stage_descales(a)
-    stage_constants(a)
+    stage_resources(a)
     stage_lanes(a)
     stage_window(a)
+    stage_first_loads(a)
+    stage_scale(a)
     stage_loops(a)
     stage_epilogue(a)
     a.label(".Lend")

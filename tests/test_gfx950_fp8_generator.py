@@ -294,8 +294,8 @@ def test_a_paged_cache_takes_no_sgpr_of_its_own_and_leaves_the_plain_loop_as_it_
     page table's pointer comes into the descale_k pointer's registers with the descales, the
     paged values into kernarg registers no later code reads (not the epilogue's o, lse and
     strides, not the page strides and row strides the paged loads read, not the window's or
-    the sinks' registers); without a page table the prologue runs a compare and a branch not
-    taken, and the plain loop is, instruction for instruction, the loop of a kernel without
+    the sinks' registers); without a page table the prologue runs two compares and branches not
+    taken (over the dense first loads, to the paged body), and the plain loop is, instruction for instruction, the loop of a kernel without
     the feature (so are its modelled periods)."""
     p = gen.plan(v)
     image = gen.kernarg_image(v)
@@ -313,8 +313,10 @@ def test_a_paged_cache_takes_no_sgpr_of_its_own_and_leaves_the_plain_loop_as_it_
     assert f"s_load_dwordx2 {ptr}, s[0:1], 0x{table.offset:x}" in src
     lines = [line.split("//")[0].strip() for line in src.splitlines()]
     lines = [line for line in lines if line]
-    test = lines.index(f"s_cmp_lg_u64 {ptr}, 0")
-    assert lines[test + 1] == "s_cbranch_scc1 .Lpaged" and lines.index("s_endpgm") < lines.index(".Lpaged:")
+    tests = [i for i, line in enumerate(lines) if line == f"s_cmp_lg_u64 {ptr}, 0"]
+    assert [lines[i + 1] for i in tests] == ["s_cbranch_scc1 .Lfirst_loads_done",   # dense loads
+                                             "s_cbranch_scc1 .Lpaged"]              # the body
+    assert lines.index("s_endpgm") < lines.index(".Lpaged:")
     monkeypatch.setitem(catalogue.FEATURES_OF, (v.arch, v.dtype),
                         tuple(f for f in catalogue.FEATURES_OF[(v.arch, v.dtype)] if f != "paged_kv"))
     plain = gen.emit(v)
