@@ -574,8 +574,11 @@ def stage_descales(a: Asm) -> None:
     """The descales of this workgroup's sequence b (s4) and kv head hk: dq, dk, dv =
     descale_t[b stride_b + hk stride_h] (fp32, strides in elements; 0 and 0 for one value),
     the byte offset in 32 bits (the runtime refuses a view spanning 2^30 elements:
-    plan._descale_values) as the load's SGPR offset, kept in the stride's low dword until the
-    load lands.  The values feed c (stage_constants) and the output factor (stage_epilogue)."""
+    plan._descale_values) as the load's SGPR offset, in the stride's low dword (read at the
+    load's issue, as its address: the resources are made over it while the loads are in
+    flight).  The values feed c (stage_scale) and the output factor (stage_epilogue); they,
+    the softcap's arguments and the page table's pointer are waited for in
+    stage_first_loads."""
     for t, d in (("q", "dq"), ("k", "dk"), ("v", "dv")):
         sb, sh = a.arg(f"descale_{t}_stride_b"), a.arg(f"descale_{t}_stride_h")
         a(f"s_mul_i32 {sb}, s4, {sb}")
@@ -593,7 +596,6 @@ def stage_descales(a: Asm) -> None:
     table = _kernarg(a, "page_table")
     if table is not None:  # over the descale_k pointer, read above at issue (stage_loops)
         a(f"s_load_dwordx2 {a.sr('ptab', 2)}, s[0:1], 0x{table.offset:x}")
-    a("s_waitcnt lgkmcnt(0)")
 
 
 def _kernarg(a: Asm, name: str):
@@ -1856,6 +1858,7 @@ def stage_first_loads(a: Asm) -> None:
     blocks are counted from the literal 0 (the loop's p, whose register holds dq until
     stage_scale has read it)."""
     done = ".Lfirst_loads_done"
+    a("s_waitcnt lgkmcnt(0)")     # stage_descales' loads, under the resources, lanes and window
     if "page_table" in {k.name for k in kernargs(a.p.v)}:
         a(f"s_cmp_lg_u64 {a.sr('ptab', 2)}, 0")
         a(f"s_cbranch_scc1 {done}")
