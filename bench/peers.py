@@ -814,6 +814,11 @@ def _fmt(x, spec):
 # --------------------------------------------------------------------------------------
 # Reports.
 
+def row_label(point: dict) -> str:
+    """A point's shape label in a table, marked "(graph)" where it was timed in CUDA graphs."""
+    return point["label"] + (" (graph)" if point.get("timing") == "graph" else "")
+
+
 def card(data: dict) -> str:
     """The physical GPU a run was on (NVML's serial, else its UUID; runs before these were
     recorded: unknown), so that runs on one card and on several can be told apart."""
@@ -850,8 +855,7 @@ def markdown(data) -> str:
                              f"{_fmt(r.get('watts'), '.0f')} / {_fmt(r.get('sm_clock_mhz'), '.0f')}")
             else:
                 cells.append("missing")
-        graph = " (graph)" if p.get("timing") == "graph" else ""
-        lines.append(f"| {p['label']}{graph} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row_label(p)} | {'yes' if p['causal'] else 'no'} | " + " | ".join(cells) + " |")
     missing = [(p["label"], p["causal"], n, r["reason"]) for p in data["points"]
                for n, r in p["impls"].items() if r["status"] != "ok"]
     if missing:

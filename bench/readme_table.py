@@ -50,8 +50,7 @@ def rows(data, peers) -> list[str]:
             "| FA3 FP8 / BF16 (own run) |")
     lines = [head, "|" + "---|" * 9]
     for p in data["points"]:
-        graph = " (graph)" if p.get("timing") == "graph" else ""   # peers.py: calls < 1 ms
-        cells = [p["label"] + graph, "yes" if p["causal"] else "no"]
+        cells = [peers.row_label(p), "yes" if p["causal"] else "no"]
         for zyfa, dtype in (("zyfa_fp8", "fp8"), ("zyfa_bf16", "bf16")):
             z = best_measured(p, (zyfa,))
             b = best_measured(p, peers.PEER_IMPLS[dtype])

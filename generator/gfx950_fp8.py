@@ -151,7 +151,7 @@ class Plan:
     n_sgpr: int
 
 
-#: Arguments the prologue reads once, before stage_constants: loaded by stage_arguments into
+#: Arguments the prologue reads once, before stage_resources: loaded by stage_arguments into
 #: registers free until then (the strides of descale_t into the resource quad of tensor t, the
 #: packed totals into a8) rather than kept beside the others, so that the kernel's SGPRs stay
 #: within 102.  name -> (register, index).
@@ -164,7 +164,7 @@ PROLOGUE_ARGS = {**{f"descale_{t}_stride_{d}": (f"r{t}", 2 * i) for t in "qkv" f
 #: Arguments read once straight from the kernarg segment (s[0:1] stays its address), into a
 #: register whose argument is dead by then, by stage_descales: the sinks pointer into the
 #: descale_v pointer's registers (``sinkp``), for the epilogue; the softcap and its
-#: fp32(softmax_scale / softcap) into the descale_q pointer's (``caparg``), for stage_constants
+#: fp32(softmax_scale / softcap) into the descale_q pointer's (``caparg``), for stage_scale
 #: and the loop's dispatch (stage_loops).
 EPILOGUE_ARGS = ("sinks", "softcap", "softcap_scale")
 #: A paged cache's arguments (catalogue "paged_kv"): none is kept in the kernarg image.  The
@@ -266,7 +266,7 @@ def plan(v: Variant) -> Plan:
         raise ValueError(f"{v.name}: {sg.next} SGPRs")
     args = resident_args(v)
     # the loop's window values (stage_window) in the kernarg registers of the q, k and v
-    # pointers, dead once stage_constants has made the buffer resources
+    # pointers, dead once stage_resources has made the buffer resources
     for name, (arg, i) in (("wlo_p", ("q", 0)), ("lcut_p", ("q", 1)), ("wnbv", ("k", 0)),
                            ("wleft", ("k", 1)), ("wfr", ("v", 0)), ("sinkp", ("descale_v", 0))):
         sg.names[name] = (args[arg] + i, 1)
@@ -284,7 +284,7 @@ def plan(v: Variant) -> Plan:
     # the softcap's arguments (caparg: softcap, softcap_scale) in the descale_q pointer's
     # registers, dead once stage_descales has issued its loads; the cap's constants (_cap's
     # pairs: capa = (1.0, kc), capb = (-2^(1-es), 2^-es)) in those of cu_seqlens_k and
-    # v_stride_h, dead once stage_constants has made the K and V resources
+    # v_stride_h, dead once stage_resources has made the K and V resources
     for name, arg in (("caparg", "descale_q"), ("capa", "cu_seqlens_k"), ("capb", "v_stride_h")):
         sg.names[name] = (args[arg], 2)
     names = {a.name for a in kernargs(v)}
@@ -351,7 +351,7 @@ class Asm:
 
     def arg(self, name: str, n: int = 1) -> str:
         """Kernel argument ``name`` (``n`` dwords): its SGPRs (``Plan.args``; those of
-        PROLOGUE_ARGS hold it until stage_constants)."""
+        PROLOGUE_ARGS hold it until stage_resources)."""
         b = self.p.args[name]
         return f"s{b}" if n == 1 else f"s[{b}:{b + n - 1}]"
 
@@ -548,7 +548,7 @@ def stage_cache(a: Asm) -> None:
     block counts, the K and V resources' extent: whatever int32 the counts hold, no read leaves
     the slot).  Where the pointer is not null: a uniform branch to the load, placed after the
     kernel's end (without a cache the prologue falls through: two SALU, the loop unchanged).
-    The pointer sits in t2 (PROLOGUE_ARGS), which nothing writes before stage_constants."""
+    The pointer sits in t2 (PROLOGUE_ARGS), which nothing writes before stage_resources."""
     if "cache_seqlens" not in a.p.args:
         return
     a.note("a KV cache: sk = clamp(cache_seqlens[b], 0, seqlen_k) (out of line)")
@@ -730,7 +730,7 @@ def _prescale(a: Asm, t: int) -> None:
 
 
 def _cap_constants(a: Asm, t: int) -> None:
-    """stage_constants' values for a call with a softcap, after the kernel's end (the plain
+    """stage_scale's values for a call with a softcap, after the kernel's end (the plain
     prologue falls through; ``fp8_models.gfx950_capped_scores`` is this arithmetic): c =
     fp32(softcap log2(e)) (the recipe's, the capped scores being in units of the softcap; es
     follows from it as without one), and for the cap (:func:`_cap`) the pairs
@@ -775,12 +775,12 @@ def _cap_constants(a: Asm, t: int) -> None:
 def stage_lane_constants(a: Asm) -> None:
     """What each lane holds that follows from its lane and wave alone (no argument): the
     row-sum selector, the K and V^T read addresses, the row state's constants.  Issued while
-    the kernel arguments load (stage_arguments), in the scalar loads' shadow: ~45 VALU that
+    the kernel arguments load (stage_arguments), in the scalar loads' shadow: 58 VALU that
     stage_lanes issued after them, where the prologue is bound by the two waves a SIMD
     issuing."""
     p, v = a.p, a.p.v
-    tv = p.vgpr["o"]                  # scratch: O is zeroed at the end of stage_lanes
-    j, g, t1, t2, t3, lane_key = (f"v{tv + i}" for i in (2, 3, 5, 6, 7, 9))
+    tv = p.vgpr["o"]                  # scratch: O is zeroed in the loop's prologue (_zero_o)
+    j, g, t1, t2, t3, lane_key = (f"v{tv + i}" for i in range(6))
     a(f"v_and_b32 {j}, 31, v0")
     a(f"v_bfe_u32 {g}, v0, 5, 1")
     a.note("selector of the row-sum MFMA: lane l holds row l%16 and the k group l/16 (see stage_softmax)")
@@ -835,7 +835,7 @@ def stage_lanes(a: Asm) -> None:
     lane l: query column j = l % 32 of S^T, g = l / 32 picks k items and accumulator rows.
     """
     p, v = a.p, a.p.v
-    tv = p.vgpr["o"]                  # scratch: O is zeroed at the end
+    tv = p.vgpr["o"]                  # scratch: O is zeroed in the loop's prologue (_zero_o)
     lane, j, g, row, t1, t2, t3, lrow, lane_key = (f"v{tv + i}" for i in range(9))
     a(f"v_and_b32 {lane}, 63, v0")
     a(f"v_and_b32 {j}, 31, v0")
@@ -917,7 +917,7 @@ def stage_window(a: Asm) -> None:
     a bound of -1 is none, the causal kernel's right bound is 0 whatever the argument).  A
     uniform branch (not taken where the call has none: no left bound, and no right bound or a
     causal kernel) leads to it, after the kernel's end: the plain loop's values are
-    stage_constants'.
+    stage_resources'.
 
     The workgroup's loop starts at key block ``kb0 = lo(first row) / 64``: the K and V buffer
     resources move ``kb0`` blocks on, and every block count below is relative to it, so the
@@ -1859,7 +1859,7 @@ def stage_first_loads(a: Asm) -> None:
     stage_scale has read it)."""
     done = ".Lfirst_loads_done"
     a("s_waitcnt lgkmcnt(0)")     # stage_descales' loads, under the resources, lanes and window
-    if "page_table" in {k.name for k in kernargs(a.p.v)}:
+    if _kernarg(a, "page_table") is not None:
         a(f"s_cmp_lg_u64 {a.sr('ptab', 2)}, 0")
         a(f"s_cbranch_scc1 {done}")
     for kind, block in FIRST_LOADS:
@@ -1901,8 +1901,8 @@ def stage_loop(a: Asm, paged: bool = False, capped: bool = False) -> None:
     if early_entries:
         _fetch_entries(a, [("k", 0, b) for b in range(4)], into=[a.s("t0"), a.s("t0", 1), a.s("t2"), a.s("t2", 1)])
         a("s_waitcnt lgkmcnt(0)")
-    for kind, block in FIRST_LOADS if paged else ():   # each block's entries, then its loads
-        # (once a workgroup); without a page table stage_first_loads made them
+    for kind, block in FIRST_LOADS if paged else ():   # (dense: stage_first_loads)
+        # each block's entries, then its loads (once a workgroup)
         chunks = [(kind, i, block) for i in range(a.p.k_slots if kind == "k" else a.p.v_slots)]
         if early_entries and kind == "k":
             a(f"s_mov_b32 {a.s('ent')}, {a.s('t0' if block < 2 else 't2', block % 2)}")
@@ -2121,7 +2121,7 @@ def stage_loops(a: Asm) -> None:
     left edges) and ending in a jump to the plain body's end, before the epilogue.  The paged
     set-up (:func:`_paged_setup`) writes magic and lastg over caparg, so the paged path decides
     the softcap before it and keeps the answer in capa's low half: 1.0 where the call has a
-    softcap (stage_constants' cap path), zeroed here where it has none (no body reads capa
+    softcap (stage_scale's cap path), zeroed here where it has none (no body reads capa
     then); 4 SALU."""
     names = {k.name for k in kernargs(a.p.v)}
     pageable, cappable = "page_table" in names, "softcap" in names

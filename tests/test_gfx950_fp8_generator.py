@@ -230,7 +230,7 @@ def test_window_and_sinks_take_no_sgpr_of_their_own(v):
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.name)
 def test_a_kv_cache_takes_no_sgpr_of_its_own_and_two_salu_without_one(v):
     """The cache_seqlens pointer is loaded with the prologue's arguments into t2 (free until
-    stage_constants' first 64-bit multiply-add), read by stage_sequence before anything derives
+    stage_resources' first 64-bit multiply-add), read by stage_sequence before anything derives
     from sk; without a cache the prologue runs a compare and a branch not taken, the load and
     the clamp lie after the kernel's end."""
     p = gen.plan(v)
